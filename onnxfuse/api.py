@@ -1,0 +1,333 @@
+"""optimize(): load -> match -> rewrite -> validate (bisect and roll back bad rewrites) -> write -> Result."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import onnx
+
+from . import validate as V
+from .errors import ModelError, OnnxfuseError
+from .ir import Model
+from .loader import LoadInfo, _all_tensors, load_model, save_model
+from .patterns.parser import load_path
+from .patterns.rules import Rule
+from .rewrite.apply import Application
+from .rewrite.engine import EngineOptions, EngineResult, RuleSkip, run
+from .targets import kernel_issue, provider_registered
+
+MAX_ROLLBACKS = 16
+
+
+def builtin_patterns_dir() -> str:
+    """The repo's patterns/ in a source checkout; the wheel's onnxfuse.builtin_patterns when installed."""
+    here = Path(__file__).resolve().parent
+    if (here.parent / "pyproject.toml").is_file() and (here.parent / "patterns").is_dir():
+        return str(here.parent / "patterns")
+    return str(resources.files("onnxfuse.builtin_patterns"))
+
+
+def load_rules(patterns: list[str] | None = None, builtin: bool = True, only: list[str] | None = None,
+               skip: list[str] | None = None) -> list[Rule]:
+    """Built-in rules (unless builtin=False) then user files in the order given; --only/--skip by id."""
+    rules: list[Rule] = []
+    if builtin:
+        rules.extend(load_path(builtin_patterns_dir(), builtin=True))
+    for p in patterns or []:
+        if not os.path.exists(p):
+            raise OnnxfuseError(f"{p}: no such pattern file or folder")
+        rules.extend(load_path(p, order_base=len(rules)))
+    ids = {r.id for r in rules}
+    seen: dict[str, Rule] = {}
+    for r in rules:
+        if r.id in seen:
+            raise OnnxfuseError(f"{r.span}: error: rule id {r.id!r} is already defined at {seen[r.id].span}")
+        seen[r.id] = r
+    for flag, names in (("--only", only), ("--skip", skip)):
+        for n in names or []:
+            if n not in ids:
+                raise OnnxfuseError(f"{flag} {n}: no rule with that id", hint="see `onnxfuse patterns list`")
+    if only:
+        rules = [r for r in rules if r.id in only]
+    if skip:
+        rules = [r for r in rules if r.id not in skip]
+    return rules
+
+
+@dataclass
+class OptimizeOptions:
+    patterns: list[str] = field(default_factory=list)
+    only: list[str] = field(default_factory=list)
+    skip: list[str] = field(default_factory=list)
+    builtin: bool = True
+    target: str = "cpu"
+    validate: bool = True
+    shapes: list[str] = field(default_factory=list)
+    inputs_npz: str | None = None
+    rtol: float | None = None
+    atol: float | None = None
+    force: bool = False
+    dry_run: bool = False
+
+
+@dataclass
+class Rollback:
+    rule: str
+    root: str
+    reason: str
+
+
+@dataclass
+class Result:
+    input: str
+    output: str | None
+    target: str
+    nodes_before: int
+    nodes_after: int
+    ops_before: dict[str, int]
+    ops_after: dict[str, int]
+    applications: list[Application]
+    skipped: list[RuleSkip]
+    rolled_back: list[Rollback]
+    checks: list[V.OutputCheck]
+    validation: str
+    timings: dict[str, float]
+    written: list[str]
+    sweeps: int
+
+    @property
+    def fired(self) -> dict[str, int]:
+        return dict(Counter(a.rule for a in self.applications))
+
+    def to_json(self) -> dict:
+        return {
+            "input": self.input, "output": self.output, "target": self.target,
+            "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
+            "ops_before": self.ops_before, "ops_after": self.ops_after,
+            "fired": self.fired,
+            "applications": [asdict(a) for a in self.applications],
+            "skipped_rules": [asdict(s) for s in self.skipped],
+            "rolled_back": [asdict(r) for r in self.rolled_back],
+            "validation": {"status": self.validation,
+                           "outputs": [_check_json(c) for c in self.checks]},
+            "timings_s": self.timings, "written": self.written, "sweeps": self.sweeps,
+        }
+
+
+def _check_json(c: V.OutputCheck) -> dict:
+    d = asdict(c)
+    d["shape"] = list(c.shape)
+    return d
+
+
+def op_counts(model: onnx.ModelProto) -> Counter:
+    counts: Counter = Counter()
+
+    def walk(g: onnx.GraphProto) -> None:
+        for n in g.node:
+            counts[f"{n.domain}.{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type] += 1
+            for a in n.attribute:
+                for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                    walk(sub)
+
+    walk(model.graph)
+    return counts
+
+
+def _check_paths(input_path: str, output_path: str | None, force: bool) -> None:
+    if output_path is None:
+        return
+    if os.path.isdir(output_path):
+        raise ModelError(f"{output_path}: is a directory, expected an output .onnx file path")
+    if os.path.exists(output_path) and os.path.exists(input_path) and os.path.samefile(input_path, output_path):
+        if not force:
+            raise ModelError(f"{output_path}: output is the input model; refusing to overwrite it",
+                             hint="pass --force to overwrite")
+    out_dir = os.path.dirname(os.path.abspath(output_path))
+    if not os.path.isdir(out_dir):
+        raise ModelError(f"{output_path}: output folder {out_dir} does not exist")
+    if not os.access(out_dir, os.W_OK):
+        raise ModelError(f"{output_path}: output folder {out_dir} is not writable")
+
+
+class _Candidate:
+    """Serializes a candidate so onnxruntime can load it (external data resolved next to a temp copy)."""
+
+    def __init__(self, proto: onnx.ModelProto, info: LoadInfo) -> None:
+        self.tmpdir: str | None = None
+        if not info.external_data:
+            self.source: str | bytes = proto.SerializeToString()
+            return
+        self.tmpdir = tempfile.mkdtemp(prefix="onnxfuse-")
+        src_dir = os.path.dirname(os.path.abspath(info.path))
+        for t in _all_tensors(proto.graph):
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                loc = {e.key: e.value for e in t.external_data}["location"]
+                link = os.path.join(self.tmpdir, loc)
+                if not os.path.exists(link):
+                    os.makedirs(os.path.dirname(link), exist_ok=True)
+                    os.symlink(os.path.join(src_dir, loc), link)
+        path = os.path.join(self.tmpdir, "candidate.onnx")
+        with open(path, "wb") as f:
+            f.write(proto.SerializeToString())
+        self.source = path
+
+    def close(self) -> None:
+        if self.tmpdir:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+@dataclass
+class _Verdict:
+    ok: bool
+    checks: list[V.OutputCheck]
+    reason: str
+
+
+class _Validator:
+    """Reference outputs from the original at ORT_DISABLE_ALL; candidates checked at DISABLE_ALL and ALL."""
+
+    def __init__(self, input_path: str, proto: onnx.ModelProto, opts: OptimizeOptions, provider: str) -> None:
+        self.provider = provider
+        shapes = V.parse_shape_specs(opts.shapes) if opts.shapes else None
+        self.feeds = V.make_inputs(proto, shapes, opts.inputs_npz)
+        self.tolerance = (V.Tolerance(opts.rtol if opts.rtol is not None else 1e-4,
+                                      opts.atol if opts.atol is not None else 1e-4)
+                          if opts.rtol is not None or opts.atol is not None else None)
+        ref = V.make_session(input_path, "disable", provider)
+        self.reference = V.run(ref, self.feeds)
+
+    def check(self, proto: onnx.ModelProto, info: LoadInfo) -> _Verdict:
+        try:
+            onnx.checker.check_model(proto)
+        except onnx.checker.ValidationError as e:
+            return _Verdict(False, [], f"onnx.checker rejects the model: {str(e).strip().splitlines()[0]}")
+        cand = _Candidate(proto, info)
+        try:
+            worst: list[V.OutputCheck] = []
+            for level in ("disable", "all"):
+                try:
+                    sess = V.make_session(cand.source, level, self.provider)
+                    got = V.run(sess, self.feeds)
+                except OnnxfuseError as e:
+                    return _Verdict(False, worst, f"onnxruntime ({level}) fails: {e.message}")
+                checks = V.compare_outputs(self.reference, got, self.tolerance)
+                bad = [c for c in checks if not c.passed]
+                if bad:
+                    c = bad[0]
+                    return _Verdict(False, checks, f"output {c.name!r} differs at ORT level {level}: max abs "
+                                                   f"{c.max_abs:.3g}, needs tolerance {c.min_tolerance:.3g} "
+                                                   f"(allowed rtol {c.tolerance.rtol:g}, atol {c.tolerance.atol:g})"
+                                                   + (f"; {c.note}" if c.note else ""))
+                if level == "disable":
+                    worst = checks
+            return _Verdict(True, worst, "")
+        finally:
+            cand.close()
+
+
+def _build(input_path: str, rules: list[Rule], target: str, deny: set[tuple[str, str]],
+           max_rewrites: int | None = None) -> tuple[Model, LoadInfo, EngineResult]:
+    model, info = load_model(input_path)
+    result = run(model, rules, EngineOptions(target=target, deny=set(deny), max_rewrites=max_rewrites))
+    return model, info, result
+
+
+def _unvalidatable_ops(proto: onnx.ModelProto, provider: str) -> list[str]:
+    missing = []
+    for op in op_counts(proto):
+        domain, _, name = op.rpartition(".")
+        if domain and kernel_issue(domain, name, provider):
+            missing.append(op)
+    return missing
+
+
+def optimize(input_path: str, output_path: str | None, opts: OptimizeOptions | None = None) -> Result:
+    opts = opts or OptimizeOptions()
+    if opts.target not in ("cpu", "cuda"):
+        raise OnnxfuseError(f"--target {opts.target}: unknown target", hint="use cpu or cuda")
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    rules = load_rules(opts.patterns, opts.builtin, opts.only, opts.skip)
+    timings["patterns"] = time.perf_counter() - t0
+    _check_paths(input_path, None if opts.dry_run else output_path, opts.force)
+
+    t0 = time.perf_counter()
+    original, info = load_model(input_path)
+    original_proto = original.proto
+    timings["load"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    deny: set[tuple[str, str]] = set()
+    model, info, eng = _build(input_path, rules, opts.target, deny)
+    proto = model.export()
+    timings["rewrite"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    rolled_back: list[Rollback] = []
+    checks: list[V.OutputCheck] = []
+    status = "skipped (--no-validate)"
+    if opts.validate:
+        provider = opts.target
+        note = ""
+        if opts.target == "cuda" and not provider_registered("cuda"):
+            provider, note = "cpu", " on CPU (the installed onnxruntime has no CUDA execution provider)"
+        missing = _unvalidatable_ops(proto, provider) if provider != opts.target else []
+        if missing:
+            status = (f"not run: {', '.join(missing)} have no {provider.upper()} kernel and no CUDA execution "
+                      "provider is installed")
+        else:
+            validator = _Validator(input_path, original_proto, opts, provider)
+            verdict = validator.check(proto, info)
+            while not verdict.ok and eng.applications:
+                if len(rolled_back) >= MAX_ROLLBACKS:
+                    raise OnnxfuseError(f"validation still fails after rolling back {MAX_ROLLBACKS} rewrites: "
+                                        f"{verdict.reason}; nothing written")
+                culprit = _bisect(input_path, rules, opts.target, deny, len(eng.applications), validator)
+                rolled_back.append(Rollback(culprit.rule, culprit.root, verdict.reason))
+                deny.add(culprit.key)
+                model, info, eng = _build(input_path, rules, opts.target, deny)
+                proto = model.export()
+                verdict = validator.check(proto, info)
+            if not verdict.ok:
+                raise OnnxfuseError(f"the original model itself does not pass validation: {verdict.reason}")
+            checks = verdict.checks
+            status = "passed" + note + (f" after rolling back {len(rolled_back)} rewrite(s)" if rolled_back else "")
+    timings["validate"] = time.perf_counter() - t0
+
+    written: list[str] = []
+    if output_path is not None and not opts.dry_run:
+        t0 = time.perf_counter()
+        big = proto.ByteSize() > 2**31 - 2**24
+        written = save_model(proto, output_path, original.base_dir, external=info.external_data or big)
+        timings["write"] = time.perf_counter() - t0
+    before, after = op_counts(original_proto), op_counts(proto)
+    return Result(
+        input=input_path, output=None if opts.dry_run else output_path, target=opts.target,
+        nodes_before=sum(before.values()), nodes_after=sum(after.values()),
+        ops_before=dict(before), ops_after=dict(after), applications=eng.applications, skipped=eng.skipped,
+        rolled_back=rolled_back, checks=checks, validation=status, timings=timings, written=written,
+        sweeps=eng.sweeps,
+    )
+
+
+def _bisect(input_path: str, rules: list[Rule], target: str, deny: set[tuple[str, str]], n: int,
+            validator: _Validator) -> Application:
+    """Smallest prefix of the (deterministic) rewrite sequence that fails: its last rewrite is the culprit."""
+    lo, hi = 0, n  # prefix lo passes (the original), prefix hi fails
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        model, info, _ = _build(input_path, rules, target, deny, max_rewrites=mid)
+        if validator.check(model.export(), info).ok:
+            lo = mid
+        else:
+            hi = mid
+    _, _, eng = _build(input_path, rules, target, deny, max_rewrites=hi)
+    return eng.applications[hi - 1]

@@ -1,0 +1,460 @@
+"""A thin, mutable graph over ONNX protos: producers, consumers, constants, types, nested subgraphs.
+
+Untouched nodes stay the original NodeProto objects (metadata, doc strings and attributes survive as they
+were); initializers stay TensorProtos (external data is read only when a pattern needs a value).
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .errors import ModelError
+
+GRAPH_ATTR_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """Element type and shape of a value as far as shape inference knows (dims: int, str or None)."""
+
+    elem_type: int
+    shape: tuple[int | str | None, ...] | None
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
+
+    @property
+    def dtype_name(self) -> str:
+        return dtype_name(self.elem_type)
+
+
+def dtype_name(elem_type: int) -> str:
+    if elem_type == 0:
+        return "undefined"
+    return onnx.TensorProto.DataType.Name(elem_type).lower()
+
+
+def _type_from_proto(tp: onnx.TypeProto) -> TensorType | None:
+    if not tp.HasField("tensor_type"):
+        return None
+    tt = tp.tensor_type
+    shape: tuple[int | str | None, ...] | None = None
+    if tt.HasField("shape"):
+        dims: list[int | str | None] = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param"):
+                dims.append(d.dim_param)
+            else:
+                dims.append(None)
+        shape = tuple(dims)
+    return TensorType(tt.elem_type, shape)
+
+
+class Node:
+    """One node of a graph. `proto` is the NodeProto; `seq` orders nodes for a stable topological sort."""
+
+    __slots__ = ("proto", "graph", "subgraphs", "alive", "seq", "implicit_inputs", "provenance")
+
+    def __init__(self, proto: onnx.NodeProto, graph: Graph, seq: tuple[int, ...]) -> None:
+        self.proto = proto
+        self.graph = graph
+        self.seq = seq
+        self.alive = True
+        self.provenance: tuple[str, list[str]] | None = None
+        self.subgraphs: dict[str, list[Graph]] = {}
+        for attr in proto.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                self.subgraphs[attr.name] = [Graph(attr.g, graph.model, parent=graph)]
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                self.subgraphs[attr.name] = [Graph(g, graph.model, parent=graph) for g in attr.graphs]
+        self.implicit_inputs: set[str] = set()
+        for subs in self.subgraphs.values():
+            for sub in subs:
+                self.implicit_inputs |= sub.outer_references()
+
+    @property
+    def op_type(self) -> str:
+        return self.proto.op_type
+
+    @property
+    def domain(self) -> str:
+        return self.proto.domain if self.proto.domain not in ("ai.onnx",) else ""
+
+    @property
+    def name(self) -> str:
+        return self.proto.name
+
+    @property
+    def inputs(self) -> list[str]:
+        return list(self.proto.input)
+
+    @property
+    def outputs(self) -> list[str]:
+        return list(self.proto.output)
+
+    def attr(self, name: str) -> onnx.AttributeProto | None:
+        for a in self.proto.attribute:
+            if a.name == name:
+                return a
+        return None
+
+    def __repr__(self) -> str:
+        return f"Node({self.op_type} {self.name!r})"
+
+
+class Graph:
+    """A graph or subgraph. Values from an enclosing graph are visible (outer-scope references)."""
+
+    def __init__(self, proto: onnx.GraphProto, model: Model, parent: Graph | None = None) -> None:
+        self.proto = proto
+        self.model = model
+        self.parent = parent
+        self.initializers: dict[str, onnx.TensorProto] = {t.name: t for t in proto.initializer}
+        self.input_names = [v.name for v in proto.input]
+        self.output_names = [v.name for v in proto.output]
+        self.graph_outputs = set(self.output_names)
+        self.types: dict[str, TensorType] = {}
+        for vi in list(proto.input) + list(proto.output) + list(proto.value_info):
+            t = _type_from_proto(vi.type)
+            if t is not None:
+                self.types[vi.name] = t
+        for t in proto.initializer:
+            self.types.setdefault(t.name, TensorType(t.data_type, tuple(int(d) for d in t.dims)))
+        self.producer: dict[str, Node] = {}
+        self.consumers: dict[str, list[Node]] = {}
+        self.nodes: list[Node] = []
+        self.removed_initializers: set[str] = set()
+        self.new_initializers: dict[str, onnx.TensorProto] = {}
+        self.dirty = False
+        for i, np_ in enumerate(proto.node):
+            self._index(Node(np_, self, (i,)))
+        model.names.update(self.initializers)
+        model.names.update(self.input_names)
+
+    # ----- structure -------------------------------------------------------------------------------------
+    def _index(self, node: Node) -> None:
+        self.nodes.append(node)
+        self._index_uses(node)
+
+    def _index_uses(self, node: Node) -> None:
+        """(Re-)register a live node's outputs and inputs in the producer/consumer maps."""
+        for o in node.proto.output:
+            if o:
+                self.producer[o] = node
+                self.model.names.add(o)
+        for i in self._uses(node):
+            self.consumers.setdefault(i, []).append(node)
+
+    @staticmethod
+    def _uses(node: Node) -> list[str]:
+        uses = [i for i in node.proto.input if i]
+        uses.extend(sorted(node.implicit_inputs))
+        return uses
+
+    def add_node(self, proto: onnx.NodeProto, seq: tuple[int, ...]) -> Node:
+        node = Node(proto, self, seq)
+        self._index(node)
+        self.dirty = True
+        return node
+
+    def remove_node(self, node: Node) -> None:
+        if not node.alive:
+            return
+        node.alive = False
+        self.dirty = True
+        for o in node.proto.output:
+            if self.producer.get(o) is node:
+                del self.producer[o]
+        for i in self._uses(node):
+            lst = self.consumers.get(i)
+            if lst and node in lst:
+                lst.remove(node)
+                if not lst:
+                    del self.consumers[i]
+
+    def live_nodes(self) -> Iterator[Node]:
+        return (n for n in self.nodes if n.alive)
+
+    def outer_references(self) -> set[str]:
+        """Names this graph (and its nested subgraphs) read but do not define."""
+        defined = set(self.input_names) | set(self.initializers)
+        for n in self.nodes:
+            defined.update(o for o in n.proto.output if o)
+        used: set[str] = set()
+        for n in self.nodes:
+            used.update(i for i in n.proto.input if i)
+            used |= n.implicit_inputs
+        used.update(self.output_names)
+        return used - defined
+
+    def all_graphs(self) -> Iterator[Graph]:
+        yield self
+        for n in self.nodes:
+            if n.alive:
+                for subs in n.subgraphs.values():
+                    for sub in subs:
+                        yield from sub.all_graphs()
+
+    # ----- values ----------------------------------------------------------------------------------------
+    def consumer_count(self, name: str) -> int:
+        """Uses of `name` in this graph (a node using it twice counts twice); subgraph uses count once."""
+        return len(self.consumers.get(name, ()))
+
+    def is_graph_output(self, name: str) -> bool:
+        return name in self.graph_outputs
+
+    def type_of(self, name: str) -> TensorType | None:
+        g: Graph | None = self
+        while g is not None:
+            t = g.types.get(name)
+            if t is not None:
+                return t
+            g = g.parent
+        return None
+
+    def initializer(self, name: str) -> onnx.TensorProto | None:
+        g: Graph | None = self
+        while g is not None:
+            if name in g.new_initializers:
+                return g.new_initializers[name]
+            if name in g.initializers and name not in g.removed_initializers:
+                return g.initializers[name]
+            g = g.parent
+        return None
+
+    def is_constant(self, name: str) -> bool:
+        """True for initializers (not overridable graph inputs), outputs of Constant nodes, and Identity of
+        those (exporters route shared weights through Identity)."""
+        for _ in range(16):
+            if not name:
+                return False
+            if self.initializer(name) is not None and not self._is_overridable(name):
+                return True
+            p = self.producer.get(name)
+            if p is None or p.domain != "":
+                return False
+            if p.op_type == "Constant":
+                return True
+            if p.op_type != "Identity":
+                return False
+            name = p.proto.input[0]
+        return False
+
+    def _is_overridable(self, name: str) -> bool:
+        g: Graph | None = self
+        while g is not None:
+            if name in g.input_names:
+                return True
+            if name in g.initializers:
+                return False
+            g = g.parent
+        return False
+
+    def const_value(self, name: str) -> np.ndarray | None:
+        """The value of a constant, read lazily (external data included); None when not constant."""
+        if not self.is_constant(name):
+            return None
+        cache = self.model.value_cache
+        key = (id(self), name)
+        if key in cache:
+            return cache[key]
+        source = name
+        while self.initializer(source) is None and self.producer[source].op_type == "Identity":
+            source = self.producer[source].proto.input[0]
+        t = self.initializer(source)
+        if t is not None:
+            value = self.model.tensor_to_array(t)
+        else:
+            value = _constant_node_value(self.producer[source])
+        cache[key] = value
+        return value
+
+    def fresh_name(self, base: str) -> str:
+        return self.model.fresh_name(base)
+
+    def add_initializer(self, name: str, value: np.ndarray) -> str:
+        name = self.fresh_name(name)
+        t = numpy_helper.from_array(np.ascontiguousarray(value), name)
+        self.new_initializers[name] = t
+        self.types[name] = TensorType(t.data_type, tuple(int(d) for d in t.dims))
+        self.dirty = True
+        return name
+
+    # ----- export ----------------------------------------------------------------------------------------
+    def sorted_nodes(self) -> list[Node]:
+        """Live nodes in a topological order that keeps the original order wherever it can."""
+        live = sorted((n for n in self.nodes if n.alive), key=lambda n: n.seq)
+        pos = {id(n): i for i, n in enumerate(live)}
+        indeg = [0] * len(live)
+        users: list[list[int]] = [[] for _ in live]
+        for i, n in enumerate(live):
+            deps = set()
+            for name in Graph._uses(n):
+                p = self.producer.get(name)
+                if p is not None and p.alive and id(p) in pos and p is not n:
+                    deps.add(pos[id(p)])
+            indeg[i] = len(deps)
+            for d in deps:
+                users[d].append(i)
+        heap = [i for i in range(len(live)) if indeg[i] == 0]
+        heapq.heapify(heap)
+        order: list[Node] = []
+        while heap:
+            i = heapq.heappop(heap)
+            order.append(live[i])
+            for u in users[i]:
+                indeg[u] -= 1
+                if indeg[u] == 0:
+                    heapq.heappush(heap, u)
+        if len(order) != len(live):
+            raise ModelError(f"graph {self.proto.name!r} has a cycle")
+        return order
+
+    def export(self) -> onnx.GraphProto:
+        out = _shell(self.proto, onnx.GraphProto(), skip=("node", "initializer", "value_info"))
+        nodes = self.sorted_nodes()
+        used: set[str] = set(self.output_names)
+        for n in nodes:
+            out.node.append(_export_node(n))
+            used.update(Graph._uses(n))
+        for t in self.proto.initializer:
+            if t.name in self.removed_initializers:
+                continue
+            if t.name in self.touched_initializers() and t.name not in used and t.name not in self.input_names:
+                continue
+            out.initializer.append(t)
+        for name, t in self.new_initializers.items():
+            if name in used:
+                out.initializer.append(t)
+        live_values = used | {o for n in nodes for o in n.proto.output}
+        out.value_info.extend(v for v in self.proto.value_info if v.name in live_values)
+        return out
+
+    def touched_initializers(self) -> set[str]:
+        return self.model.touched_values
+
+
+def _export_node(node: Node) -> onnx.NodeProto:
+    if not node.subgraphs and node.provenance is None:
+        return node.proto
+    proto = onnx.NodeProto()
+    proto.CopyFrom(node.proto)
+    for attr in proto.attribute:
+        subs = node.subgraphs.get(attr.name)
+        if not subs:
+            continue
+        if attr.type == onnx.AttributeProto.GRAPH:
+            attr.g.CopyFrom(subs[0].export())
+        else:
+            del attr.graphs[:]
+            attr.graphs.extend(s.export() for s in subs)
+    if node.provenance is not None:
+        rule, replaced = node.provenance
+        proto.doc_string = f"onnxfuse: rule={rule} replaced={','.join(replaced)}"
+    return proto
+
+
+def _constant_node_value(node: Node) -> np.ndarray:
+    a = node.proto.attribute[0] if node.proto.attribute else None
+    if a is None:
+        raise ModelError(f"Constant node {node.name!r} has no value")
+    if a.name == "value":
+        return numpy_helper.to_array(a.t)
+    if a.name == "value_float":
+        return np.array(a.f, dtype=np.float32)
+    if a.name == "value_floats":
+        return np.array(list(a.floats), dtype=np.float32)
+    if a.name == "value_int":
+        return np.array(a.i, dtype=np.int64)
+    if a.name == "value_ints":
+        return np.array(list(a.ints), dtype=np.int64)
+    raise ModelError(f"Constant node {node.name!r} has unsupported attribute {a.name!r}")
+
+
+class Model:
+    """A loaded model: the root graph plus what the writer needs (opsets, base folder for external data)."""
+
+    def __init__(self, proto: onnx.ModelProto, base_dir: str) -> None:
+        self.proto = proto
+        self.base_dir = base_dir
+        self.names: set[str] = set()
+        self.value_cache: dict[tuple[int, str], np.ndarray] = {}
+        self.touched_values: set[str] = set()
+        self.opsets: dict[str, int] = {}
+        for o in proto.opset_import:
+            self.opsets["" if o.domain == "ai.onnx" else o.domain] = o.version
+        self.graph = Graph(proto.graph, self)
+
+    @property
+    def opset(self) -> int:
+        return self.opsets.get("", 1)
+
+    def fresh_name(self, base: str) -> str:
+        name, k = base, 0
+        while name in self.names:
+            k += 1
+            name = f"{base}_{k}"
+        self.names.add(name)
+        return name
+
+    def tensor_to_array(self, t: onnx.TensorProto) -> np.ndarray:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            return read_external_tensor(t, self.base_dir)
+        return numpy_helper.to_array(t)
+
+    def graphs(self) -> Iterable[Graph]:
+        return self.graph.all_graphs()
+
+    def export(self) -> onnx.ModelProto:
+        out = onnx.ModelProto()
+        _shell(self.proto, out, skip=("graph",))
+        out.graph.CopyFrom(self.graph.export())
+        present = {"" if o.domain == "ai.onnx" else o.domain for o in out.opset_import}
+        for domain, version in sorted(self.opsets.items()):
+            if domain not in present:
+                out.opset_import.add(domain=domain, version=version)
+        return out
+
+
+def _shell(proto, shell, skip: tuple[str, ...]):
+    """Copy every set field of `proto` into `shell` except those in `skip` (cheap: no graph copy)."""
+    for field, value in proto.ListFields():
+        if field.name in skip:
+            continue
+        if getattr(field, "is_repeated", None) or getattr(field, "label", None) == field.LABEL_REPEATED:
+            getattr(shell, field.name).extend(value)
+        elif field.type == field.TYPE_MESSAGE:
+            getattr(shell, field.name).CopyFrom(value)
+        else:
+            setattr(shell, field.name, value)
+    return shell
+
+
+def external_info(t: onnx.TensorProto) -> dict[str, str]:
+    return {e.key: e.value for e in t.external_data}
+
+
+def read_external_tensor(t: onnx.TensorProto, base_dir: str) -> np.ndarray:
+    info = external_info(t)
+    path = os.path.join(base_dir, info.get("location", ""))
+    offset = int(info.get("offset", 0))
+    length = int(info["length"]) if "length" in info else None
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read() if length is None else f.read(length)
+    copy = onnx.TensorProto()
+    copy.CopyFrom(t)
+    del copy.external_data[:]
+    copy.data_location = onnx.TensorProto.DEFAULT
+    copy.raw_data = data
+    return numpy_helper.to_array(copy)

@@ -1,0 +1,245 @@
+"""Read and write ONNX models: external data, >2 GB, shape inference, clear errors, atomic writes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from dataclasses import dataclass
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from .errors import ModelError
+from .ir import Graph, Model, _type_from_proto, external_info
+
+TWO_GB = 2**31
+EXTERNAL_THRESHOLD = 1024  # bytes: tensors at least this large go to the external data file
+
+
+@dataclass(frozen=True)
+class LoadInfo:
+    path: str
+    size_bytes: int
+    external_data: bool
+    external_bytes: int
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def load_model(path: str) -> tuple[Model, LoadInfo]:
+    """Load a model without pulling external data into memory; run shape inference for value types."""
+    if not os.path.exists(path):
+        raise ModelError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise ModelError(f"{path}: is a directory, expected an .onnx file")
+    if not os.access(path, os.R_OK):
+        raise ModelError(f"{path}: permission denied")
+    size = os.path.getsize(path)
+    if size == 0:
+        raise ModelError(f"{path}: empty file, not an ONNX model")
+    try:
+        proto = onnx.load(path, load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError, OSError) as e:
+        raise ModelError(f"{path}: not a valid ONNX model ({_first_line(e)})") from None
+    if not proto.HasField("graph") or (not proto.graph.node and not proto.graph.output):
+        raise ModelError(f"{path}: not a valid ONNX model (no graph)")
+    base_dir = os.path.dirname(os.path.abspath(path))
+    ext_bytes = _check_external_data(proto, base_dir, path)
+    _check_model(proto, path)
+    inferred = _infer_types(proto)
+    model = Model(proto, base_dir)
+    if inferred is not None:
+        _merge_types(model.graph, inferred.graph)
+    return model, LoadInfo(path, size, ext_bytes > 0, ext_bytes)
+
+
+def _all_tensors(graph: onnx.GraphProto):
+    yield from graph.initializer
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                yield a.t
+            elif a.type == onnx.AttributeProto.GRAPH:
+                yield from _all_tensors(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    yield from _all_tensors(g)
+
+
+def _check_external_data(proto: onnx.ModelProto, base_dir: str, path: str) -> int:
+    total = 0
+    real_base = os.path.realpath(base_dir)
+    for t in _all_tensors(proto.graph):
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = external_info(t)
+        loc = info.get("location", "")
+        full = os.path.realpath(os.path.join(base_dir, loc))
+        if not loc or os.path.isabs(loc) or os.path.commonpath([real_base, full]) != real_base:
+            raise ModelError(
+                f"{path}: tensor {t.name!r} has external data location {loc!r} outside the model's folder (refused)"
+            )
+        if not os.path.isfile(full):
+            raise ModelError(f"{path}: external data file {loc!r} for tensor {t.name!r} is missing")
+        offset = int(info.get("offset", 0))
+        length = int(info.get("length", os.path.getsize(full) - offset))
+        if offset + length > os.path.getsize(full):
+            raise ModelError(
+                f"{path}: external data file {loc!r} is truncated (tensor {t.name!r} needs bytes "
+                f"{offset}..{offset + length}, file has {os.path.getsize(full)})"
+            )
+        total += length
+    return total
+
+
+def _check_model(proto: onnx.ModelProto, path: str) -> None:
+    max_opset = onnx.defs.onnx_opset_version()
+    for o in proto.opset_import:
+        if o.domain in ("", "ai.onnx") and o.version > max_opset:
+            raise ModelError(
+                f"{path}: model uses opset {o.version}, newer than the installed onnx supports ({max_opset})",
+                hint="upgrade the onnx package",
+            )
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as e:
+        raise ModelError(f"{path}: invalid model: {_first_line(e)}") from None
+    _check_graph_structure(proto.graph, path, set())
+
+
+def _check_graph_structure(graph: onnx.GraphProto, path: str, outer: set[str]) -> None:
+    produced: dict[str, str] = {}
+    for n in graph.node:
+        for o in n.output:
+            if o and o in produced:
+                raise ModelError(f"{path}: value {o!r} is produced by two nodes ({produced[o]!r}, {n.name!r})")
+            if o:
+                produced[o] = n.name
+    known = outer | {v.name for v in graph.input} | {t.name for t in graph.initializer} | set(produced)
+    for n in graph.node:
+        for i in n.input:
+            if i and i not in known:
+                raise ModelError(f"{path}: node {n.name or n.op_type!r} reads {i!r}, which nothing produces")
+        for a in n.attribute:
+            subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+            for g in subs:
+                _check_graph_structure(g, path, known)
+    for o in graph.output:
+        if o.name not in known:
+            raise ModelError(f"{path}: graph output {o.name!r} is not produced by any node")
+
+
+def _infer_types(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+    """Shape inference on a copy (symbolic dims stay symbolic); best effort: None when it fails."""
+    try:
+        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False)
+    except Exception:
+        return None
+
+
+def _merge_types(g: Graph, src: onnx.GraphProto) -> None:
+    """Copy inferred types into `g`, then into its subgraphs (same node order in `src`)."""
+    for vi in list(src.value_info) + list(src.output) + list(src.input):
+        t = _type_from_proto(vi.type)
+        if t is not None and (vi.name not in g.types or g.types[vi.name].shape is None):
+            g.types[vi.name] = t
+    for node, src_node in zip(g.nodes, src.node, strict=False):
+        for a in src_node.attribute:
+            subs = node.subgraphs.get(a.name, [])
+            srcs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+            for sub, sub_src in zip(subs, srcs, strict=False):
+                _merge_types(sub, sub_src)
+
+
+# ----- writing ---------------------------------------------------------------------------------------------
+def save_model(
+    proto: onnx.ModelProto,
+    out_path: str,
+    source_base_dir: str,
+    external: bool,
+) -> list[str]:
+    """Write atomically: to temporary files in the target folder, then rename. Returns the files written.
+
+    Tensors whose data lives in the source model's external file are streamed across, never all in memory.
+    """
+    out_dir = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(out_dir):
+        raise ModelError(f"{out_path}: output folder {out_dir} does not exist")
+    if not os.access(out_dir, os.W_OK):
+        raise ModelError(f"{out_path}: output folder {out_dir} is not writable")
+    has_external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in _all_tensors(proto.graph))
+    external = external or has_external
+    tmp_files: list[str] = []
+    try:
+        fd, tmp_model = tempfile.mkstemp(prefix=".onnxfuse-", suffix=".onnx.tmp", dir=out_dir)
+        os.close(fd)
+        tmp_files.append(tmp_model)
+        written = [out_path]
+        if external:
+            data_name = os.path.basename(out_path) + ".data"
+            fd, tmp_data = tempfile.mkstemp(prefix=".onnxfuse-", suffix=".data.tmp", dir=out_dir)
+            os.close(fd)
+            tmp_files.append(tmp_data)
+            with open(tmp_data, "wb") as data_file:
+                _externalize(proto.graph, data_file, data_name, source_base_dir)
+            with open(tmp_model, "wb") as f:
+                f.write(proto.SerializeToString())
+            os.replace(tmp_data, os.path.join(out_dir, data_name))
+            written.append(os.path.join(out_dir, data_name))
+        else:
+            with open(tmp_model, "wb") as f:
+                f.write(proto.SerializeToString())
+        os.replace(tmp_model, out_path)
+        tmp_files.clear()
+        return written
+    except OSError as e:
+        raise ModelError(f"{out_path}: cannot write ({e.strerror or e})") from None
+    finally:
+        for p in tmp_files:
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+
+
+def _externalize(graph: onnx.GraphProto, data_file, data_name: str, source_base_dir: str) -> None:
+    for t in _all_tensors(graph):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            info = external_info(t)
+            src = os.path.join(source_base_dir, info["location"])
+            offset = int(info.get("offset", 0))
+            length = int(info.get("length", os.path.getsize(src) - offset))
+            new_offset = _align(data_file)
+            with open(src, "rb") as f:
+                f.seek(offset)
+                remaining = length
+                while remaining:
+                    chunk = f.read(min(remaining, 64 << 20))
+                    if not chunk:
+                        raise ModelError(f"external data file {info['location']!r} ended early")
+                    data_file.write(chunk)
+                    remaining -= len(chunk)
+        elif t.HasField("raw_data") and len(t.raw_data) >= EXTERNAL_THRESHOLD:
+            new_offset = _align(data_file)
+            length = len(t.raw_data)
+            data_file.write(t.raw_data)
+            t.ClearField("raw_data")
+        else:
+            continue
+        del t.external_data[:]
+        t.data_location = onnx.TensorProto.EXTERNAL
+        for k, v in (("location", data_name), ("offset", str(new_offset)), ("length", str(length))):
+            e = t.external_data.add()
+            e.key, e.value = k, v
+
+
+def _align(f, alignment: int = 4096) -> int:
+    pos = f.tell()
+    pad = (-pos) % alignment
+    if pad:
+        f.write(b"\0" * pad)
+    return pos + pad
+
+

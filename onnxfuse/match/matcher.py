@@ -1,0 +1,313 @@
+"""The matcher: backtracking over alternatives and commutative operand orders, constraints checked while
+matching (a failure backtracks into the next alternative), and a record of why the best attempt failed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..ir import Graph, Node, dtype_name
+from ..opschema import attr_value, op_spec
+from ..patterns.rules import Constraint, Rule
+from ..patterns.syntax import Alt, Call, Expr, Ref
+
+ABSENT = ""
+
+
+@dataclass(frozen=True)
+class Binding:
+    """One (partial) match: names to value names, lines to nodes, every node taken, unified dims."""
+
+    values: dict[str, str] = field(default_factory=dict)
+    nodes: dict[str, Node] = field(default_factory=dict)
+    matched: tuple[Node, ...] = ()
+    dims: dict[str, int | str] = field(default_factory=dict)
+
+    def bind(self, name: str, value: str, node: Node | None = None) -> Binding:
+        nodes = self.nodes if node is None else {**self.nodes, name: node}
+        return Binding({**self.values, name: value}, nodes, self.matched, self.dims)
+
+    def take(self, node: Node) -> Binding:
+        return Binding(self.values, self.nodes, self.matched + (node,), self.dims)
+
+    def with_dims(self, dims: dict[str, int | str]) -> Binding:
+        return Binding(self.values, self.nodes, self.matched, dims)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why the most advanced attempt at one candidate failed."""
+
+    progress: int  # nodes matched when it failed
+    node: str  # node (or value) where it failed
+    reason: str
+
+
+def _fmt(v: np.ndarray) -> str:
+    flat = np.asarray(v).reshape(-1)
+    if flat.size == 1:
+        return f"{float(flat[0]):.6g}"
+    head = ", ".join(f"{float(x):.4g}" for x in flat[:4])
+    return f"[{head}{', ...' if flat.size > 4 else ''}]"
+
+
+def _same_attr(actual: object, wanted: object) -> bool:
+    if isinstance(wanted, list | tuple):
+        if not isinstance(actual, list | tuple) or len(actual) != len(wanted):
+            return False
+        return all(_same_attr(a, w) for a, w in zip(actual, wanted, strict=True))
+    if isinstance(wanted, float) or isinstance(actual, float):
+        try:
+            return abs(float(actual) - float(wanted)) <= 1e-6 * max(1.0, abs(float(wanted)))
+        except (TypeError, ValueError):
+            return False
+    return actual == wanted
+
+
+class Matcher:
+    """Matches one rule against candidate root nodes of one graph."""
+
+    def __init__(self, rule: Rule, graph: Graph) -> None:
+        self.rule = rule
+        self.graph = graph
+        self.best: Failure | None = None
+        self.exposed = rule.exposed
+
+    # ----- entry -----------------------------------------------------------------------------------------
+    def match(self, root: Node) -> Binding | None:
+        self.best = None
+        if not root.outputs or not root.outputs[0]:
+            return None
+        for b in self._line(self.rule.root, root.outputs[0], Binding()):
+            if self._final(b):
+                return b
+        return None
+
+    def _fail(self, b: Binding, where: str, reason: str) -> None:
+        progress = len(b.matched)
+        if self.best is None or progress >= self.best.progress:
+            self.best = Failure(progress, where, reason)
+
+    # ----- lines and expressions -----------------------------------------------------------------------
+    def _line(self, name: str, value: str, b: Binding) -> Iterator[Binding]:
+        if name in b.values:
+            if b.values[name] == value:
+                yield b
+            else:
+                self._fail(b, value, f"line {name!r} is already bound to {b.values[name]!r}")
+            return
+        node = self.graph.producer.get(value)
+        if node is None:
+            self._fail(b, value, f"{value!r} is not produced by a node (graph input or initializer)")
+            return
+        con = self.rule.where.get(name)
+        if con is not None:
+            spec = op_spec(node.domain, node.op_type, self.graph.model.opset if node.domain == "" else None)
+            for k, wanted in con.attrs.items():
+                actual = attr_value(node.proto, k, spec)
+                if actual is None and (spec is None or k not in spec.attrs):
+                    continue  # the op version in this model has no such attribute: nothing to check
+                if not _same_attr(actual, wanted):
+                    self._fail(b, node.name, f"{node.op_type} {k}={actual!r}, rule needs {wanted!r}")
+                    return
+            b2 = self._check_value(name, value, con, b, node)
+            if b2 is None:
+                return
+            b = b2
+        for b2 in self._expr(self.rule.lines[name], value, b, None):
+            yield b2.bind(name, value, node)
+
+    def _expr(self, e: Expr, value: str, b: Binding, consumer: Node | None) -> Iterator[Binding]:
+        if isinstance(e, Alt):
+            for option in e.options:
+                yield from self._expr(option, value, b, consumer)
+        elif isinstance(e, Call):
+            yield from self._call(e, value, b)
+        elif e.name == "_":
+            yield b
+        elif e.name in self.rule.lines:
+            if value == ABSENT:
+                self._fail(b, consumer.name if consumer else "?", f"input for line {e.name!r} is absent")
+            else:
+                yield from self._line(e.name, value, b)
+        else:
+            yield from self._value(e, value, b, consumer)
+
+    def _value(self, ref: Ref, value: str, b: Binding, consumer: Node | None) -> Iterator[Binding]:
+        name = ref.name
+        if name in b.values:
+            if b.values[name] == value:
+                yield b
+            else:
+                self._fail(b, value, f"{name} must be the same value in both places "
+                                     f"({b.values[name]!r} vs {value!r})")
+            return
+        if value == ABSENT:
+            if ref.optional:
+                yield b.bind(name, ABSENT)
+            else:
+                self._fail(b, consumer.name if consumer else "?", f"input {name} is absent")
+            return
+        con = self.rule.where.get(name)
+        if con is not None:
+            b2 = self._check_value(name, value, con, b, consumer)
+            if b2 is None:
+                return
+            b = b2
+        yield b.bind(name, value)
+
+    def _call(self, call: Call, value: str, b: Binding) -> Iterator[Binding]:
+        g = self.graph
+        node = g.producer.get(value)
+        if node is None:
+            self._fail(b, value, f"{value!r} is a graph input or constant, expected {call.qualified}")
+            return
+        if node.op_type != call.op or node.domain != call.domain:
+            self._fail(b, node.name, f"found {node.op_type}, expected {call.qualified}")
+            return
+        if node in b.matched:
+            self._fail(b, node.name, f"{node.op_type} is already part of this match")
+            return
+        if node.outputs[0] != value:
+            self._fail(b, node.name, f"uses output {node.outputs.index(value)} of {node.op_type}, expected 0")
+            return
+        spec = op_spec(node.domain, node.op_type, g.model.opset if node.domain == "" else None)
+        for k, wanted in call.lits.items():
+            actual = attr_value(node.proto, k, spec)
+            if not _same_attr(actual, wanted):
+                self._fail(b, node.name, f"{node.op_type} {k}={actual!r}, rule needs {wanted!r}")
+                return
+        inputs = node.inputs
+        while inputs and inputs[-1] == ABSENT:
+            inputs.pop()
+        required = sum(1 for a in call.args if not (isinstance(a, Ref) and a.optional))
+        if len(inputs) < required or len(inputs) > len(call.args):
+            self._fail(b, node.name, f"{node.op_type} has {len(inputs)} inputs, rule expects "
+                                     f"{required}" + (f"-{len(call.args)}" if required != len(call.args) else ""))
+            return
+        inputs = inputs + [ABSENT] * (len(call.args) - len(inputs))
+        b = b.take(node)
+        orders = [inputs]
+        if spec is not None and spec.commutative and len(call.args) == 2 and inputs[0] != inputs[1]:
+            orders.append([inputs[1], inputs[0]])
+        for order in orders:
+            yield from self._args(call.args, order, 0, b, node)
+
+    def _args(self, args: list[Expr], values: list[str], i: int, b: Binding, node: Node) -> Iterator[Binding]:
+        if i == len(args):
+            yield b
+            return
+        for b2 in self._expr(args[i], values[i], b, node):
+            yield from self._args(args, values, i + 1, b2, node)
+
+    # ----- constraints -----------------------------------------------------------------------------------
+    def _check_value(self, name: str, value: str, con: Constraint, b: Binding,
+                     consumer: Node | None) -> Binding | None:
+        g = self.graph
+        if con.constant is not None and g.is_constant(value) != con.constant:
+            self._fail(b, value, f"{name} ({value!r}) is {'not ' if con.constant else ''}a constant")
+            return None
+        if con.const is not None:
+            v = g.const_value(value)
+            if v is None:
+                self._fail(b, value, f"{name} ({value!r}) is not a constant, rule needs {_fmt(con.const)}")
+                return None
+            if not self._const_ok(v, con):
+                self._fail(b, value, f"{name}: const {_fmt(v)} not within tolerance of {_fmt(con.const)} "
+                                     f"(rtol {con.rtol:g}, atol {con.atol:g})")
+                return None
+            if consumer is not None and v.ndim > 0:
+                out_t = g.type_of(consumer.outputs[0])
+                out_rank = out_t.rank if out_t is not None else None
+                if out_rank is None or v.ndim > out_rank:
+                    self._fail(b, value, f"{name}: constant of shape {list(v.shape)} could change the "
+                                         f"output's rank ({out_rank if out_rank is not None else 'unknown'})")
+                    return None
+        if con.dtype is None and con.rank is None and con.shape is None:
+            return b
+        t = g.type_of(value)
+        if con.dtype is not None:
+            if t is None or t.elem_type not in con.dtype:
+                have = t.dtype_name if t is not None else "unknown"
+                self._fail(b, value, f"{name} has dtype {have}, rule allows "
+                                     f"{', '.join(dtype_name(d) for d in con.dtype)}")
+                return None
+        if con.rank is not None and (t is None or t.rank not in con.rank):
+            self._fail(b, value, f"{name} has rank {t.rank if t else 'unknown'}, rule allows "
+                                 f"{', '.join(map(str, con.rank))}")
+            return None
+        if con.shape is not None:
+            shape = t.shape if t is not None else None
+            for alt in con.shape:
+                dims = self._unify(alt, shape, b.dims)
+                if dims is not None:
+                    return b.with_dims(dims)
+            self._fail(b, value, f"{name} has shape {list(shape) if shape is not None else 'unknown'}, rule needs "
+                                 + " or ".join(str(list(a)) for a in con.shape))
+            return None
+        return b
+
+    @staticmethod
+    def _const_ok(v: np.ndarray, con: Constraint) -> bool:
+        assert con.const is not None
+        try:
+            actual = np.asarray(v, dtype=np.float64)
+        except (TypeError, ValueError):
+            return False
+        if actual.size == 0:
+            return False
+        wanted = con.const
+        if wanted.size == 1:
+            wanted_b = np.full(actual.shape, float(wanted.reshape(-1)[0]))
+        elif actual.size == wanted.size:
+            actual = actual.reshape(-1)
+            wanted_b = wanted.reshape(-1)
+        else:
+            return False
+        return bool(np.all(np.abs(actual - wanted_b) <= con.atol + con.rtol * np.abs(wanted_b)))
+
+    @staticmethod
+    def _unify(pattern: tuple[int | str, ...], shape: tuple[int | str | None, ...] | None,
+               dims: dict[str, int | str]) -> dict[str, int | str] | None:
+        if shape is None or len(shape) != len(pattern):
+            return None
+        out = dict(dims)
+        for p, d in zip(pattern, shape, strict=True):
+            if p == "_":
+                continue
+            if isinstance(p, int):
+                if d != p:
+                    return None
+            elif d is None:
+                return None
+            elif p in out:
+                if out[p] != d:
+                    return None
+            else:
+                out[p] = d
+        return out
+
+    # ----- whole-match checks ----------------------------------------------------------------------------
+    def _final(self, b: Binding) -> bool:
+        g = self.graph
+        line_of = {id(n): name for name, n in b.nodes.items()}
+        taken = {id(n) for n in b.matched}
+        for node in b.matched:
+            line = line_of.get(id(node))
+            for idx, out in enumerate(node.outputs):
+                if not out:
+                    continue
+                if idx == 0 and line is not None and line in self.exposed:
+                    continue
+                label = f"{node.op_type} {node.name!r}" + (f" (line {line})" if line else "")
+                if g.is_graph_output(out):
+                    self._fail(b, node.name, f"{label}: its output {out!r} is a graph output")
+                    return False
+                outside = [c for c in g.consumers.get(out, ()) if id(c) not in taken]
+                if outside:
+                    names = ", ".join(sorted({f"{c.op_type} {c.name!r}" for c in outside})[:3])
+                    self._fail(b, node.name, f"{label} has {len(outside)} consumer(s) outside the match ({names})")
+                    return False
+        return True

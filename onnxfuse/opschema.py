@@ -1,0 +1,132 @@
+"""Operator schemas: ONNX's own and onnxruntime's contrib domains, for pattern checks and attribute types."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import onnx
+
+MS_DOMAIN = "com.microsoft"
+COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal",
+                         "BitwiseAnd", "BitwiseOr", "BitwiseXor"})
+
+# Attribute type names of both schema flavours -> onnx.AttributeProto type.
+_ATTR_TYPES = {name: getattr(onnx.AttributeProto, name) for name in
+               ("FLOAT", "INT", "STRING", "TENSOR", "GRAPH", "FLOATS", "INTS", "STRINGS", "TENSORS", "GRAPHS")}
+
+
+@dataclass(frozen=True)
+class AttrSpec:
+    type: int  # onnx.AttributeProto.AttributeType
+    default: object  # python value or None when required / no default
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    domain: str
+    op: str
+    min_inputs: int
+    max_inputs: int
+    min_outputs: int
+    max_outputs: int
+    attrs: dict[str, AttrSpec]
+
+    @property
+    def commutative(self) -> bool:
+        return self.domain == "" and self.op in COMMUTATIVE
+
+
+def _attr_type(t: object) -> int:
+    name = str(t).rsplit(".", 1)[-1]
+    return _ATTR_TYPES.get(name, onnx.AttributeProto.UNDEFINED)
+
+
+def _default(attr: object) -> object:
+    dv = getattr(attr, "default_value", None)
+    if dv is None or not dv.name:
+        return None
+    return _plain(onnx.helper.get_attribute_value(dv))
+
+
+def _spec_from(schema: object, domain: str) -> OpSpec:
+    max_in = schema.max_input
+    max_out = schema.max_output
+    return OpSpec(
+        domain=domain,
+        op=schema.name,
+        min_inputs=schema.min_input,
+        max_inputs=max_in if max_in < 2**30 else 2**30,
+        min_outputs=schema.min_output,
+        max_outputs=max_out if max_out < 2**30 else 2**30,
+        attrs={k: AttrSpec(_attr_type(v.type), _default(v)) for k, v in schema.attributes.items()},
+    )
+
+
+@functools.cache
+def _contrib_schemas() -> dict[tuple[str, str], object]:
+    try:
+        import onnxruntime.capi.onnxruntime_pybind11_state as C
+    except ImportError:  # pragma: no cover - onnxruntime is a dependency
+        return {}
+    out: dict[tuple[str, str], object] = {}
+    for s in C.get_all_operator_schema():
+        if s.domain in ("", "ai.onnx"):
+            continue
+        key = (s.domain, s.name)
+        if key not in out or s.since_version > out[key].since_version:
+            out[key] = s
+    return out
+
+
+@functools.cache
+def op_spec(domain: str, op: str, opset: int | None = None) -> OpSpec | None:
+    """The schema of `op` (newest version not above `opset` for the ONNX domain), or None if unknown."""
+    domain = "" if domain == "ai.onnx" else domain
+    if domain == "":
+        try:
+            if opset is None:
+                schema = onnx.defs.get_schema(op, "")
+            else:
+                schema = onnx.defs.get_schema(op, opset, "")
+        except onnx.defs.SchemaError:
+            return None
+        return _spec_from(schema, "")
+    s = _contrib_schemas().get((domain, op))
+    return None if s is None else _spec_from(s, domain)
+
+
+@functools.cache
+def all_attr_names(domain: str, op: str) -> frozenset[str]:
+    """Attribute names of every version of an op (ReduceMean had `axes` before opset 18)."""
+    domain = "" if domain == "ai.onnx" else domain
+    if domain == "":
+        return frozenset(a for s in onnx.defs.get_all_schemas_with_history()
+                         if s.name == op and s.domain in ("", "ai.onnx") for a in s.attributes)
+    spec = op_spec(domain, op)
+    return frozenset(spec.attrs) if spec else frozenset()
+
+
+@functools.cache
+def known_ops(domain: str) -> list[str]:
+    if domain in ("", "ai.onnx"):
+        return sorted({s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain in ("", "ai.onnx")})
+    return sorted(name for d, name in _contrib_schemas() if d == domain)
+
+
+def attr_value(node_proto: onnx.NodeProto, name: str, spec: OpSpec | None) -> object:
+    """An attribute's value with the schema default filled in; None if absent without a default."""
+    for a in node_proto.attribute:
+        if a.name == name:
+            return _plain(onnx.helper.get_attribute_value(a))
+    if spec is not None and name in spec.attrs:
+        return _plain(spec.attrs[name].default)
+    return None
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,287 @@
+"""A small, safe expression language for computed constants and rewrite attributes.
+
+Expressions are parsed by Python's `ast` module and interpreted here node by node; nothing is ever passed to
+`eval`. Only the operators, functions and fields listed below exist. Floating values are computed in float64
+and a computed tensor is stored in the dtype of the first floating input it read (so a folded Conv weight
+stays float32 when the model is float32).
+
+    names      bound values (their constant value), bound nodes (for `node.attr`), earlier compute names
+    fields     X.value, X.shape, X.rank, X.dtype, X.size (values); n.<attribute> (matched nodes, with defaults)
+    operators  + - * / ** @ unary -, comparisons, indexing and slicing, [lists], (tuples)
+    functions  see FUNCTIONS
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .syntax import SyntaxProblem, offset_of, parse_python
+
+
+class ComputeError(Exception):
+    """Evaluation failed for this match (e.g. a value that is not constant); the rule does not apply."""
+
+
+MAX_ELEMENTS = 1 << 28
+
+
+def _dims(shape) -> list[int]:
+    dims = [int(s) for s in np.asarray(shape).reshape(-1)]
+    if any(d < 0 for d in dims) or math.prod(dims) > MAX_ELEMENTS:
+        raise ComputeError(f"shape {dims} is negative or too large")
+    return dims
+
+
+def _reshape(x, shape):
+    return np.reshape(np.asarray(x), [int(s) for s in np.asarray(shape).reshape(-1)])
+
+
+def _pow(a, b):
+    if isinstance(b, int) and not isinstance(b, bool) and abs(b) > 64:
+        raise ComputeError("exponent too large")
+    return a**b
+
+
+def _default(x, fallback):
+    return fallback if x is None else x
+
+
+FUNCTIONS: dict[str, Callable[..., object]] = {
+    "sqrt": np.sqrt,
+    "exp": np.exp,
+    "log": np.log,
+    "abs": np.abs,
+    "reshape": _reshape,
+    "transpose": lambda x, perm=None: np.transpose(np.asarray(x), perm),
+    "concat": lambda xs, axis=0: np.concatenate([np.asarray(x) for x in xs], axis=int(axis)),
+    "stack": lambda xs, axis=0: np.stack([np.asarray(x) for x in xs], axis=int(axis)),
+    "squeeze": lambda x, axis=None: np.squeeze(np.asarray(x), axis),
+    "expand_dims": lambda x, axis: np.expand_dims(np.asarray(x), int(axis)),
+    "zeros": lambda shape: np.zeros(_dims(shape)),
+    "ones": lambda shape: np.ones(_dims(shape)),
+    "full": lambda shape, v: np.full(_dims(shape), v),
+    "float": lambda x: float(np.asarray(x).reshape(-1)[0]) if np.size(x) == 1 else float(x),
+    "int": lambda x: int(np.asarray(x).reshape(-1)[0]) if np.size(x) == 1 else int(x),
+    "floats": lambda x: [float(v) for v in np.asarray(x, dtype=np.float64).reshape(-1)],
+    "ints": lambda x: [int(v) for v in np.asarray(x).reshape(-1)],
+    "size": lambda x: int(np.size(x)),
+    "prod": lambda x: np.prod(np.asarray(x)),
+    "max": lambda *xs: max(xs) if len(xs) > 1 else np.max(xs[0]),
+    "min": lambda *xs: min(xs) if len(xs) > 1 else np.min(xs[0]),
+    "default": _default,
+    "len": len,
+    "isqrt": lambda x: 1.0 / math.sqrt(float(x)),
+    "compose_perm": lambda first, then: [int(np.asarray(first).reshape(-1)[i]) for i in np.asarray(then).reshape(-1)],
+    "is_identity_perm": lambda p: [int(x) for x in np.asarray(p).reshape(-1)] == list(range(np.size(p))),
+    "all": lambda x: bool(np.all(x)),
+    "any": lambda x: bool(np.any(x)),
+}
+
+_BINOPS: dict[type, Callable[[object, object], object]] = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+    ast.FloorDiv: lambda a, b: a // b,
+    ast.Mod: lambda a, b: a % b,
+    ast.Pow: lambda a, b: _pow(a, b),
+    ast.MatMult: lambda a, b: a @ b,
+}
+_CMPOPS: dict[type, Callable[[object, object], object]] = {
+    ast.Eq: lambda a, b: a == b,
+    ast.NotEq: lambda a, b: a != b,
+    ast.Lt: lambda a, b: a < b,
+    ast.LtE: lambda a, b: a <= b,
+    ast.Gt: lambda a, b: a > b,
+    ast.GtE: lambda a, b: a >= b,
+}
+VALUE_FIELDS = ("value", "shape", "rank", "dtype", "size")
+
+
+@dataclass
+class CompiledExpr:
+    """A checked expression: its AST, source text and the names it reads."""
+
+    node: ast.expr
+    text: str
+    names: list[tuple[str, str | None, int]] = field(default_factory=list)  # (name, field, offset)
+
+
+def compile_expr(text: str | int | float | list) -> CompiledExpr:
+    """Parse and check an expression; raise SyntaxProblem (with an offset) for anything not allowed."""
+    src = text if isinstance(text, str) else repr(text)
+    node, flat = parse_python(src)
+    names: list[tuple[str, str | None, int]] = []
+    _check(node, flat, names)
+    return CompiledExpr(node, flat, names)
+
+
+def compile_ast(node: ast.expr, text: str) -> CompiledExpr:
+    names: list[tuple[str, str | None, int]] = []
+    _check(node, text, names)
+    return CompiledExpr(node, text, names)
+
+
+def _check(node: ast.AST, text: str, names: list[tuple[str, str | None, int]]) -> None:
+    off = offset_of(node, text) if hasattr(node, "col_offset") else 0
+    if isinstance(node, ast.Constant):
+        if not isinstance(node.value, int | float | str | bool) and node.value is not None:
+            raise SyntaxProblem(f"constant {node.value!r} is not allowed", off)
+        return
+    if isinstance(node, ast.Name):
+        names.append((node.id, None, off))
+        return
+    if isinstance(node, ast.Attribute):
+        if node.attr.startswith("_"):
+            raise SyntaxProblem(f"field {node.attr!r} is not allowed", off)
+        if not isinstance(node.value, ast.Name):
+            raise SyntaxProblem("fields can only be read from a name (X.shape, node.epsilon)", off)
+        names.append((node.value.id, node.attr, off))
+        return
+    if isinstance(node, ast.Call):
+        if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
+            raise SyntaxProblem(
+                "unknown function" + (f" {node.func.id!r}" if isinstance(node.func, ast.Name) else ""),
+                off,
+                hint="available: " + ", ".join(sorted(FUNCTIONS)),
+            )
+        for a in node.args:
+            _check(a, text, names)
+        for kw in node.keywords:
+            if kw.arg is None:
+                raise SyntaxProblem("'**' is not allowed", off)
+            _check(kw.value, text, names)
+        return
+    if isinstance(node, ast.BinOp):
+        if type(node.op) not in _BINOPS:
+            raise SyntaxProblem(f"operator {type(node.op).__name__} is not allowed", off)
+        _check(node.left, text, names)
+        _check(node.right, text, names)
+        return
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd | ast.Not):
+        _check(node.operand, text, names)
+        return
+    if isinstance(node, ast.BoolOp):
+        for v in node.values:
+            _check(v, text, names)
+        return
+    if isinstance(node, ast.Compare):
+        if any(type(o) not in _CMPOPS for o in node.ops):
+            raise SyntaxProblem("comparison operator not allowed", off)
+        for n in [node.left, *node.comparators]:
+            _check(n, text, names)
+        return
+    if isinstance(node, ast.List | ast.Tuple):
+        for e in node.elts:
+            _check(e, text, names)
+        return
+    if isinstance(node, ast.Subscript):
+        _check(node.value, text, names)
+        _check(node.slice, text, names)
+        return
+    if isinstance(node, ast.Slice):
+        for part in (node.lower, node.upper, node.step):
+            if part is not None:
+                _check(part, text, names)
+        return
+    if isinstance(node, ast.IfExp):
+        for part in (node.test, node.body, node.orelse):
+            _check(part, text, names)
+        return
+    raise SyntaxProblem(f"{type(node).__name__} is not allowed in an expression", off)
+
+
+class Env:
+    """What an expression can read: resolves names and fields for one match."""
+
+    def __init__(
+        self,
+        name_value: Callable[[str], object],
+        field_value: Callable[[str, str], object],
+    ) -> None:
+        self.name_value = name_value
+        self.field_value = field_value
+        self.float_dtype: np.dtype | None = None
+
+    def note_dtype(self, value: object) -> None:
+        if self.float_dtype is None and isinstance(value, np.ndarray) and value.dtype.kind == "f":
+            self.float_dtype = value.dtype
+
+
+def evaluate(expr: CompiledExpr, env: Env) -> object:
+    """Evaluate; floating arrays are promoted to float64 and the result cast back (see module doc)."""
+    env.float_dtype = None
+    result = _eval(expr.node, env)
+    if isinstance(result, np.ndarray) and result.dtype == np.float64 and env.float_dtype is not None:
+        result = result.astype(env.float_dtype)
+    return result
+
+
+def _promote(value: object, env: Env) -> object:
+    if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+        env.note_dtype(value)
+        return value.astype(np.float64)
+    return value
+
+
+def _eval(node: ast.AST, env: Env) -> object:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        return _promote(env.name_value(node.id), env)
+    if isinstance(node, ast.Attribute):
+        assert isinstance(node.value, ast.Name)
+        return _promote(env.field_value(node.value.id, node.attr), env)
+    if isinstance(node, ast.Call):
+        assert isinstance(node.func, ast.Name)
+        args = [_eval(a, env) for a in node.args]
+        kwargs = {kw.arg: _eval(kw.value, env) for kw in node.keywords if kw.arg}
+        try:
+            return FUNCTIONS[node.func.id](*args, **kwargs)
+        except (TypeError, ValueError, IndexError) as e:
+            raise ComputeError(f"{node.func.id}(): {e}") from None
+    if isinstance(node, ast.BinOp):
+        a, b = _eval(node.left, env), _eval(node.right, env)
+        if a is None or b is None:
+            raise ComputeError("an absent optional value was used in arithmetic (wrap it in default(X, 0))")
+        try:
+            with np.errstate(all="raise"):
+                return _BINOPS[type(node.op)](a, b)
+        except (ValueError, FloatingPointError, ZeroDivisionError, TypeError) as e:
+            raise ComputeError(str(e)) from None
+    if isinstance(node, ast.UnaryOp):
+        v = _eval(node.operand, env)
+        if isinstance(node.op, ast.Not):
+            return not bool(np.all(v))
+        return -v if isinstance(node.op, ast.USub) else v
+    if isinstance(node, ast.BoolOp):
+        values = (bool(np.all(_eval(v, env))) for v in node.values)
+        return all(values) if isinstance(node.op, ast.And) else any(values)
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, env)
+        for op, right_node in zip(node.ops, node.comparators, strict=True):
+            right = _eval(right_node, env)
+            if not bool(np.all(_CMPOPS[type(op)](left, right))):
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.List | ast.Tuple):
+        return [_eval(e, env) for e in node.elts]
+    if isinstance(node, ast.Subscript):
+        base = _eval(node.value, env)
+        idx = _eval(node.slice, env)
+        try:
+            return base[idx] if not isinstance(idx, list) else base[tuple(idx)]
+        except (IndexError, TypeError, KeyError) as e:
+            raise ComputeError(f"index: {e}") from None
+    if isinstance(node, ast.Slice):
+        parts = [None if p is None else int(_eval(p, env)) for p in (node.lower, node.upper, node.step)]
+        return slice(*parts)
+    if isinstance(node, ast.IfExp):
+        return _eval(node.body, env) if bool(_eval(node.test, env)) else _eval(node.orelse, env)
+    raise ComputeError(f"cannot evaluate {type(node).__name__}")  # unreachable after _check

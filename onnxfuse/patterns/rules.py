@@ -1,0 +1,108 @@
+"""Typed rules: what a YAML pattern file turns into once it has been checked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .compute import CompiledExpr
+from .syntax import Call, Expr, iter_calls, max_calls
+
+TARGETS = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Span:
+    file: str
+    line: int  # 1-based
+    col: int  # 1-based
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+    def shifted(self, chars: int) -> Span:
+        return Span(self.file, self.line, self.col + chars)
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    span: Span
+    message: str
+    hint: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.span}: error: {self.message}" + (f" (hint: {self.hint})" if self.hint else "")
+
+
+@dataclass
+class Constraint:
+    """Conditions on a value (or on the output value and node of a match line)."""
+
+    const: np.ndarray | None = None
+    rtol: float = 1e-5
+    atol: float = 1e-6
+    constant: bool | None = None
+    dtype: tuple[int, ...] | None = None
+    rank: tuple[int, ...] | None = None
+    shape: tuple[tuple[int | str, ...], ...] | None = None  # alternatives; str dims unify by name
+    attrs: dict[str, object] = field(default_factory=dict)
+    span: Span | None = None
+
+    @property
+    def needs_constant(self) -> bool:
+        return self.const is not None or bool(self.constant)
+
+
+@dataclass
+class RewriteNode:
+    outputs: list[str]  # names; "_" for an unused output slot
+    call: Call | None  # None for an alias line (`Y: X`: uses of Y read X instead)
+    attrs: dict[str, CompiledExpr]
+    copy_attrs: str | None
+    span: Span
+    alias: str | None = None
+
+
+@dataclass
+class Rule:
+    id: str
+    doc: str
+    file: str
+    span: Span
+    lines: dict[str, Expr]  # match lines in file order; the last one is the root
+    line_spans: dict[str, Span]
+    where: dict[str, Constraint]
+    compute: dict[str, CompiledExpr]
+    rewrite: list[RewriteNode]
+    require: list[tuple[CompiledExpr, str]] = field(default_factory=list)  # (expr, source text)
+    targets: tuple[str, ...] = TARGETS
+    opset_min: int = 1
+    opset_max: int = 10_000
+    order: int = 0
+    builtin: bool = False
+    match_attrs: dict[int, dict[str, object]] = field(default_factory=dict)  # id(Call) -> literal attrs
+
+    @property
+    def root(self) -> str:
+        return next(reversed(self.lines))
+
+    @property
+    def size(self) -> int:
+        return sum(max_calls(e) for e in self.lines.values())
+
+    @property
+    def exposed(self) -> set[str]:
+        """Match lines whose values the rewrite re-creates (may have consumers outside the match)."""
+        return {o for rn in self.rewrite for o in rn.outputs if o in self.lines}
+
+    def root_ops(self) -> set[tuple[str, str]]:
+        expr = self.lines[self.root]
+        options = expr.options if hasattr(expr, "options") else [expr]
+        return {(c.domain, c.op) for c in options if isinstance(c, Call)}
+
+    def output_ops(self) -> list[tuple[str, str]]:
+        return [(rn.call.domain, rn.call.op) for rn in self.rewrite if rn.call is not None]
+
+    def match_ops(self) -> set[tuple[str, str]]:
+        return {(c.domain, c.op) for e in self.lines.values() for c in iter_calls(e)}

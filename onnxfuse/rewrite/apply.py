@@ -1,0 +1,225 @@
+"""Apply one match: compute new constants, build the rewrite's nodes, remove the matched ones, record
+provenance (the rule and the original node names each new node replaced)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..ir import Graph, Node
+from ..match.matcher import ABSENT, Binding
+from ..opschema import MS_DOMAIN, AttrSpec, attr_value, op_spec
+from ..patterns.compute import ComputeError, Env, evaluate
+from ..patterns.rules import RewriteNode, Rule
+
+_A = onnx.AttributeProto
+
+
+@dataclass(frozen=True)
+class Application:
+    """One applied rewrite."""
+
+    rule: str
+    graph: str
+    root: str  # value name the root line produced (stable across runs: used to roll back exactly this one)
+    replaced: tuple[str, ...]  # original node names (through earlier rewrites)
+    created: tuple[str, ...]
+    ops: tuple[str, ...]  # qualified op types created
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.rule, self.root)
+
+
+def _env(rule: Rule, graph: Graph, b: Binding, computed: dict[str, object]) -> Env:
+    def name_value(name: str) -> object:
+        if name in computed:
+            return computed[name]
+        value = b.values.get(name, ABSENT)
+        if value == ABSENT:
+            return None
+        v = graph.const_value(value)
+        if v is None:
+            raise ComputeError(f"{name} ({value!r}) is not a constant")
+        return v
+
+    def field_value(name: str, fld: str) -> object:
+        if name in rule.lines:
+            node = b.nodes[name]
+            if fld == "op_type":
+                return node.op_type
+            v = attr_value(node.proto, fld, op_spec(node.domain, node.op_type, graph.model.opset))
+            if v is None:
+                raise ComputeError(f"{node.op_type} {node.name!r} has no attribute {fld!r}")
+            return np.asarray(v, dtype=np.float64) if isinstance(v, float) else v
+        value = b.values.get(name, ABSENT)
+        if fld == "value":
+            return name_value(name)
+        t = graph.type_of(value) if value != ABSENT else None
+        if t is None:
+            raise ComputeError(f"type of {name} ({value!r}) is unknown")
+        if fld == "dtype":
+            return t.dtype_name
+        if t.shape is None:
+            raise ComputeError(f"shape of {name} ({value!r}) is unknown")
+        if fld == "rank":
+            return len(t.shape)
+        if any(not isinstance(d, int) for d in t.shape):
+            raise ComputeError(f"shape of {name} ({value!r}) is not static: {list(t.shape)}")
+        if fld == "shape":
+            return [int(d) for d in t.shape]
+        if fld == "size":
+            return int(np.prod([int(d) for d in t.shape]))
+        raise ComputeError(f"unknown field {fld!r}")
+
+    return Env(name_value, field_value)
+
+
+def compute_constants(rule: Rule, graph: Graph, b: Binding) -> dict[str, object]:
+    computed: dict[str, object] = {}
+    env = _env(rule, graph, b, computed)
+    for name, expr in rule.compute.items():
+        computed[name] = evaluate(expr, env)
+    for expr, text in rule.require:
+        if not bool(np.all(evaluate(expr, env))):
+            raise ComputeError(f"require failed: {text}")
+    return computed
+
+
+def _to_attribute(name: str, value: object, spec: AttrSpec | None) -> onnx.AttributeProto:
+    if isinstance(value, np.ndarray) and spec is not None and spec.type not in (_A.TENSOR,):
+        value = value.tolist()
+    if isinstance(value, np.generic):
+        value = value.item()
+    kind = spec.type if spec is not None else None
+    try:
+        if kind == _A.FLOAT:
+            return onnx.helper.make_attribute(name, float(np.asarray(value).reshape(-1)[0]))
+        if kind == _A.INT:
+            return onnx.helper.make_attribute(name, int(np.asarray(value).reshape(-1)[0]))
+        if kind == _A.FLOATS:
+            return onnx.helper.make_attribute(name, [float(x) for x in np.asarray(value).reshape(-1)],
+                                              attr_type=_A.FLOATS)
+        if kind == _A.INTS:
+            return onnx.helper.make_attribute(name, [int(x) for x in np.asarray(value).reshape(-1)],
+                                              attr_type=_A.INTS)
+        if kind == _A.STRING:
+            return onnx.helper.make_attribute(name, str(value))
+        if kind == _A.TENSOR:
+            return onnx.helper.make_attribute(name, numpy_helper.from_array(np.asarray(value)))
+        return onnx.helper.make_attribute(name, value)
+    except (TypeError, ValueError) as e:
+        raise ComputeError(f"attribute {name!r}: {e}") from None
+
+
+def _attributes(rn: RewriteNode, rule: Rule, graph: Graph, b: Binding,
+                computed: dict[str, object]) -> list[onnx.AttributeProto]:
+    spec = op_spec(rn.call.domain, rn.call.op)
+    attrs: dict[str, onnx.AttributeProto] = {}
+    if rn.copy_attrs is not None:
+        for a in b.nodes[rn.copy_attrs].proto.attribute:
+            if spec is None or a.name in spec.attrs:
+                copy = onnx.AttributeProto()
+                copy.CopyFrom(a)
+                attrs[a.name] = copy
+    env = _env(rule, graph, b, computed)
+    for k, expr in rn.attrs.items():
+        attrs[k] = _to_attribute(k, evaluate(expr, env), spec.attrs.get(k) if spec else None)
+    return [attrs[k] for k in sorted(attrs)]
+
+
+def _originals(node: Node) -> list[str]:
+    return list(node.provenance[1]) if node.provenance else [node.name or node.outputs[0]]
+
+
+def apply_match(rule: Rule, graph: Graph, b: Binding) -> Application:
+    """Rewrite one match in place. Raises ComputeError (graph untouched) if a computed value fails."""
+    computed = compute_constants(rule, graph, b)
+    root = b.nodes[rule.root]
+    prefix = root.name or root.outputs[0]
+    built: list[tuple[RewriteNode, list[onnx.AttributeProto]]] = [
+        (rn, _attributes(rn, rule, graph, b, computed) if rn.call is not None else []) for rn in rule.rewrite
+    ]
+    replaced: list[str] = []
+    for n in b.matched:
+        replaced.extend(_originals(n))
+    # --- from here on the graph changes ---
+    for n in b.matched:
+        graph.remove_node(n)
+    init_names: dict[str, str] = {}
+    temps: dict[str, str] = {}
+    created: list[str] = []
+    ops: list[str] = []
+    def resolve(name: str) -> str:
+        if name in computed:
+            if name not in init_names:
+                init_names[name] = graph.add_initializer(f"{prefix}/{rule.id}/{name}", np.asarray(computed[name]))
+            return init_names[name]
+        return temps[name] if name in temps else b.values.get(name, ABSENT)
+
+    for k, (rn, attrs) in enumerate(built):
+        if rn.call is None:
+            assert rn.alias is not None
+            node = _alias(graph, b.values[rn.outputs[0]], resolve(rn.alias), root.seq + (k,), prefix, rule.id)
+            if node is not None:
+                node.provenance = (rule.id, replaced)
+                created.append(node.name)
+                ops.append("Identity")
+            continue
+        inputs = [resolve(a.name) for a in rn.call.args]
+        while inputs and inputs[-1] == ABSENT:
+            inputs.pop()
+        outputs: list[str] = []
+        for o in rn.outputs:
+            if o == "_":
+                outputs.append(ABSENT)
+            elif o in rule.lines:
+                outputs.append(b.values[o])
+            else:
+                temps[o] = graph.fresh_name(f"{prefix}/{rule.id}/{o}")
+                outputs.append(temps[o])
+        while outputs and outputs[-1] == ABSENT:
+            outputs.pop()
+        name = graph.fresh_name(f"{prefix}/{rule.id}" + (f"/{k}" if len(built) > 1 else ""))
+        proto = onnx.helper.make_node(rn.call.op, inputs, outputs, name=name, domain=rn.call.domain or None)
+        proto.attribute.extend(attrs)
+        node = graph.add_node(proto, root.seq + (k,))
+        node.provenance = (rule.id, replaced)
+        created.append(name)
+        ops.append(rn.call.qualified)
+        if rn.call.domain and rn.call.domain not in graph.model.opsets:
+            graph.model.opsets[rn.call.domain] = 1
+    if any(o.startswith(MS_DOMAIN) for o in ops):
+        graph.model.opsets.setdefault(MS_DOMAIN, 1)
+    _drop_dead_constants(graph, [i for n in b.matched for i in n.inputs])
+    return Application(rule.id, graph.proto.name, b.values[rule.root], tuple(replaced), tuple(created), tuple(ops))
+
+
+def _alias(graph: Graph, old: str, new: str, seq: tuple[int, ...], prefix: str, rule_id: str) -> Node | None:
+    """Make every reader of `old` read `new`. A graph output (or a value read inside a subgraph) keeps its
+    name through an Identity instead."""
+    readers = graph.consumers.get(old, [])
+    if graph.is_graph_output(old) or any(old in r.implicit_inputs for r in readers):
+        proto = onnx.helper.make_node("Identity", [new], [old], name=graph.fresh_name(f"{prefix}/{rule_id}"))
+        return graph.add_node(proto, seq)
+    for r in list(readers):
+        graph.remove_node(r)
+        for i, name in enumerate(r.proto.input):
+            if name == old:
+                r.proto.input[i] = new
+        r.alive = True
+        graph._index_uses(r)
+    return None
+
+
+def _drop_dead_constants(graph: Graph, names: list[str]) -> None:
+    """Remove Constant nodes (and mark initializers) that only fed the removed nodes."""
+    graph.model.touched_values.update(n for n in names if n)
+    for name in names:
+        p = graph.producer.get(name)
+        if (p is not None and p.op_type == "Constant" and p.domain == "" and not graph.consumers.get(name)
+                and not graph.is_graph_output(name)):
+            graph.remove_node(p)

@@ -1,0 +1,145 @@
+"""Apply rules to a fixed point, deterministically: rules by match size then file order, nodes in graph
+order, every graph and subgraph (If/Loop/Scan bodies) included."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir import Graph, Model, Node
+from ..match.matcher import Binding, Failure, Matcher
+from ..patterns.compute import ComputeError
+from ..patterns.rules import Rule
+from ..targets import kernel_issue
+from .apply import Application, apply_match, compute_constants
+
+MAX_SWEEPS = 32
+
+
+@dataclass(frozen=True)
+class RuleSkip:
+    rule: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class NearMiss:
+    rule: str
+    node: str  # candidate root node
+    op: str
+    at: str  # where the best attempt failed
+    reason: str
+    progress: int
+
+
+@dataclass
+class EngineOptions:
+    target: str = "cpu"
+    deny: set[tuple[str, str]] = field(default_factory=set)  # (rule id, root value) never applied
+    max_rewrites: int | None = None  # stop after this many (used by bisection)
+
+
+@dataclass
+class EngineResult:
+    applications: list[Application]
+    skipped: list[RuleSkip]
+    sweeps: int
+
+
+def order_rules(rules: list[Rule]) -> list[Rule]:
+    return sorted(rules, key=lambda r: (-r.size, r.order))
+
+
+def rule_issue(rule: Rule, target: str, opset: int) -> str | None:
+    """Why a rule cannot be used at all for this target/model (None when it can)."""
+    if target not in rule.targets:
+        return f"declared for {', '.join(rule.targets)} only"
+    if not rule.opset_min <= opset <= rule.opset_max:
+        return f"model opset {opset} outside the rule's range {rule.opset_min}..{rule.opset_max}"
+    for domain, op in rule.output_ops():
+        issue = kernel_issue(domain, op, target)
+        if issue:
+            return issue
+    return None
+
+
+def match_issue(rule: Rule, graph: Graph, b: Binding, target: str) -> str | None:
+    """Per-match kernel check: the fused op's kernel must accept the dtype actually bound."""
+    for rn in rule.rewrite:
+        if rn.call is None:
+            continue
+        first = next((b.values.get(a.name) for a in rn.call.args if b.values.get(a.name)), None)
+        t = graph.type_of(first) if first else None
+        issue = kernel_issue(rn.call.domain, rn.call.op, target, t.elem_type if t else None)
+        if issue:
+            return issue
+    return None
+
+
+def _candidates(graph: Graph) -> dict[tuple[str, str], list[Node]]:
+    index: dict[tuple[str, str], list[Node]] = {}
+    for n in graph.nodes:
+        if n.alive:
+            index.setdefault((n.domain, n.op_type), []).append(n)
+    return index
+
+
+def run(model: Model, rules: list[Rule], options: EngineOptions) -> EngineResult:
+    skipped: list[RuleSkip] = []
+    active: list[Rule] = []
+    for rule in order_rules(rules):
+        issue = rule_issue(rule, options.target, model.opset)
+        if issue:
+            skipped.append(RuleSkip(rule.id, issue))
+        else:
+            active.append(rule)
+    apps: list[Application] = []
+    sweeps = 0
+    for sweeps in range(1, MAX_SWEEPS + 1):  # noqa: B007
+        changed = False
+        for graph in list(model.graphs()):
+            index = _candidates(graph)
+            for rule in active:
+                matcher = Matcher(rule, graph)
+                for op in sorted(rule.root_ops()):
+                    for node in index.get(op, ()):
+                        if not node.alive or (rule.id, node.outputs[0]) in options.deny:
+                            continue
+                        b = matcher.match(node)
+                        if b is None or match_issue(rule, graph, b, options.target):
+                            continue
+                        try:
+                            apps.append(apply_match(rule, graph, b))
+                        except ComputeError:
+                            continue
+                        changed = True
+                        if options.max_rewrites is not None and len(apps) >= options.max_rewrites:
+                            return EngineResult(apps, skipped, sweeps)
+        if not changed:
+            break
+    return EngineResult(apps, skipped, sweeps)
+
+
+def near_misses(model: Model, rules: list[Rule], target: str, min_progress: int = 2) -> list[NearMiss]:
+    """For every candidate root node no rule took: why the most advanced attempt failed."""
+    out: list[NearMiss] = []
+    for graph in model.graphs():
+        index = _candidates(graph)
+        for rule in order_rules(rules):
+            matcher = Matcher(rule, graph)
+            for op in sorted(rule.root_ops()):
+                for node in index.get(op, ()):
+                    b = matcher.match(node)
+                    fail: Failure | None = matcher.best
+                    if b is not None:
+                        issue = match_issue(rule, graph, b, target) or rule_issue(rule, target, model.opset)
+                        if issue is None:
+                            try:
+                                compute_constants(rule, graph, b)
+                                continue
+                            except ComputeError as e:
+                                issue = f"compute failed: {e}"
+                        fail = Failure(len(b.matched), node.name, f"matched, but not applied: {issue}")
+                    if fail is not None and fail.progress >= min_progress:
+                        out.append(NearMiss(rule.id, node.name or node.outputs[0], node.op_type, fail.node,
+                                            fail.reason, fail.progress))
+    return out
