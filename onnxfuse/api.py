@@ -14,13 +14,13 @@ from pathlib import Path
 import onnx
 
 from . import validate as V
-from .errors import ModelError, OnnxfuseError
+from .errors import InputSpecError, ModelError, OnnxfuseError
 from .ir import Model
 from .loader import LoadInfo, _all_tensors, load_model, save_model
 from .patterns.parser import load_path
 from .patterns.rules import Rule
 from .rewrite.apply import Application
-from .rewrite.engine import EngineOptions, EngineResult, RuleSkip, run
+from .rewrite.engine import EngineOptions, EngineResult, NearMiss, RuleSkip, near_misses, run
 from .targets import kernel_issue, provider_registered
 
 MAX_ROLLBACKS = 16
@@ -191,6 +191,23 @@ class _Verdict:
     reason: str
 
 
+def _retry_larger(session, proto: onnx.ModelProto) -> tuple[dict, dict]:
+    """The default dims did not run (e.g. an audio model needs a longer sequence): grow the non-batch
+    symbolic dims. Raises the first error if no size works."""
+    names = {d.dim_param for i in proto.graph.input for d in i.type.tensor_type.shape.dim
+             if d.dim_param and not V._is_batch_name(d.dim_param)}
+    first: Exception | None = None
+    for size in (128, 512, 2048):
+        spec = V.ShapeSpec(tensors={}, dims={n: size for n in names})
+        feeds = V.make_inputs(proto, spec)
+        try:
+            return feeds, V.run(session, feeds)
+        except InputSpecError as e:
+            first = first or e
+    assert first is not None
+    raise first
+
+
 class _Validator:
     """Reference outputs from the original at ORT_DISABLE_ALL; candidates checked at DISABLE_ALL and ALL."""
 
@@ -198,11 +215,16 @@ class _Validator:
         self.provider = provider
         shapes = V.parse_shape_specs(opts.shapes) if opts.shapes else None
         self.feeds = V.make_inputs(proto, shapes, opts.inputs_npz)
+        ref = V.make_session(input_path, "disable", provider)
+        try:
+            self.reference = V.run(ref, self.feeds)
+        except InputSpecError:
+            if shapes is not None or opts.inputs_npz:
+                raise
+            self.feeds, self.reference = _retry_larger(ref, proto)
         self.tolerance = (V.Tolerance(opts.rtol if opts.rtol is not None else 1e-4,
                                       opts.atol if opts.atol is not None else 1e-4)
                           if opts.rtol is not None or opts.atol is not None else None)
-        ref = V.make_session(input_path, "disable", provider)
-        self.reference = V.run(ref, self.feeds)
 
     def check(self, proto: onnx.ModelProto, info: LoadInfo) -> _Verdict:
         try:
@@ -331,3 +353,22 @@ def _bisect(input_path: str, rules: list[Rule], target: str, deny: set[tuple[str
             hi = mid
     _, _, eng = _build(input_path, rules, target, deny, max_rewrites=hi)
     return eng.applications[hi - 1]
+
+
+@dataclass
+class Explanation:
+    fired: dict[str, int]
+    near_misses: list[NearMiss]
+    skipped: list[RuleSkip]
+
+
+def explain(input_path: str, patterns: list[str] | None = None, target: str = "cpu", rule: str | None = None,
+            builtin: bool = True) -> Explanation:
+    """Apply the rules to a fixed point, then report for every candidate left why its best attempt failed."""
+    rules = load_rules(patterns, builtin, only=None)
+    if rule is not None and rule not in {r.id for r in rules}:
+        raise OnnxfuseError(f"--rule {rule}: no rule with that id", hint="see `onnxfuse patterns list`")
+    model, _, eng = _build(input_path, rules, target, set())
+    asked = [r for r in rules if rule is None or r.id == rule]
+    misses = near_misses(model, asked, target, min_progress=1 if rule else 2)
+    return Explanation(dict(Counter(a.rule for a in eng.applications)), misses, eng.skipped)

@@ -284,7 +284,8 @@ class Graph:
 
     def add_initializer(self, name: str, value: np.ndarray) -> str:
         name = self.fresh_name(name)
-        t = numpy_helper.from_array(np.ascontiguousarray(value), name)
+        value = np.asarray(value)
+        t = numpy_helper.from_array(value if value.flags.c_contiguous else value.copy(), name)  # keeps 0-d
         self.new_initializers[name] = t
         self.types[name] = TensorType(t.data_type, tuple(int(d) for d in t.dims))
         self.dirty = True

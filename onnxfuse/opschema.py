@@ -101,10 +101,18 @@ def all_attr_names(domain: str, op: str) -> frozenset[str]:
     """Attribute names of every version of an op (ReduceMean had `axes` before opset 18)."""
     domain = "" if domain == "ai.onnx" else domain
     if domain == "":
-        return frozenset(a for s in onnx.defs.get_all_schemas_with_history()
-                         if s.name == op and s.domain in ("", "ai.onnx") for a in s.attributes)
+        return _onnx_attr_index().get(op, frozenset())
     spec = op_spec(domain, op)
     return frozenset(spec.attrs) if spec else frozenset()
+
+
+@functools.cache
+def _onnx_attr_index() -> dict[str, frozenset[str]]:
+    index: dict[str, set[str]] = {}
+    for s in onnx.defs.get_all_schemas_with_history():
+        if s.domain in ("", "ai.onnx"):
+            index.setdefault(s.name, set()).update(s.attributes)
+    return {k: frozenset(v) for k, v in index.items()}
 
 
 @functools.cache

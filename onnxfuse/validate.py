@@ -320,6 +320,7 @@ def _check_npz_against_spec(feeds: dict[str, np.ndarray], shapes: ShapeSpec) -> 
 
 _SEQ_WORDS = ("seq", "len", "token")
 SEQ_DEFAULT = 32
+BATCH_DEFAULT = 2  # not 1: a batch of 2 exposes rewrites that broadcast wrongly across the batch
 SPATIAL_DEFAULT = 64
 
 
@@ -331,12 +332,12 @@ def _is_batch_name(name: str) -> bool:
 def _default_dim(dim_name: str | None, axis: int, rank: int, is_float: bool) -> int:
     if dim_name is not None:
         if _is_batch_name(dim_name):
-            return 1
+            return BATCH_DEFAULT
         if any(w in dim_name.lower() for w in _SEQ_WORDS):
             return SEQ_DEFAULT
     if rank == 4 and is_float and axis in (2, 3):
         return SPATIAL_DEFAULT
-    return 1 if axis == 0 else 16
+    return BATCH_DEFAULT if axis == 0 else 16
 
 
 def resolve_shapes(inputs: list[InputInfo], spec: ShapeSpec) -> dict[str, list[int]]:

@@ -148,8 +148,8 @@ def test_ids_stay_in_vocab_and_mask_is_ones() -> None:
 
 def test_default_dims_batch_and_sequence() -> None:
     feeds = make_inputs(embedding_model())
-    assert feeds["input_ids"].shape == (1, 32)
-    assert feeds["attention_mask"].shape == (1, 32)
+    assert feeds["input_ids"].shape == (2, 32)
+    assert feeds["attention_mask"].shape == (2, 32)
 
 
 def test_seed_is_deterministic_and_matters() -> None:
@@ -227,7 +227,7 @@ def test_image_defaults_and_initializer_inputs_skipped() -> None:
     model.graph.input.append(helper.make_tensor_value_info("bias", TensorProto.FLOAT, [1, 3, 1, 1]))
     feeds = make_inputs(model)
     assert list(feeds) == ["image"]
-    assert feeds["image"].shape == (1, 3, 64, 64)
+    assert feeds["image"].shape == (2, 3, 64, 64)
     assert feeds["image"].dtype == np.float32
 
 
@@ -462,7 +462,7 @@ def test_embedding_model_runs(tmp_path: Path) -> None:
     path = _save(embedding_model(), tmp_path)
     feeds = make_inputs(onnx.load(path), parse_shape_specs(["sequence=300"]))
     out = run(make_session(path, level="extended"), feeds)["out"]
-    assert out.shape == (1, 300, HIDDEN) and np.isfinite(out).all()
+    assert out.shape == (2, 300, HIDDEN) and np.isfinite(out).all()
 
 
 def test_run_feed_errors(tmp_path: Path) -> None:

@@ -283,8 +283,9 @@ class Matcher:
             elif d is None:
                 return None
             elif p in out:
-                if out[p] != d:
-                    return None
+                if out[p] != d and not (isinstance(out[p], str) and isinstance(d, str)):
+                    return None  # literal dims must agree; two symbols are taken as equal (inference
+                    # often names one runtime dim twice), a symbol never equals a literal
             else:
                 out[p] = d
         return out

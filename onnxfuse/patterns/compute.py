@@ -217,6 +217,8 @@ def evaluate(expr: CompiledExpr, env: Env) -> object:
     """Evaluate; floating arrays are promoted to float64 and the result cast back (see module doc)."""
     env.float_dtype = None
     result = _eval(expr.node, env)
+    if isinstance(result, np.generic):
+        result = np.asarray(result)
     if isinstance(result, np.ndarray) and result.dtype == np.float64 and env.float_dtype is not None:
         result = result.astype(env.float_dtype)
     return result

@@ -97,6 +97,9 @@ def parse_text(text: str, file: str, builtin: bool = False, order_base: int = 0)
         raise PatternError(f"{file}:1:1: error: YAML: {e}") from None
     if root is None:
         raise PatternError(f"{file}:1:1: error: empty pattern file", hint="expected 'rules:' with a list of rules")
+    _check_tags(root, c)
+    if c.diags:
+        raise PatternError(str(c.diags[0]))
     rules: list[Rule] = []
     top = _mapping(root, c, "a pattern file")
     if top is not None:
@@ -124,6 +127,23 @@ def parse_text(text: str, file: str, builtin: bool = False, order_base: int = 0)
         err.diagnostics = c.diags  # type: ignore[attr-defined]
         raise err
     return rules
+
+
+_PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq")}
+
+
+def _check_tags(node: yaml.Node, c: _Collector) -> None:
+    """Only plain YAML data: explicit tags such as !!python/object are refused, never constructed."""
+    if node.tag not in _PLAIN_TAGS:
+        c.error(c.span(node), f"YAML tag {node.tag!r} is not allowed in pattern files")
+        return
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            _check_tags(k, c)
+            _check_tags(v, c)
+    elif isinstance(node, yaml.SequenceNode):
+        for v in node.value:
+            _check_tags(v, c)
 
 
 def load_file(path: str, builtin: bool = False, order_base: int = 0) -> list[Rule]:
@@ -180,12 +200,14 @@ def _parse_rule(node: yaml.Node, c: _Collector, builtin: bool, order: int) -> Ru
                      if "compute" in fields else {})
     rewrite = _parse_rewrite(fields["rewrite"][1], c)
     require = _parse_require(fields["require"][1], c) if "require" in fields else []
+    example, example_attrs = _parse_example(fields["example"][1], c, values, lines) if "example" in fields else ({}, {})
     targets = _parse_targets(fields["targets"][1], c) if "targets" in fields else TARGETS
     omin, omax = _parse_opset(fields["opset"][1], c) if "opset" in fields else (1, 10_000)
     rule = Rule(
         id=rule_id, doc=doc or "", file=c.file, span=c.span(fields["id"][1]), lines=lines,
         line_spans=line_spans, where=where, compute=compute, rewrite=rewrite, targets=targets,
         opset_min=omin, opset_max=omax, order=order, builtin=builtin, require=[r for r, _ in require],
+        example=example, example_attrs=example_attrs,
     )
     rule_require_spans = [sp for _, sp in require]
     if len(c.diags) == n_before:
@@ -458,6 +480,36 @@ def _parse_require(node: yaml.Node, c: _Collector) -> list[tuple[tuple[CompiledE
         except SyntaxProblem as e:
             c.error(span.shifted(e.offset), e.message, e.hint)
     return out
+
+
+def _parse_example(node: yaml.Node, c: _Collector, values: set[str], lines: dict[str, Expr]
+                   ) -> tuple[dict[str, list[list[int]]], dict[tuple[str, str], object]]:
+    """Shapes of input values (a shape, or a list of alternative shapes) and `line.attr` attribute values
+    for the models `patterns test` builds."""
+    shapes: dict[str, list[list[int]]] = {}
+    attrs: dict[tuple[str, str], object] = {}
+
+    def dims_ok(v: object) -> bool:
+        return isinstance(v, list) and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in v)
+
+    for name, kn, vn in _mapping(node, c, "'example'") or []:
+        v = _plain(vn)
+        line, dot, attr = name.partition(".")
+        if dot:
+            if line not in lines:
+                c.error(c.span(kn), f"'example' sets an attribute of {line!r}, which is not a match line")
+            else:
+                attrs[(line, attr)] = v
+        elif name not in values:
+            c.error(c.span(kn), f"'example' names {name!r}, which is not an input value of the match",
+                    _closest(name, values))
+        elif dims_ok(v):
+            shapes[name] = [v]
+        elif isinstance(v, list) and v and all(dims_ok(x) for x in v):
+            shapes[name] = v
+        else:
+            c.error(c.span(vn), f"example shape of {name!r} must be a list of positive integers (or a list of them)")
+    return shapes, attrs
 
 
 def _parse_targets(node: yaml.Node, c: _Collector) -> tuple[str, ...]:

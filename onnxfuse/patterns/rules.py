@@ -76,6 +76,8 @@ class Rule:
     compute: dict[str, CompiledExpr]
     rewrite: list[RewriteNode]
     require: list[tuple[CompiledExpr, str]] = field(default_factory=list)  # (expr, source text)
+    example: dict[str, list[list[int]]] = field(default_factory=dict)  # input shape alternatives (self-test)
+    example_attrs: dict[tuple[str, str], object] = field(default_factory=dict)  # (line, attr) -> value
     targets: tuple[str, ...] = TARGETS
     opset_min: int = 1
     opset_max: int = 10_000

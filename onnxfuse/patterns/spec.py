@@ -48,6 +48,8 @@ RULE_KEYS: dict[str, dict[str, Any]] = {
                 "description": "Conditions (compute expressions) that must all be true for the rule to apply."},
     "rewrite": {"type": "object", "additionalProperties": _EXPR,
                 "description": "Lines 'OUT[, OUT2]: domain.Op(inputs..., attr=expr, copy_attrs=line)'."},
+    "example": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "integer"}},
+                "description": "Shapes of input values for the generated self-test models (patterns test)."},
     "targets": {"type": "array", "items": {"enum": ["cpu", "cuda"]},
                 "description": "Execution providers the rewrite's output can run on."},
     "opset": {"type": "object", "properties": {"min": {"type": "integer"}, "max": {"type": "integer"}},

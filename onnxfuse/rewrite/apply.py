@@ -52,6 +52,9 @@ def _env(rule: Rule, graph: Graph, b: Binding, computed: dict[str, object]) -> E
             if fld == "op_type":
                 return node.op_type
             v = attr_value(node.proto, fld, op_spec(node.domain, node.op_type, graph.model.opset))
+            if v is None and (node.op_type, fld) == ("Transpose", "perm"):
+                t = graph.type_of(node.inputs[0])  # ONNX: no perm means reverse the axes
+                v = list(range(t.rank))[::-1] if t is not None and t.rank is not None else None
             if v is None:
                 raise ComputeError(f"{node.op_type} {node.name!r} has no attribute {fld!r}")
             return np.asarray(v, dtype=np.float64) if isinstance(v, float) else v

@@ -1,0 +1,91 @@
+"""Terminal tables for results (rich). JSON comes from Result.to_json()."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rich.console import Console
+from rich.table import Table
+
+from .api import Result
+from .patterns.rules import Rule
+from .rewrite.engine import NearMiss
+
+
+def _delta(before: dict[str, int], after: dict[str, int]) -> list[tuple[str, int, int]]:
+    ops = sorted(set(before) | set(after), key=lambda o: (after.get(o, 0) - before.get(o, 0), o))
+    return [(o, before.get(o, 0), after.get(o, 0)) for o in ops if before.get(o, 0) != after.get(o, 0)]
+
+
+def print_result(r: Result, console: Console) -> None:
+    out = r.output or "(dry run: nothing written)"
+    console.print(f"[bold]{r.input}[/bold] -> [bold]{out}[/bold]  target={r.target}")
+    console.print(f"nodes {r.nodes_before} -> {r.nodes_after} ({r.nodes_after - r.nodes_before:+d}), "
+                  f"{len(r.applications)} rewrites in {r.sweeps} sweep(s)")
+    if r.applications:
+        t = Table(title="rules fired", title_justify="left")
+        t.add_column("rule")
+        t.add_column("count", justify="right")
+        t.add_column("creates")
+        created: dict[str, Counter] = {}
+        for a in r.applications:
+            created.setdefault(a.rule, Counter()).update(a.ops)
+        for rule, n in sorted(r.fired.items(), key=lambda kv: (-kv[1], kv[0])):
+            t.add_row(rule, str(n), ", ".join(f"{op}" for op in sorted(created[rule])))
+        console.print(t)
+    changes = _delta(r.ops_before, r.ops_after)
+    if changes:
+        t = Table(title="op counts that changed", title_justify="left")
+        for col in ("op", "before", "after"):
+            t.add_column(col, justify="right" if col != "op" else "left")
+        for op, b, a in changes:
+            t.add_row(op, str(b), str(a))
+        console.print(t)
+    if r.rolled_back:
+        t = Table(title="rolled back (validation failed with them)", title_justify="left")
+        for col in ("rule", "at value", "why"):
+            t.add_column(col)
+        for rb in r.rolled_back:
+            t.add_row(rb.rule, rb.root, rb.reason)
+        console.print(t)
+    if r.skipped:
+        console.print(f"[dim]{len(r.skipped)} rule(s) not used for target {r.target}: "
+                      + "; ".join(f"{s.rule} ({s.reason})" for s in r.skipped[:6])
+                      + (" ..." if len(r.skipped) > 6 else "") + "[/dim]")
+    console.print(f"validation: {r.validation}")
+    if r.checks:
+        t = Table(title_justify="left")
+        for col in ("output", "dtype", "shape", "max abs", "max rel", "cosine", "min tol", "tol", "ok"):
+            t.add_column(col, justify="left" if col in ("output", "dtype", "shape") else "right")
+        for c in r.checks:
+            t.add_row(c.name, c.dtype, "x".join(map(str, c.shape)) or "scalar", f"{c.max_abs:.2e}",
+                      f"{c.max_rel:.2e}", f"{c.cosine:.6f}", f"{c.min_tolerance:.1e}",
+                      f"{c.tolerance.rtol:g}/{c.tolerance.atol:g}",
+                      "[green]pass[/green]" if c.passed else "[red]FAIL[/red]")
+            if c.note:
+                t.add_row("", f"[dim]{c.note}[/dim]", "", "", "", "", "", "", "")
+        console.print(t)
+    console.print("time: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in r.timings.items()))
+
+
+def print_near_misses(misses: list[NearMiss], console: Console) -> None:
+    if not misses:
+        console.print("no near misses: every candidate either fused or failed at its first node")
+        return
+    t = Table(title=f"near misses ({len(misses)})", title_justify="left")
+    for col in ("rule", "candidate", "failed at", "why"):
+        t.add_column(col, overflow="fold")
+    for m in misses:
+        t.add_row(m.rule, f"{m.op} {m.node}", m.at, m.reason)
+    console.print(t)
+
+
+def print_rules(rules: list[Rule], console: Console) -> None:
+    t = Table(title=f"{len(rules)} rules", title_justify="left")
+    for col in ("id", "size", "targets", "creates", "source"):
+        t.add_column(col)
+    for r in rules:
+        creates = ", ".join(sorted({f"{d}.{o}" if d else o for d, o in r.output_ops()})) or "(alias)"
+        t.add_row(r.id, str(r.size), ",".join(r.targets), creates,
+                  f"{'built-in ' if r.builtin else ''}{r.file.rsplit('/', 1)[-1]}:{r.span.line}")
+    console.print(t)

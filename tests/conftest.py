@@ -1,0 +1,59 @@
+"""Shared helpers: tiny models built with onnx.helper, onnxruntime runs, the CLI in-process."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, numpy_helper
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = os.path.join(ROOT, "models")
+SHARED_MODELS = os.path.join(os.path.dirname(ROOT), "shared", "models")
+ort.set_default_logger_severity(3)
+
+
+def make_model(nodes, inputs, outputs, inits=(), opset=17, name="g") -> onnx.ModelProto:
+    """inputs/outputs: (name, shape) for float32, or (name, shape, elem_type)."""
+    def vi(spec):
+        n, shape, *t = spec
+        return oh.make_tensor_value_info(n, t[0] if t else TensorProto.FLOAT, shape)
+
+    graph = oh.make_graph(nodes, name, [vi(i) for i in inputs], [vi(o) for o in outputs],
+                          [numpy_helper.from_array(np.asarray(v), k) for k, v in dict(inits).items()])
+    ops = [oh.make_opsetid("", opset)]
+    return oh.make_model(graph, opset_imports=ops, ir_version=8)
+
+
+def save(model: onnx.ModelProto, path) -> str:
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def ort_run(model, feeds: dict) -> list[np.ndarray]:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def op_types(model) -> list[str]:
+    m = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
+    return [(n.domain + "." if n.domain else "") + n.op_type for n in m.graph.node]
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run the CLI in-process: returns (exit code, stdout, stderr)."""
+    from onnxfuse.cli import main
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main([str(a) for a in args])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run

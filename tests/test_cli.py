@@ -1,0 +1,196 @@
+"""The command line: what a user sees, including one-line errors with non-zero exit codes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import onnx
+import onnx.helper as oh
+import pytest
+from conftest import MODELS
+
+CNN = os.path.join(MODELS, "cnn_small.onnx")
+
+
+def test_optimize_prints_summary(cli, tmp_path):
+    out = tmp_path / "o.onnx"
+    code, stdout, stderr = cli("optimize", CNN, out)
+    assert code == 0, stderr
+    assert "nodes 36 -> 14" in stdout
+    assert "conv-bn-fold" in stdout and "validation: passed" in stdout
+    assert "logits" in stdout  # the per-output validation table
+    assert out.exists()
+
+
+def test_optimize_json(cli, tmp_path):
+    code, stdout, _ = cli("optimize", CNN, tmp_path / "o.onnx", "--json")
+    assert code == 0
+    data = json.loads(stdout)
+    assert data["fired"]["conv-bn-fold"] == 3
+    assert data["validation"]["status"] == "passed"
+    assert data["validation"]["outputs"][0]["name"] == "logits"
+    assert data["nodes_before"] == 36 and data["nodes_after"] == 14
+
+
+def test_dry_run_writes_nothing(cli, tmp_path):
+    out = tmp_path / "o.onnx"
+    code, stdout, _ = cli("optimize", CNN, out, "--dry-run")
+    assert code == 0 and not out.exists() and "dry run" in stdout
+
+
+def _one_line_error(code, stderr, fragment, expected_code=1):
+    assert code == expected_code, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert fragment in lines[0], lines[0]
+    assert "Traceback" not in stderr
+
+
+def _file(path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)
+
+
+@pytest.mark.parametrize("make,fragment", [
+    (lambda p: str(p / "missing.onnx"), "no such file"),
+    (lambda p: str(p), "is a directory"),
+    (lambda p: _file(p / "empty.onnx", b""), "empty file"),
+    (lambda p: _file(p / "junk.onnx", b"\x08\x96\x01garbage\xff\xff"), "not a valid ONNX model"),
+    (lambda p: _file(p / "text.onnx", b"hello, I am not a model"), "not a valid ONNX"),
+])
+def test_bad_model_one_line(cli, tmp_path, make, fragment):
+    src = make(tmp_path)
+    out = tmp_path / "out.onnx"
+    code, _, stderr = cli("optimize", src, out)
+    _one_line_error(code, stderr, fragment)
+    assert not out.exists()
+
+
+def test_truncated_model(cli, tmp_path):
+    data = open(CNN, "rb").read()
+    src = tmp_path / "trunc.onnx"
+    src.write_bytes(data[: len(data) // 2])
+    code, _, stderr = cli("optimize", src, tmp_path / "out.onnx")
+    _one_line_error(code, stderr, "not a valid ONNX model")
+
+
+def test_refuses_to_overwrite_input(cli, tmp_path):
+    src = tmp_path / "m.onnx"
+    src.write_bytes(open(CNN, "rb").read())
+    code, _, stderr = cli("optimize", src, src)
+    _one_line_error(code, stderr, "refusing to overwrite")
+    assert src.read_bytes() == open(CNN, "rb").read()
+    code, _, stderr = cli("optimize", src, src, "--force")
+    assert code == 0, stderr
+
+
+def test_output_folder_missing(cli, tmp_path):
+    code, _, stderr = cli("optimize", CNN, tmp_path / "nope" / "o.onnx")
+    _one_line_error(code, stderr, "does not exist")
+
+
+def test_bad_flag_one_line(cli, tmp_path):
+    code, _, stderr = cli("optimize", CNN, tmp_path / "o.onnx", "--targett", "cpu")
+    _one_line_error(code, stderr, "No such option: --targett", expected_code=2)
+    code, _, stderr = cli("optimize", CNN, tmp_path / "o.onnx", "--target", "tpu")
+    _one_line_error(code, stderr, "unknown target")
+    code, _, stderr = cli("optimize", CNN, tmp_path / "o.onnx", "--only", "no-such-rule")
+    _one_line_error(code, stderr, "--only no-such-rule: no rule with that id")
+
+
+def test_bad_pattern_file_points_at_line(cli, tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("rules:\n- id: x\n  match:\n    Y: Relu(Q)\n  rewrite:\n    Y: Sigmod(Q)\n")
+    out = tmp_path / "o.onnx"
+    code, _, stderr = cli("optimize", CNN, out, "--patterns", p)
+    _one_line_error(code, stderr, f"{p}:6:8: error: unknown operator 'Sigmod'")
+    assert not out.exists()
+
+
+def test_bad_shape_flag(cli, tmp_path):
+    code, _, stderr = cli("optimize", CNN, tmp_path / "o.onnx", "--shape", "nosuchinput:1x3x32x32")
+    _one_line_error(code, stderr, "nosuchinput")
+    code, _, stderr = cli("optimize", CNN, tmp_path / "o.onnx", "--shape", "x:1x3x32")
+    _one_line_error(code, stderr, "x")
+
+
+def test_shape_flag_used(cli, tmp_path):
+    code, stdout, stderr = cli("optimize", CNN, tmp_path / "o.onnx", "--shape", "x:3x3x32x32")
+    assert code == 0, stderr
+    assert "3x10" in stdout  # the validated output shape follows the given batch
+
+
+def test_patterns_list_show_check_schema(cli, tmp_path):
+    code, stdout, _ = cli("patterns", "list")
+    assert code == 0 and "erf-gelu" in stdout and "conv-bn-fold" in stdout
+    code, stdout, _ = cli("patterns", "show", "erf-gelu")
+    assert code == 0 and "com.microsoft.Gelu(X)" in stdout
+    code, stdout, _ = cli("patterns", "schema")
+    schema = json.loads(stdout)
+    assert "match" in schema["definitions"]["rule"]["properties"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rules:\n- id: x\n  match:\n    Y: Relux(Q)\n  rewrite:\n    Y: Relu(Q)\n")
+    code, _, stderr = cli("patterns", "check", bad)
+    assert code == 1 and f"{bad}:4:8: error: unknown operator 'Relux'" in stderr
+
+
+def test_patterns_test_command(cli):
+    code, stdout, _ = cli("patterns", "test", "--rule", "erf-gelu")
+    assert code == 0 and "ok erf-gelu" in stdout
+
+
+def test_explain_names_the_blocking_consumer(cli, tmp_path):
+    """An erf-Gelu whose interior Erf output is also read elsewhere cannot fuse: explain says where."""
+    nodes = [
+        oh.make_node("Div", ["x", "sqrt2"], ["d"], name="div"),
+        oh.make_node("Erf", ["d"], ["e"], name="erf"),
+        oh.make_node("Add", ["e", "one"], ["p"], name="add"),
+        oh.make_node("Mul", ["x", "half"], ["xh"], name="mul_half"),
+        oh.make_node("Mul", ["xh", "p"], ["y"], name="gelu_out"),
+        oh.make_node("Identity", ["e"], ["probe"], name="probe"),
+    ]
+    from conftest import make_model, save
+
+    m = make_model(nodes, [("x", [2, 8])], [("y", [2, 8]), ("probe", [2, 8])],
+                   {"sqrt2": __import__("numpy").array(1.4142135, "float32"),
+                    "one": __import__("numpy").array(1.0, "float32"),
+                    "half": __import__("numpy").array(0.5, "float32")})
+    path = save(m, tmp_path / "g.onnx")
+    code, stdout, _ = cli("explain", path, "--rule", "erf-gelu")
+    assert code == 0
+    assert "Identity 'probe'" in stdout and "consumer(s) outside the match" in stdout
+
+
+def test_explain_names_the_wrong_constant(cli, tmp_path):
+    import numpy as np
+    from conftest import make_model, save
+
+    nodes = [
+        oh.make_node("Div", ["x", "sqrt2"], ["d"], name="div"),
+        oh.make_node("Erf", ["d"], ["e"], name="erf"),
+        oh.make_node("Add", ["e", "one"], ["p"], name="add"),
+        oh.make_node("Mul", ["x", "half"], ["xh"], name="mul_half"),
+        oh.make_node("Mul", ["xh", "p"], ["y"], name="gelu_out"),
+    ]
+    m = make_model(nodes, [("x", [2, 8])], [("y", [2, 8])],
+                   {"sqrt2": np.array(1.3, "float32"), "one": np.array(1.0, "float32"),
+                    "half": np.array(0.5, "float32")})
+    code, stdout, _ = cli("explain", save(m, tmp_path / "g.onnx"), "--json")
+    data = json.loads(stdout)
+    reasons = [m["reason"] for m in data["near_misses"] if m["rule"] == "erf-gelu"]
+    assert any("const 1.3 not within tolerance of 1.41421" in r for r in reasons), reasons
+
+
+def test_console_script_no_traceback(tmp_path):
+    """The installed entry point, as a user runs it."""
+    r = subprocess.run([sys.executable, "-m", "onnxfuse.cli", "optimize", str(tmp_path / "x.onnx"),
+                        str(tmp_path / "y.onnx")], capture_output=True, text=True)
+    assert r.returncode == 1
+    assert r.stderr.strip().count("\n") == 0 and "no such file" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_written_model_is_valid(cli, tmp_path):
+    out = tmp_path / "o.onnx"
+    assert cli("optimize", CNN, out)[0] == 0
+    onnx.checker.check_model(onnx.load(str(out)), full_check=True)

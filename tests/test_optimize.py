@@ -1,0 +1,153 @@
+"""optimize() on the bundled sample models: exact rewrites, onnxruntime numerics, fixed point, determinism."""
+
+import os
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from conftest import MODELS, ort_run
+
+from onnxfuse.api import OptimizeOptions, optimize
+
+
+def _opt(name, tmp_path, **kw):
+    out = tmp_path / f"{name}.opt.onnx"
+    r = optimize(os.path.join(MODELS, f"{name}.onnx"), str(out), OptimizeOptions(**kw))
+    return r, onnx.load(str(out))
+
+
+def _ops(model) -> Counter:
+    c = Counter()
+
+    def walk(g):
+        for n in g.node:
+            c[(n.domain + "." if n.domain else "") + n.op_type] += 1
+            for a in n.attribute:
+                for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                    walk(sub)
+
+    walk(model.graph)
+    return c
+
+
+def test_cnn_small_exact_rewrite(tmp_path):
+    r, m = _opt("cnn_small", tmp_path)
+    ops = _ops(m)
+    assert ops["com.microsoft.FusedConv"] == 9
+    assert ops["Conv"] == 1  # the Conv followed by Add of a per-channel constant: bias folded, nothing to fuse
+    assert ops["com.microsoft.FusedGemm"] == 1
+    for gone in ("BatchNormalization", "Relu", "Clip", "Div", "HardSigmoid", "Sigmoid", "Tanh", "LeakyRelu"):
+        assert ops[gone] == 0, gone
+    assert r.fired["conv-bn-fold"] == 3
+    activations = sorted(a.s.decode() for n in m.graph.node if n.op_type == "FusedConv"
+                         for a in n.attribute if a.name == "activation")
+    assert activations == ["Clip", "HardSigmoid", "HardSwish", "LeakyRelu", "Relu", "Relu", "Relu", "Sigmoid", "Tanh"]
+    assert r.validation == "passed"
+    assert all(c.passed for c in r.checks)
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("transformer_small", {"LayerNormalization": 0, "com.microsoft.SkipLayerNormalization": 3,
+                           "com.microsoft.BiasGelu": 1, "com.microsoft.FusedMatMul": 1}),
+    ("transformer_op18", {"LayerNormalization": 1, "com.microsoft.SkipLayerNormalization": 1,
+                          "com.microsoft.FastGelu": 1, "com.microsoft.QuickGelu": 1,
+                          "com.microsoft.SkipSimplifiedLayerNormalization": 1}),
+])
+def test_transformer_fusions(tmp_path, name, expected):
+    r, m = _opt(name, tmp_path)
+    ops = _ops(m)
+    for op, n in expected.items():
+        assert ops[op] == n, (op, dict(ops))
+    for gone in ("ReduceMean", "Erf", "Tanh", "Sqrt", "Pow", "Reciprocal"):
+        assert ops[gone] == 0, (gone, dict(ops))
+    assert r.validation == "passed"
+
+
+def _feeds(model):
+    rng = np.random.default_rng(1)
+    feeds = {}
+    for i in model.graph.input:
+        shape = [d.dim_value or 2 for d in i.type.tensor_type.shape.dim]
+        if i.type.tensor_type.elem_type == onnx.TensorProto.INT64:
+            feeds[i.name] = (np.ones(shape, np.int64) if "mask" in i.name
+                             else rng.integers(0, 100, shape).astype(np.int64))
+        else:
+            feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+@pytest.mark.parametrize("name", ["cnn_small", "transformer_small", "transformer_op18"])
+def test_numerics_independent_of_validator(tmp_path, name):
+    """Re-check numerics with our own inputs (not the validator's) through onnxruntime."""
+    _, m = _opt(name, tmp_path)
+    orig = onnx.load(os.path.join(MODELS, f"{name}.onnx"))
+    feeds = _feeds(orig)
+    for a, b in zip(ort_run(orig, feeds), ort_run(m, feeds), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    onnx.checker.check_model(m, full_check=True)
+
+
+def test_if_subgraph_fused_inside_branches(tmp_path):
+    r, m = _opt("if_subgraph", tmp_path)
+    (if_node,) = [n for n in m.graph.node if n.op_type == "If"]
+    for a in if_node.attribute:
+        branch_ops = Counter(n.op_type for n in a.g.node)
+        assert branch_ops["FusedConv"] == 2, (a.name, branch_ops)
+        assert branch_ops["BatchNormalization"] == 0
+    # outer-scope references: the branches still read outer values that the outer graph defines
+    outer = {i.name for i in m.graph.initializer} | {i.name for i in m.graph.input} | {
+        o for n in m.graph.node for o in n.output}
+    for a in if_node.attribute:
+        inner = {i.name for i in a.g.initializer} | {o for n in a.g.node for o in n.output}
+        reads = {i for n in a.g.node for i in n.input if i}
+        assert reads - inner <= outer
+    orig = onnx.load(os.path.join(MODELS, "if_subgraph.onnx"))
+    for sr in (16000, 8000):
+        feeds = {"x": np.random.default_rng(0).standard_normal((1, 4, 16, 16)).astype(np.float32),
+                 "sr": np.array(sr, dtype=np.int64)}
+        np.testing.assert_allclose(ort_run(orig, feeds)[0], ort_run(m, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["cnn_small", "transformer_small", "transformer_op18", "if_subgraph"])
+def test_second_run_changes_nothing(tmp_path, name):
+    _opt(name, tmp_path)
+    first = tmp_path / f"{name}.opt.onnx"
+    second = tmp_path / "again.onnx"
+    r2 = optimize(str(first), str(second), OptimizeOptions())
+    assert r2.applications == []
+    assert _ops(onnx.load(str(first))) == _ops(onnx.load(str(second)))
+
+
+def test_output_is_byte_identical_across_runs(tmp_path):
+    src = os.path.join(MODELS, "transformer_small.onnx")
+    a, b = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    optimize(src, str(a), OptimizeOptions())
+    optimize(src, str(b), OptimizeOptions())
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_provenance_recorded(tmp_path):
+    _, m = _opt("cnn_small", tmp_path)
+    fused = [n for n in m.graph.node if n.op_type == "FusedConv"]
+    assert fused and all(n.doc_string.startswith("onnxfuse: rule=") for n in fused)
+    relu = next(n for n in fused if "rule=conv-relu " in n.doc_string)
+    replaced = relu.doc_string.split("replaced=")[1].split(",")
+    orig_names = {n.name for n in onnx.load(os.path.join(MODELS, "cnn_small.onnx")).graph.node}
+    assert set(replaced) <= orig_names and any("Relu" in r for r in replaced)
+
+
+def test_only_and_skip(tmp_path):
+    r, m = _opt("cnn_small", tmp_path, only=["conv-bn-fold"])
+    assert set(r.fired) == {"conv-bn-fold"}
+    r, m = _opt("cnn_small", tmp_path, skip=["conv-bn-fold"])
+    assert "conv-bn-fold" not in r.fired and _ops(m)["BatchNormalization"] == 3
+
+
+def test_untouched_nodes_survive_byte_for_byte(tmp_path):
+    src = os.path.join(MODELS, "transformer_small.onnx")
+    r, m = _opt("transformer_small", tmp_path, only=["erf-gelu"])
+    orig = {n.name: n.SerializeToString() for n in onnx.load(src).graph.node}
+    kept = [n for n in m.graph.node if n.name in orig]
+    assert len(kept) == len(orig) - 8 + 0  # erf gelu: Div, Erf, Add, Mul, Mul + 3 Constant nodes removed
+    assert all(n.SerializeToString() == orig[n.name] for n in kept)

@@ -1,0 +1,122 @@
+"""Patterns written by a user in their own YAML file apply through --patterns; wrong ones are rolled back."""
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+from conftest import make_model, op_types, ort_run, save
+
+from onnxfuse.api import OptimizeOptions, optimize
+
+USER_RULES = """# my own fusions
+rules:
+- id: double-neg
+  doc: -(-x) is x.
+  match:
+    n: Neg(X)
+    Y: Neg(n)
+  rewrite:
+    Y: X
+- id: mul-add-to-fma-free
+  doc: (x * a) + b with scalar constants folds into one Mul and one Add constant... here into Affine-free form.
+  match:
+    m: Mul(X, A)
+    Y: Add(m, B)
+  where:
+    A: {constant: true, shape: []}
+    B: {constant: true, shape: []}
+  compute:
+    B2: B / A
+  rewrite:
+    s: Add(X, B2)
+    Y: Mul(s, A)
+"""
+
+
+def _model(tmp_path):
+    nodes = [
+        oh.make_node("Neg", ["x"], ["n1"], name="neg1"),
+        oh.make_node("Neg", ["n1"], ["n2"], name="neg2"),
+        oh.make_node("Mul", ["n2", "a"], ["m"], name="mul"),
+        oh.make_node("Add", ["m", "b"], ["y"], name="add"),
+    ]
+    m = make_model(nodes, [("x", [2, 3])], [("y", [2, 3])],
+                   {"a": np.array(4.0, np.float32), "b": np.array(2.0, np.float32)})
+    return save(m, tmp_path / "user.onnx")
+
+
+def test_user_pattern_file_applies(tmp_path, cli):
+    src = _model(tmp_path)
+    rules = tmp_path / "mine.yaml"
+    rules.write_text(USER_RULES)
+    out = tmp_path / "out.onnx"
+    code, stdout, stderr = cli("optimize", src, out, "--patterns", rules, "--no-builtin")
+    assert code == 0, stderr
+    assert "double-neg" in stdout and "mul-add-to-fma-free" in stdout
+    got = onnx.load(str(out))
+    assert op_types(got) == ["Add", "Mul"]
+    add = got.graph.node[0]
+    assert add.input[0] == "x"  # the Neg pair is gone: the Add reads x directly
+    b2 = {t.name: onnx.numpy_helper.to_array(t) for t in got.graph.initializer}[add.input[1]]
+    assert b2.dtype == np.float32 and float(b2) == 0.5
+    feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    np.testing.assert_allclose(ort_run(got, feeds)[0], ort_run(onnx.load(src), feeds)[0], rtol=1e-6)
+
+
+def test_user_patterns_from_a_folder(tmp_path):
+    src = _model(tmp_path)
+    folder = tmp_path / "rules"
+    folder.mkdir()
+    (folder / "a.yaml").write_text(USER_RULES)
+    r = optimize(src, str(tmp_path / "o.onnx"), OptimizeOptions(patterns=[str(folder)]))
+    assert r.fired == {"double-neg": 1, "mul-add-to-fma-free": 1}
+
+
+WRONG_RULE = """rules:
+- id: sigmoid-is-not-tanh
+  doc: numerically wrong on purpose
+  match:
+    Y: Sigmoid(X)
+  rewrite:
+    Y: Tanh(X)
+"""
+
+
+def test_wrong_rewrite_is_rolled_back(tmp_path):
+    nodes = [
+        oh.make_node("Relu", ["x"], ["r"], name="relu"),
+        oh.make_node("Sigmoid", ["r"], ["s"], name="sig"),
+        oh.make_node("Neg", ["s"], ["n1"], name="neg1"),
+        oh.make_node("Neg", ["n1"], ["y"], name="neg2"),
+    ]
+    src = save(make_model(nodes, [("x", [2, 3])], [("y", [2, 3])]), tmp_path / "m.onnx")
+    rules = tmp_path / "r.yaml"
+    rules.write_text(WRONG_RULE + USER_RULES.split("rules:\n", 1)[1])
+    out = tmp_path / "out.onnx"
+    r = optimize(src, str(out), OptimizeOptions(patterns=[str(rules)], builtin=False))
+    assert [rb.rule for rb in r.rolled_back] == ["sigmoid-is-not-tanh"]
+    assert "differs" in r.rolled_back[0].reason
+    assert r.fired == {"double-neg": 1}  # the good rewrite stays
+    assert r.validation == "passed after rolling back 1 rewrite(s)"
+    got = onnx.load(str(out))
+    assert "Sigmoid" in op_types(got) and "Tanh" not in op_types(got)
+    feeds = {"x": np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3)}
+    np.testing.assert_allclose(ort_run(got, feeds)[0], ort_run(onnx.load(src), feeds)[0], rtol=1e-6)
+
+
+def test_invalid_graph_rewrite_never_written(tmp_path):
+    """A rewrite whose output model cannot load in onnxruntime is rolled back before anything is written."""
+    rules = tmp_path / "r.yaml"
+    rules.write_text("""rules:
+- id: relu-to-fusedconv
+  doc: nonsense on purpose (FusedConv on a 2-D tensor)
+  match:
+    Y: Relu(X)
+  rewrite:
+    Y: com.microsoft.FusedConv(X, X, activation="Relu")
+""")
+    src = save(make_model([oh.make_node("Relu", ["x"], ["y"], name="relu")], [("x", [2, 3])], [("y", [2, 3])]),
+               tmp_path / "m.onnx")
+    out = tmp_path / "out.onnx"
+    r = optimize(src, str(out), OptimizeOptions(patterns=[str(rules)], builtin=False))
+    assert [rb.rule for rb in r.rolled_back] == ["relu-to-fusedconv"]
+    assert op_types(onnx.load(str(out))) == ["Relu"]
