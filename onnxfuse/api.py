@@ -227,12 +227,12 @@ class _Validator:
                           if opts.rtol is not None or opts.atol is not None else None)
 
     def check(self, proto: onnx.ModelProto, info: LoadInfo) -> _Verdict:
-        try:
-            onnx.checker.check_model(proto)
-        except onnx.checker.ValidationError as e:
-            return _Verdict(False, [], f"onnx.checker rejects the model: {str(e).strip().splitlines()[0]}")
         cand = _Candidate(proto, info)
         try:
+            try:
+                onnx.checker.check_model(cand.source if isinstance(cand.source, str) else proto)
+            except onnx.checker.ValidationError as e:
+                return _Verdict(False, [], f"onnx.checker rejects the model: {str(e).strip().splitlines()[0]}")
             worst: list[V.OutputCheck] = []
             for level in ("disable", "all"):
                 try:

@@ -49,7 +49,7 @@ def load_model(path: str) -> tuple[Model, LoadInfo]:
         raise ModelError(f"{path}: not a valid ONNX model (no graph)")
     base_dir = os.path.dirname(os.path.abspath(path))
     ext_bytes = _check_external_data(proto, base_dir, path)
-    _check_model(proto, path)
+    _check_model(proto, path, ext_bytes > 0)
     inferred = _infer_types(proto)
     model = Model(proto, base_dir)
     if inferred is not None:
@@ -96,7 +96,7 @@ def _check_external_data(proto: onnx.ModelProto, base_dir: str, path: str) -> in
     return total
 
 
-def _check_model(proto: onnx.ModelProto, path: str) -> None:
+def _check_model(proto: onnx.ModelProto, path: str, external: bool) -> None:
     max_opset = onnx.defs.onnx_opset_version()
     for o in proto.opset_import:
         if o.domain in ("", "ai.onnx") and o.version > max_opset:
@@ -105,7 +105,8 @@ def _check_model(proto: onnx.ModelProto, path: str) -> None:
                 hint="upgrade the onnx package",
             )
     try:
-        onnx.checker.check_model(proto)
+        # with external data the checker must see the file's folder to resolve data locations
+        onnx.checker.check_model(path if external else proto)
     except onnx.checker.ValidationError as e:
         raise ModelError(f"{path}: invalid model: {_first_line(e)}") from None
     _check_graph_structure(proto.graph, path, set())
