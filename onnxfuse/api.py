@@ -17,6 +17,7 @@ from . import validate as V
 from .errors import InputSpecError, ModelError, OnnxfuseError
 from .ir import Model
 from .loader import LoadInfo, _all_tensors, load_model, save_model
+from .measure import MeasureReport, Source, group_key, make_time_fn, select
 from .patterns.parser import load_path
 from .patterns.rules import Rule
 from .rewrite.apply import Application
@@ -75,6 +76,9 @@ class OptimizeOptions:
     atol: float | None = None
     force: bool = False
     dry_run: bool = False
+    measure: bool = True
+    measure_threads: int = 1
+    measure_budget_s: float = 1.0  # timing per round (all variants together)
 
 
 @dataclass
@@ -101,6 +105,7 @@ class Result:
     timings: dict[str, float]
     written: list[str]
     sweeps: int
+    measure: MeasureReport | None = None
 
     @property
     def fired(self) -> dict[str, int]:
@@ -118,7 +123,21 @@ class Result:
             "validation": {"status": self.validation,
                            "outputs": [_check_json(c) for c in self.checks]},
             "timings_s": self.timings, "written": self.written, "sweeps": self.sweeps,
+            "measure": _measure_json(self.measure),
         }
+
+
+def _measure_json(m: MeasureReport | None) -> dict | None:
+    if m is None:
+        return None
+    return {
+        "provider": m.provider, "threads": m.threads, "rounds": m.rounds, "seconds": m.seconds, "note": m.note,
+        "final_ratio": None if m.final is None else asdict(m.final),
+        "final_verdict": None if m.final is None else m.final.verdict,
+        "dropped_everything": m.dropped_everything,
+        "groups": [{"group": g.group, "rules": g.rules, "rewrites": g.rewrites, "kept": g.kept, "gain": g.gain,
+                    "without_ratio": None if g.without is None else asdict(g.without)} for g in m.groups],
+    }
 
 
 def _check_json(c: V.OutputCheck) -> dict:
@@ -296,6 +315,7 @@ def optimize(input_path: str, output_path: str | None, opts: OptimizeOptions | N
     rolled_back: list[Rollback] = []
     checks: list[V.OutputCheck] = []
     status = "skipped (--no-validate)"
+    validator: _Validator | None = None
     if opts.validate:
         provider = opts.target
         note = ""
@@ -324,6 +344,13 @@ def optimize(input_path: str, output_path: str | None, opts: OptimizeOptions | N
             status = "passed" + note + (f" after rolling back {len(rolled_back)} rewrite(s)" if rolled_back else "")
     timings["validate"] = time.perf_counter() - t0
 
+    measured: MeasureReport | None = None
+    if opts.measure and eng.applications:
+        t0 = time.perf_counter()
+        measured, model, info, eng, proto = _measure(input_path, original_proto, rules, opts, deny, model, info,
+                                                     eng, proto, validator if opts.validate else None)
+        timings["measure"] = time.perf_counter() - t0
+
     written: list[str] = []
     if output_path is not None and not opts.dry_run:
         t0 = time.perf_counter()
@@ -336,8 +363,60 @@ def optimize(input_path: str, output_path: str | None, opts: OptimizeOptions | N
         nodes_before=sum(before.values()), nodes_after=sum(after.values()),
         ops_before=dict(before), ops_after=dict(after), applications=eng.applications, skipped=eng.skipped,
         rolled_back=rolled_back, checks=checks, validation=status, timings=timings, written=written,
-        sweeps=eng.sweeps,
+        sweeps=eng.sweeps, measure=measured,
     )
+
+
+def _measure(input_path: str, original_proto: onnx.ModelProto, rules: list[Rule], opts: OptimizeOptions,
+             deny: set[tuple[str, str]], model: Model, info: LoadInfo, eng: EngineResult, proto: onnx.ModelProto,
+             validator: _Validator | None):
+    """Time groups of rewrites on the target and keep only those that help (see measure.py)."""
+    if opts.target == "cuda" and not provider_registered("cuda"):
+        note = "not measured: the installed onnxruntime has no CUDA execution provider"
+        return MeasureReport("cuda", opts.measure_threads, 0, note=note), model, info, eng, proto
+    ops_by_rule: dict[str, set[str]] = {}
+    for a in eng.applications:
+        ops_by_rule.setdefault(a.rule, set()).update(a.ops)
+    groups: dict[str, list[str]] = {}
+    for rule_id, ops in ops_by_rule.items():
+        groups.setdefault(group_key(tuple(ops)), []).append(rule_id)
+    rewrites = dict(Counter(a.rule for a in eng.applications))
+    candidates: list[_Candidate] = []
+    cache: dict[frozenset[str], Source] = {}
+
+    def build(dropped: set[str]) -> Source:
+        key = frozenset(dropped)
+        if key not in cache:
+            m, i, _ = _build(input_path, [r for r in rules if r.id not in dropped], opts.target, deny)
+            cand = _Candidate(m.export(), i)
+            candidates.append(cand)
+            cache[key] = cand.source
+        return cache[key]
+
+    feeds = validator.feeds if validator is not None else V.make_inputs(
+        original_proto, V.parse_shape_specs(opts.shapes) if opts.shapes else None, opts.inputs_npz)
+    orig = _Candidate(original_proto, info)
+    candidates.append(orig)
+    try:
+        report = select(groups, rewrites, build, orig.source, feeds,
+                        make_time_fn(opts.target, opts.measure_threads, opts.measure_budget_s),
+                        opts.target, opts.measure_threads)
+    finally:
+        for c in candidates:
+            c.close()
+    if report.dropped_everything:
+        kept_rules: list[Rule] = []
+    elif report.dropped_rules:
+        kept_rules = [r for r in rules if r.id not in report.dropped_rules]
+    else:
+        return report, model, info, eng, proto
+    model, info, eng = _build(input_path, kept_rules, opts.target, deny)
+    proto = model.export()
+    if validator is not None and eng.applications:
+        verdict = validator.check(proto, info)
+        if not verdict.ok:  # cannot happen for a subset of validated rules unless a rule depends on another
+            raise OnnxfuseError(f"the measured selection does not validate: {verdict.reason}; nothing written")
+    return report, model, info, eng, proto
 
 
 def _bisect(input_path: str, rules: list[Rule], target: str, deny: set[tuple[str, str]], n: int,

@@ -53,6 +53,12 @@ def optimize(
     rtol: Annotated[float | None, typer.Option("--rtol", help="Relative tolerance (default by dtype).")] = None,
     atol: Annotated[float | None, typer.Option("--atol", help="Absolute tolerance (default by dtype).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Allow OUTPUT to be the input file.")] = False,
+    no_measure: Annotated[bool, typer.Option("--no-measure", help="Keep every validated rewrite without timing "
+                                             "them (default: time groups of rewrites, keep only those that help).")]
+    = False,
+    threads: Annotated[int, typer.Option("--threads", help="onnxruntime intra-op threads for --measure.")] = 1,
+    measure_budget: Annotated[float, typer.Option("--measure-budget", help="Seconds of timing per measuring "
+                                                  "round.")] = 1.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Apply fusion patterns to a fixed point, validate with onnxruntime, write OUTPUT atomically."""
@@ -61,7 +67,10 @@ def optimize(
 
     opts = OptimizeOptions(patterns=patterns or [], only=only or [], skip=skip or [], builtin=not no_builtin,
                            target=_target(target), validate=not no_validate, shapes=shape or [],
-                           inputs_npz=inputs, rtol=rtol, atol=atol, force=force, dry_run=dry_run)
+                           inputs_npz=inputs, rtol=rtol, atol=atol, force=force, dry_run=dry_run,
+                           measure=not no_measure, measure_threads=threads, measure_budget_s=measure_budget)
+    if threads < 1 or measure_budget <= 0:
+        raise OnnxfuseError("--threads must be >= 1 and --measure-budget > 0")
     result = run_optimize(input, output, opts)
     if as_json:
         print(json.dumps(result.to_json(), indent=2, default=str))

@@ -65,7 +65,27 @@ def print_result(r: Result, console: Console) -> None:
             if c.note:
                 t.add_row("", f"[dim]{c.note}[/dim]", "", "", "", "", "", "", "")
         console.print(t)
+    if r.measure is not None:
+        print_measure(r.measure, console)
     console.print("time: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in r.timings.items()))
+
+
+def print_measure(m, console: Console) -> None:
+    if m.note:
+        console.print(f"measure: {m.note}")
+        return
+    t = Table(title=f"measured on {m.provider}, {m.threads} thread(s), ORT_ENABLE_ALL, {m.rounds} round(s)",
+              title_justify="left")
+    for col in ("fused op group", "rules", "rewrites", "latency saved", "without / with [95% CI]", "kept"):
+        t.add_column(col, justify="right" if col in ("rewrites", "latency saved") else "left")
+    for g in m.groups:
+        gain = "" if g.gain is None else f"{g.gain * 100:+.1f}%"
+        t.add_row(g.group, ", ".join(g.rules), str(g.rewrites), gain, str(g.without or ""),
+                  "[green]kept[/green]" if g.kept else "[red]dropped[/red]")
+    console.print(t)
+    if m.final is not None:
+        what = "original (nothing kept: the rewrites made it slower)" if m.dropped_everything else "kept rewrites"
+        console.print(f"measure: {what}; candidate / original latency {m.final} -> {m.final.verdict}")
 
 
 def print_near_misses(misses: list[NearMiss], console: Console) -> None:

@@ -48,11 +48,15 @@ def op_types(model) -> list[str]:
 
 @pytest.fixture
 def cli(capsys):
-    """Run the CLI in-process: returns (exit code, stdout, stderr)."""
+    """Run the CLI in-process: returns (exit code, stdout, stderr). `optimize` runs with --no-measure unless
+    measure=True."""
     from onnxfuse.cli import main
 
-    def run(*args: str) -> tuple[int, str, str]:
-        code = main([str(a) for a in args])
+    def run(*args: str, measure: bool = False) -> tuple[int, str, str]:
+        argv = [str(a) for a in args]
+        if argv and argv[0] == "optimize" and not measure:
+            argv.append("--no-measure")  # exact-rewrite tests must not depend on timing
+        code = main(argv)
         captured = capsys.readouterr()
         return code, captured.out, captured.err
 

@@ -194,3 +194,14 @@ def test_written_model_is_valid(cli, tmp_path):
     out = tmp_path / "o.onnx"
     assert cli("optimize", CNN, out)[0] == 0
     onnx.checker.check_model(onnx.load(str(out)), full_check=True)
+
+
+def test_optimize_measures_by_default(cli, tmp_path):
+    """The real timer runs (no timing assertions here: benchmarks measure speed); the report shows it."""
+    code, stdout, stderr = cli("optimize", CNN, tmp_path / "o.onnx", "--json", "--measure-budget", "0.05",
+                               measure=True)
+    assert code == 0, stderr
+    m = json.loads(stdout)["measure"]
+    assert m["provider"] == "cpu" and m["threads"] == 1 and m["rounds"] >= 1
+    assert {g["group"] for g in m["groups"]} >= {"com.microsoft.FusedConv", "Conv"}
+    assert m["final_verdict"] in ("faster", "slower", "no significant change")

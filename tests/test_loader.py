@@ -36,7 +36,7 @@ def test_external_data_stays_external(tmp_path):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     out = out_dir / "opt.onnx"
-    r = optimize(str(src), str(out), OptimizeOptions())
+    r = optimize(str(src), str(out), OptimizeOptions(measure=False))
     assert r.fired == {"conv-bn-fold": 1, "conv-relu": 1}
     assert sorted(os.listdir(out_dir)) == ["opt.onnx", "opt.onnx.data"]
     proto = onnx.load(str(out), load_external_data=False)
@@ -82,7 +82,7 @@ def test_failed_write_leaves_nothing(tmp_path):
         if os.access(out_dir, os.W_OK):  # running as root: permissions do not bind
             pytest.skip("cannot make a folder unwritable as root")
         with pytest.raises(ModelError, match="not writable"):
-            optimize(os.path.join(MODELS, "cnn_small.onnx"), str(out_dir / "o.onnx"), OptimizeOptions())
+            optimize(os.path.join(MODELS, "cnn_small.onnx"), str(out_dir / "o.onnx"), OptimizeOptions(measure=False))
     finally:
         out_dir.chmod(0o700)
     assert os.listdir(out_dir) == []
@@ -101,7 +101,7 @@ def test_interrupt_leaves_no_partial_file(tmp_path, monkeypatch):
     src = _external_model(tmp_path)
     out = tmp_path / "o.onnx"
     with pytest.raises(KeyboardInterrupt):
-        optimize(str(src), str(out), OptimizeOptions())
+        optimize(str(src), str(out), OptimizeOptions(measure=False))
     monkeypatch.setattr(L, "_externalize", real)
     assert not out.exists()
     assert [p for p in os.listdir(tmp_path) if p.startswith(".onnxfuse-")] == []
@@ -127,6 +127,6 @@ def test_opset_newer_than_onnx(tmp_path):
 def test_roundtrip_is_byte_identical_when_nothing_fires(tmp_path):
     src = os.path.join(MODELS, "cnn_small.onnx")
     out = tmp_path / "same.onnx"
-    r = optimize(src, str(out), OptimizeOptions(only=["erf-gelu"]))
+    r = optimize(src, str(out), OptimizeOptions(measure=False, only=["erf-gelu"]))
     assert r.applications == []
     assert out.read_bytes() == open(src, "rb").read()

@@ -26,7 +26,7 @@ def test_opset_7_model(tmp_path):
                    {"w": W}, opset=7)
     m.ir_version = 3  # initializers are also graph inputs in IR 3
     src = save(m, tmp_path / "old.onnx")
-    r = optimize(src, str(tmp_path / "o.onnx"), OptimizeOptions())
+    r = optimize(src, str(tmp_path / "o.onnx"), OptimizeOptions(measure=False))
     assert r.fired == {"conv-relu": 1} and r.validation == "passed"
     assert op_types(onnx.load(str(tmp_path / "o.onnx"))) == ["com.microsoft.FusedConv"]
 
@@ -44,7 +44,7 @@ def test_loop_body_is_optimized(tmp_path):
                    {"w": W, "trip": np.array(2, np.int64)}, opset=13)
     src = save(m, tmp_path / "loop.onnx")
     out = tmp_path / "o.onnx"
-    r = optimize(src, str(out), OptimizeOptions())
+    r = optimize(src, str(out), OptimizeOptions(measure=False))
     assert r.fired == {"conv-relu": 1}
     got = onnx.load(str(out))
     body_ops = [n.op_type for n in got.graph.node[0].attribute[0].g.node]
@@ -62,7 +62,7 @@ def test_model_local_functions_kept(tmp_path):
     m.opset_import.append(oh.make_opsetid("local", 1))
     src = save(m, tmp_path / "fn.onnx")
     out = tmp_path / "o.onnx"
-    r = optimize(src, str(out), OptimizeOptions())
+    r = optimize(src, str(out), OptimizeOptions(measure=False))
     assert r.fired == {"conv-relu": 1}
     got = onnx.load(str(out))
     assert [f.SerializeToString() for f in got.functions] == [fn.SerializeToString()]
@@ -71,7 +71,7 @@ def test_model_local_functions_kept(tmp_path):
 
 
 def test_cuda_target_without_gpu(tmp_path):
-    r = optimize(os.path.join(MODELS, "cnn_small.onnx"), str(tmp_path / "o.onnx"), OptimizeOptions(target="cuda"))
+    r = optimize(os.path.join(MODELS, "cnn_small.onnx"), str(tmp_path / "o.onnx"), OptimizeOptions(measure=False, target="cuda"))
     skipped = {s.rule: s.reason for s in r.skipped}
     # CUDA FusedConv runs Relu only: the other activations are declared cpu-only and skipped with a reason
     assert skipped["conv-activation"] == "declared for cpu only"

@@ -67,7 +67,7 @@ def test_user_patterns_from_a_folder(tmp_path):
     folder = tmp_path / "rules"
     folder.mkdir()
     (folder / "a.yaml").write_text(USER_RULES)
-    r = optimize(src, str(tmp_path / "o.onnx"), OptimizeOptions(patterns=[str(folder)]))
+    r = optimize(src, str(tmp_path / "o.onnx"), OptimizeOptions(measure=False, patterns=[str(folder)]))
     assert r.fired == {"double-neg": 1, "mul-add-to-fma-free": 1}
 
 
@@ -92,7 +92,7 @@ def test_wrong_rewrite_is_rolled_back(tmp_path):
     rules = tmp_path / "r.yaml"
     rules.write_text(WRONG_RULE + USER_RULES.split("rules:\n", 1)[1])
     out = tmp_path / "out.onnx"
-    r = optimize(src, str(out), OptimizeOptions(patterns=[str(rules)], builtin=False))
+    r = optimize(src, str(out), OptimizeOptions(measure=False, patterns=[str(rules)], builtin=False))
     assert [rb.rule for rb in r.rolled_back] == ["sigmoid-is-not-tanh"]
     assert "differs" in r.rolled_back[0].reason
     assert r.fired == {"double-neg": 1}  # the good rewrite stays
@@ -117,6 +117,6 @@ def test_invalid_graph_rewrite_never_written(tmp_path):
     src = save(make_model([oh.make_node("Relu", ["x"], ["y"], name="relu")], [("x", [2, 3])], [("y", [2, 3])]),
                tmp_path / "m.onnx")
     out = tmp_path / "out.onnx"
-    r = optimize(src, str(out), OptimizeOptions(patterns=[str(rules)], builtin=False))
+    r = optimize(src, str(out), OptimizeOptions(measure=False, patterns=[str(rules)], builtin=False))
     assert [rb.rule for rb in r.rolled_back] == ["relu-to-fusedconv"]
     assert op_types(onnx.load(str(out))) == ["Relu"]

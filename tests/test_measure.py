@@ -1,0 +1,65 @@
+"""Measured selection logic, with a deterministic fake timer (speed itself is measured in benchmarks/)."""
+
+import numpy as np
+
+from onnxfuse.measure import Ratio, paired_ratio, select
+
+
+def fake_timer(cost_of: dict[str, float], noise: float = 0.002, runs: int = 60):
+    """Latency of a candidate = 1.0 + sum of costs of the groups it still contains."""
+    rng = np.random.default_rng(0)
+
+    def time_fn(sources, feeds):
+        out = {}
+        for label, src in sources.items():
+            base = 1.0 + sum(cost_of[g] for g in src)
+            out[label] = list(base * (1 + noise * rng.standard_normal(runs)))
+        return out
+
+    return time_fn
+
+
+GROUPS = {"Gelu": ["erf-gelu"], "SkipLayerNormalization": ["skip-layernorm", "skip-layernorm-bias"],
+          "FusedMatMul": ["matmul-scale"]}
+REWRITES = {"erf-gelu": 4, "skip-layernorm": 1, "skip-layernorm-bias": 8, "matmul-scale": 4}
+
+
+def _build(dropped):
+    """A 'model' is the tuple of groups it still contains."""
+    return tuple(g for g, rules in GROUPS.items() if not set(rules) <= dropped)
+
+
+def test_drops_the_group_that_costs_and_keeps_the_rest():
+    costs = {"Gelu": -0.05, "SkipLayerNormalization": +0.15, "FusedMatMul": 0.0}
+    rep = select(GROUPS, REWRITES, _build, (), {}, fake_timer(costs), "cpu", 1)
+    kept = {g.group: g.kept for g in rep.groups}
+    assert kept == {"Gelu": True, "SkipLayerNormalization": False, "FusedMatMul": True}
+    assert rep.dropped_rules == ["skip-layernorm", "skip-layernorm-bias"]
+    assert rep.final.verdict == "faster" and not rep.dropped_everything
+    gelu = next(g for g in rep.groups if g.group == "Gelu")
+    assert gelu.gain is not None and gelu.gain > 0.03
+    assert rep.rounds == 2
+
+
+def test_everything_dropped_when_nothing_helps():
+    costs = {"Gelu": 0.02, "SkipLayerNormalization": 0.03, "FusedMatMul": 0.04}
+    rep = select(GROUPS, REWRITES, _build, (), {}, fake_timer(costs), "cpu", 1)
+    assert not any(g.kept for g in rep.groups)
+    assert rep.final.verdict == "no significant change"  # the candidate is then the original itself
+
+
+def test_neutral_groups_are_kept():
+    costs = {"Gelu": 0.0, "SkipLayerNormalization": 0.0, "FusedMatMul": 0.0}
+    rep = select(GROUPS, REWRITES, _build, (), {}, fake_timer(costs), "cpu", 1)
+    assert all(g.kept for g in rep.groups) and rep.rounds == 1
+    assert rep.final.verdict == "no significant change"
+
+
+def test_paired_ratio_verdicts():
+    ref = [1.0] * 50
+    assert paired_ratio([0.9] * 50, ref).verdict == "faster"
+    assert paired_ratio([1.1] * 50, ref).verdict == "slower"
+    noisy = list(1 + 0.05 * np.random.default_rng(0).standard_normal(50))
+    assert paired_ratio(noisy, ref).verdict == "no significant change"
+    r = paired_ratio([0.9] * 50, ref)
+    assert isinstance(r, Ratio) and r.low <= r.median <= r.high
