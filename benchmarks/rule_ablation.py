@@ -37,14 +37,14 @@ def main() -> int:
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         full = os.path.join(tmp, "all.onnx")
-        res = optimize(a.model, full, OptimizeOptions(shapes=a.shape))
+        res = optimize(a.model, full, OptimizeOptions(shapes=a.shape, measure=False))
         variants = {"original": a.model, "all rules": full}
         for rule in sorted(res.fired):
             p = os.path.join(tmp, f"{rule}.onnx")
-            optimize(a.model, p, OptimizeOptions(shapes=a.shape, only=[rule]))
+            optimize(a.model, p, OptimizeOptions(shapes=a.shape, only=[rule], measure=False))
             variants[f"only {rule}"] = p
             p = os.path.join(tmp, f"no-{rule}.onnx")
-            optimize(a.model, p, OptimizeOptions(shapes=a.shape, skip=[rule]))
+            optimize(a.model, p, OptimizeOptions(shapes=a.shape, skip=[rule], measure=False))
             variants[f"all but {rule}"] = p
         import onnx
 

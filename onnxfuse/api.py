@@ -78,7 +78,7 @@ class OptimizeOptions:
     dry_run: bool = False
     measure: bool = True
     measure_threads: int = 1
-    measure_budget_s: float = 1.0  # timing per round (all variants together)
+    measure_budget_s: float = 2.0  # timing per round (all variants together)
 
 
 @dataclass
@@ -136,7 +136,8 @@ def _measure_json(m: MeasureReport | None) -> dict | None:
         "final_verdict": None if m.final is None else m.final.verdict,
         "dropped_everything": m.dropped_everything,
         "groups": [{"group": g.group, "rules": g.rules, "rewrites": g.rewrites, "kept": g.kept, "gain": g.gain,
-                    "without_ratio": None if g.without is None else asdict(g.without)} for g in m.groups],
+                    "with_over_without": None if g.effect is None else asdict(g.effect)} for g in m.groups],
+        "strategy": m.strategy,
     }
 
 

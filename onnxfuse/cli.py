@@ -58,7 +58,7 @@ def optimize(
     = False,
     threads: Annotated[int, typer.Option("--threads", help="onnxruntime intra-op threads for --measure.")] = 1,
     measure_budget: Annotated[float, typer.Option("--measure-budget", help="Seconds of timing per measuring "
-                                                  "round.")] = 1.0,
+                                                  "round.")] = 2.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Apply fusion patterns to a fixed point, validate with onnxruntime, write OUTPUT atomically."""

@@ -56,12 +56,12 @@ class GroupEffect:
     rules: list[str]
     rewrites: int
     kept: bool
-    without: Ratio | None = None  # time of the candidate without this group / with it (last round measured)
+    effect: Ratio | None = None  # latency with the group / without it, in the last round that measured it
 
     @property
     def gain(self) -> float | None:
         """Fraction of latency this group saves (negative: it costs)."""
-        return None if self.without is None else 1.0 - 1.0 / self.without.median
+        return None if self.effect is None else 1.0 - self.effect.median
 
 
 @dataclass
@@ -74,6 +74,7 @@ class MeasureReport:
     dropped_everything: bool = False
     seconds: float = 0.0
     note: str = ""
+    strategy: str = ""  # "backward" (drop what costs) or "forward" (add what helps, after backward failed)
 
     @property
     def dropped_rules(self) -> list[str]:
@@ -94,31 +95,59 @@ def select(
     provider: str,
     threads: int,
 ) -> MeasureReport:
-    """Greedy backward elimination of rewrite groups. `build(dropped_rules)` returns a candidate model."""
+    """Backward elimination of rewrite groups; if the result is still slower than the original, forward
+    selection from nothing. `build(dropped_rules)` returns a candidate model without those rules."""
     t0 = time.perf_counter()
-    report = MeasureReport(provider, threads, 0)
+    report = MeasureReport(provider, threads, 0, strategy="backward")
     effects = {g: GroupEffect(g, sorted(rules), sum(rewrites.get(r, 0) for r in rules), True)
                for g, rules in sorted(groups.items())}
-    dropped: set[str] = set()
-    while True:
-        active = [g for g in effects if effects[g].kept]
-        sources: dict[str, Source] = {"original": original, "candidate": build(dropped)}
-        for g in active:
-            sources[f"without {g}"] = build(dropped | set(groups[g]))
+    all_rules = {r for rules in groups.values() for r in rules}
+
+    def rules_without(kept: set[str]) -> set[str]:
+        return all_rules - {r for g in kept for r in groups[g]}
+
+    def step(kept: set[str], trials: list[str], adding: bool) -> str | None:
+        """One interleaved round: the current set, each trial set, the original. Returns the best helpful
+        trial (a group to add when adding, to remove otherwise)."""
+        sources: dict[str, Source] = {"original": original, "current": build(rules_without(kept))}
+        for g in trials:
+            sources[g] = build(rules_without(kept | {g} if adding else kept - {g}))
         times = time_fn(sources, feeds)
         report.rounds += 1
-        report.final = paired_ratio(times["candidate"], times["original"])
+        report.final = paired_ratio(times["current"], times["original"])
         best: tuple[float, str] | None = None
-        for g in active:
-            ratio = paired_ratio(times[f"without {g}"], times["candidate"])
-            effects[g].without = ratio
-            if ratio.verdict == "faster" and (best is None or ratio.median < best[0]):
-                best = (ratio.median, g)
-        if best is None:
+        for g in trials:
+            with_g, without_g = (times[g], times["current"]) if adding else (times["current"], times[g])
+            effects[g].effect = paired_ratio(with_g, without_g)
+            helps = effects[g].effect.verdict == "faster" if adding else effects[g].effect.verdict == "slower"
+            if helps:
+                score = effects[g].effect.median if adding else -effects[g].effect.median
+                if best is None or score < best[0]:
+                    best = (score, g)
+        return None if best is None else best[1]
+
+    kept = set(effects)
+    while True:
+        worst = step(kept, sorted(kept), adding=False)
+        if worst is None:
             break
-        effects[best[1]].kept = False
-        dropped |= set(groups[best[1]])
+        kept.discard(worst)
     if report.final is not None and report.final.verdict == "slower":
+        report.strategy = "forward"
+        kept = set()
+        while True:
+            best = step(kept, sorted(set(effects) - kept), adding=True)
+            if best is None:
+                break
+            kept.add(best)
+            if kept == set(effects):
+                report.final = paired_ratio(*_pair(time_fn({"original": original,
+                                                             "current": build(rules_without(kept))}, feeds)))
+                break
+    for g, e in effects.items():
+        e.kept = g in kept
+    report.dropped_everything = not kept
+    if report.final is not None and report.final.verdict == "slower" and kept:
         for e in effects.values():
             e.kept = False
         report.dropped_everything = True
@@ -127,7 +156,11 @@ def select(
     return report
 
 
-def make_time_fn(provider: str, threads: int, budget_s: float, min_runs: int = 20, max_runs: int = 400) -> TimeFn:
+def _pair(times: dict[str, list[float]]) -> tuple[list[float], list[float]]:
+    return times["current"], times["original"]
+
+
+def make_time_fn(provider: str, threads: int, budget_s: float, min_runs: int = 30, max_runs: int = 400) -> TimeFn:
     """Interleaved timing on onnxruntime at ORT_ENABLE_ALL: warm up, then rounds of one run per session."""
 
     def time_fn(sources: dict[str, Source], feeds: dict[str, np.ndarray]) -> dict[str, list[float]]:

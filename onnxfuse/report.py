@@ -74,13 +74,14 @@ def print_measure(m, console: Console) -> None:
     if m.note:
         console.print(f"measure: {m.note}")
         return
-    t = Table(title=f"measured on {m.provider}, {m.threads} thread(s), ORT_ENABLE_ALL, {m.rounds} round(s)",
+    t = Table(title=f"measured on {m.provider}, {m.threads} thread(s), ORT_ENABLE_ALL, {m.rounds} round(s), "
+                    f"{m.strategy} selection",
               title_justify="left")
-    for col in ("fused op group", "rules", "rewrites", "latency saved", "without / with [95% CI]", "kept"):
+    for col in ("fused op group", "rules", "rewrites", "latency saved", "with / without [95% CI]", "kept"):
         t.add_column(col, justify="right" if col in ("rewrites", "latency saved") else "left")
     for g in m.groups:
         gain = "" if g.gain is None else f"{g.gain * 100:+.1f}%"
-        t.add_row(g.group, ", ".join(g.rules), str(g.rewrites), gain, str(g.without or ""),
+        t.add_row(g.group, ", ".join(g.rules), str(g.rewrites), gain, str(g.effect or ""),
                   "[green]kept[/green]" if g.kept else "[red]dropped[/red]")
     console.print(t)
     if m.final is not None:

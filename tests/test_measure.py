@@ -63,3 +63,25 @@ def test_paired_ratio_verdicts():
     assert paired_ratio(noisy, ref).verdict == "no significant change"
     r = paired_ratio([0.9] * 50, ref)
     assert isinstance(r, Ratio) and r.low <= r.median <= r.high
+
+
+def test_interaction_resolved_by_dropping_the_worse_partner():
+    """Each group helps alone, but together they are slower (as when one fused op blocks another)."""
+    groups = {"A": ["rule-a"], "B": ["rule-b"]}
+
+    def build(dropped):
+        return tuple(g for g, rules in groups.items() if not set(rules) <= dropped)
+
+    rng = np.random.default_rng(0)
+
+    def time_fn(sources, feeds):
+        out = {}
+        for label, src in sources.items():
+            cost = 1.0 + (-0.03 if "A" in src else 0) + (-0.02 if "B" in src else 0)
+            cost += 0.1 if ("A" in src and "B" in src) else 0
+            out[label] = list(cost * (1 + 0.002 * rng.standard_normal(60)))
+        return out
+
+    rep = select(groups, {"rule-a": 1, "rule-b": 1}, build, (), {}, time_fn, "cpu", 1)
+    assert {g.group: g.kept for g in rep.groups} == {"A": True, "B": False}
+    assert rep.final.verdict == "faster"
