@@ -282,6 +282,27 @@ def _build(input_path: str, rules: list[Rule], target: str, deny: set[tuple[str,
     return model, info, result
 
 
+KNOWN_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchwc", "ai.onnx.training",
+                 "ai.onnx.preview.training", "com.microsoft.experimental", "com.ms.internal.nhwc")
+
+
+def _unknown_ops(proto: onnx.ModelProto) -> list[str]:
+    """Ops from domains with no schema anywhere (not ONNX, not onnxruntime's, not a model-local function)."""
+    local = {(f.domain, f.name) for f in proto.functions}
+    found: set[str] = set()
+
+    def walk(g: onnx.GraphProto) -> None:
+        for n in g.node:
+            if n.domain not in KNOWN_DOMAINS and (n.domain, n.op_type) not in local:
+                found.add(f"{n.domain}:{n.op_type}")
+            for a in n.attribute:
+                for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                    walk(sub)
+
+    walk(proto.graph)
+    return sorted(found)
+
+
 def _unvalidatable_ops(proto: onnx.ModelProto, provider: str) -> list[str]:
     missing = []
     for op in op_counts(proto):
@@ -317,6 +338,10 @@ def optimize(input_path: str, output_path: str | None, opts: OptimizeOptions | N
     checks: list[V.OutputCheck] = []
     status = "skipped (--no-validate)"
     validator: _Validator | None = None
+    if opts.validate and _unknown_ops(original_proto):
+        raise OnnxfuseError(f"{input_path}: ops with no known schema ({', '.join(_unknown_ops(original_proto)[:3])}):"
+                            " onnxruntime cannot run the model, so it cannot be validated",
+                            hint="pass --no-validate to rewrite it anyway")
     if opts.validate:
         provider = opts.target
         note = ""

@@ -101,6 +101,8 @@ def explain(
     if ex.fired:
         out.print("would fire: " + ", ".join(f"{k} x{v}" for k, v in sorted(ex.fired.items())))
     for s in ex.skipped:
+        if rule is not None and s.rule != rule:
+            continue
         out.print(f"[dim]rule {s.rule} not used for {target}: {s.reason}[/dim]")
     print_near_misses(ex.near_misses, out)
 
@@ -205,7 +207,9 @@ def version() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one line per error, exit code 1 (input problem), 2 (usage), 130 (interrupted)."""
     try:
-        rv = app(args=argv, standalone_mode=False)
+        rv = app(args=argv, prog_name="onnxfuse", standalone_mode=False)
+        if rv == 130:  # typer turned Ctrl-C into an exit code; the atomic writer left nothing behind
+            print("onnxfuse: interrupted; nothing written", file=sys.stderr)
         return rv if isinstance(rv, int) else 0
     except typer.Exit as e:
         return e.exit_code

@@ -104,12 +104,14 @@ def _check_model(proto: onnx.ModelProto, path: str, external: bool) -> None:
                 f"{path}: model uses opset {o.version}, newer than the installed onnx supports ({max_opset})",
                 hint="upgrade the onnx package",
             )
+    _check_graph_structure(proto.graph, path, set())
     try:
         # with external data the checker must see the file's folder to resolve data locations
         onnx.checker.check_model(path if external else proto)
     except onnx.checker.ValidationError as e:
+        if "topologically sorted" in str(e):
+            return  # acyclic (checked above) but out of order: the writer emits a sorted graph
         raise ModelError(f"{path}: invalid model: {_first_line(e)}") from None
-    _check_graph_structure(proto.graph, path, set())
 
 
 def _check_graph_structure(graph: onnx.GraphProto, path: str, outer: set[str]) -> None:
@@ -119,7 +121,12 @@ def _check_graph_structure(graph: onnx.GraphProto, path: str, outer: set[str]) -
             if o and o in produced:
                 raise ModelError(f"{path}: value {o!r} is produced by two nodes ({produced[o]!r}, {n.name!r})")
             if o:
-                produced[o] = n.name
+                produced[o] = n.name or n.op_type
+    seen_outputs: set[str] = set()
+    for o in graph.output:
+        if o.name in seen_outputs:
+            raise ModelError(f"{path}: graph output {o.name!r} is listed twice")
+        seen_outputs.add(o.name)
     known = outer | {v.name for v in graph.input} | {t.name for t in graph.initializer} | set(produced)
     for n in graph.node:
         for i in n.input:
@@ -132,6 +139,36 @@ def _check_graph_structure(graph: onnx.GraphProto, path: str, outer: set[str]) -
     for o in graph.output:
         if o.name not in known:
             raise ModelError(f"{path}: graph output {o.name!r} is not produced by any node")
+    cycle = _find_cycle(graph)
+    if cycle:
+        raise ModelError(f"{path}: graph {graph.name!r} has a cycle through {' -> '.join(cycle[:6])}")
+
+
+def _find_cycle(graph: onnx.GraphProto) -> list[str] | None:
+    """Values on a cycle (iterative DFS over producer edges), or None."""
+    producer = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
+    deps = [[producer[x] for x in n.input if x in producer] for n in graph.node]
+    state = [0] * len(graph.node)  # 0 new, 1 on stack, 2 done
+    for start in range(len(graph.node)):
+        if state[start]:
+            continue
+        stack = [(start, 0)]
+        state[start] = 1
+        while stack:
+            node, k = stack[-1]
+            if k < len(deps[node]):
+                stack[-1] = (node, k + 1)
+                nxt = deps[node][k]
+                if state[nxt] == 1:
+                    names = [graph.node[i].output[0] for i, _ in stack]
+                    return names[[i for i, _ in stack].index(nxt):]
+                if state[nxt] == 0:
+                    state[nxt] = 1
+                    stack.append((nxt, 0))
+            else:
+                state[node] = 2
+                stack.pop()
+    return None
 
 
 def _infer_types(proto: onnx.ModelProto) -> onnx.ModelProto | None:

@@ -7,7 +7,6 @@ import sys
 
 import onnx
 import onnx.helper as oh
-import pytest
 from conftest import MODELS
 
 CNN = os.path.join(MODELS, "cnn_small.onnx")
@@ -47,34 +46,6 @@ def _one_line_error(code, stderr, fragment, expected_code=1):
     assert "Traceback" not in stderr
 
 
-def _file(path, data: bytes) -> str:
-    path.write_bytes(data)
-    return str(path)
-
-
-@pytest.mark.parametrize("make,fragment", [
-    (lambda p: str(p / "missing.onnx"), "no such file"),
-    (lambda p: str(p), "is a directory"),
-    (lambda p: _file(p / "empty.onnx", b""), "empty file"),
-    (lambda p: _file(p / "junk.onnx", b"\x08\x96\x01garbage\xff\xff"), "not a valid ONNX model"),
-    (lambda p: _file(p / "text.onnx", b"hello, I am not a model"), "not a valid ONNX"),
-])
-def test_bad_model_one_line(cli, tmp_path, make, fragment):
-    src = make(tmp_path)
-    out = tmp_path / "out.onnx"
-    code, _, stderr = cli("optimize", src, out)
-    _one_line_error(code, stderr, fragment)
-    assert not out.exists()
-
-
-def test_truncated_model(cli, tmp_path):
-    data = open(CNN, "rb").read()
-    src = tmp_path / "trunc.onnx"
-    src.write_bytes(data[: len(data) // 2])
-    code, _, stderr = cli("optimize", src, tmp_path / "out.onnx")
-    _one_line_error(code, stderr, "not a valid ONNX model")
-
-
 def test_refuses_to_overwrite_input(cli, tmp_path):
     src = tmp_path / "m.onnx"
     src.write_bytes(open(CNN, "rb").read())
@@ -83,11 +54,6 @@ def test_refuses_to_overwrite_input(cli, tmp_path):
     assert src.read_bytes() == open(CNN, "rb").read()
     code, _, stderr = cli("optimize", src, src, "--force")
     assert code == 0, stderr
-
-
-def test_output_folder_missing(cli, tmp_path):
-    code, _, stderr = cli("optimize", CNN, tmp_path / "nope" / "o.onnx")
-    _one_line_error(code, stderr, "does not exist")
 
 
 def test_bad_flag_one_line(cli, tmp_path):
@@ -140,29 +106,8 @@ def test_patterns_test_command(cli):
     assert code == 0 and "ok erf-gelu" in stdout
 
 
-def test_explain_names_the_blocking_consumer(cli, tmp_path):
-    """An erf-Gelu whose interior Erf output is also read elsewhere cannot fuse: explain says where."""
-    nodes = [
-        oh.make_node("Div", ["x", "sqrt2"], ["d"], name="div"),
-        oh.make_node("Erf", ["d"], ["e"], name="erf"),
-        oh.make_node("Add", ["e", "one"], ["p"], name="add"),
-        oh.make_node("Mul", ["x", "half"], ["xh"], name="mul_half"),
-        oh.make_node("Mul", ["xh", "p"], ["y"], name="gelu_out"),
-        oh.make_node("Identity", ["e"], ["probe"], name="probe"),
-    ]
-    from conftest import make_model, save
-
-    m = make_model(nodes, [("x", [2, 8])], [("y", [2, 8]), ("probe", [2, 8])],
-                   {"sqrt2": __import__("numpy").array(1.4142135, "float32"),
-                    "one": __import__("numpy").array(1.0, "float32"),
-                    "half": __import__("numpy").array(0.5, "float32")})
-    path = save(m, tmp_path / "g.onnx")
-    code, stdout, _ = cli("explain", path, "--rule", "erf-gelu")
-    assert code == 0
-    assert "Identity 'probe'" in stdout and "consumer(s) outside the match" in stdout
-
-
-def test_explain_names_the_wrong_constant(cli, tmp_path):
+def _erf_gelu_model(tmp_path, sqrt2: float, probe: bool) -> str:
+    """x * 0.5 * (1 + erf(x / sqrt2)); with `probe`, the Erf output is also a graph output's source."""
     import numpy as np
     from conftest import make_model, save
 
@@ -172,11 +117,21 @@ def test_explain_names_the_wrong_constant(cli, tmp_path):
         oh.make_node("Add", ["e", "one"], ["p"], name="add"),
         oh.make_node("Mul", ["x", "half"], ["xh"], name="mul_half"),
         oh.make_node("Mul", ["xh", "p"], ["y"], name="gelu_out"),
-    ]
-    m = make_model(nodes, [("x", [2, 8])], [("y", [2, 8])],
-                   {"sqrt2": np.array(1.3, "float32"), "one": np.array(1.0, "float32"),
-                    "half": np.array(0.5, "float32")})
-    code, stdout, _ = cli("explain", save(m, tmp_path / "g.onnx"), "--json")
+    ] + ([oh.make_node("Identity", ["e"], ["probe"], name="probe")] if probe else [])
+    outputs = [("y", [2, 8])] + ([("probe", [2, 8])] if probe else [])
+    consts = {"sqrt2": np.array(sqrt2, "float32"), "one": np.array(1.0, "float32"), "half": np.array(0.5, "float32")}
+    return save(make_model(nodes, [("x", [2, 8])], outputs, consts), tmp_path / "g.onnx")
+
+
+def test_explain_names_the_blocking_consumer(cli, tmp_path):
+    """An erf-Gelu whose interior Erf output is also read elsewhere cannot fuse: explain says where."""
+    code, stdout, _ = cli("explain", _erf_gelu_model(tmp_path, 1.4142135, probe=True), "--rule", "erf-gelu")
+    assert code == 0
+    assert "Identity 'probe'" in stdout and "consumer(s) outside the match" in stdout
+
+
+def test_explain_names_the_wrong_constant(cli, tmp_path):
+    code, stdout, _ = cli("explain", _erf_gelu_model(tmp_path, 1.3, probe=False), "--json")
     data = json.loads(stdout)
     reasons = [m["reason"] for m in data["near_misses"] if m["rule"] == "erf-gelu"]
     assert any("const 1.3 not within tolerance of 1.41421" in r for r in reasons), reasons
