@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -25,6 +26,7 @@ from .rewrite.engine import EngineOptions, EngineResult, NearMiss, RuleSkip, nea
 from .targets import kernel_issue, provider_registered
 
 MAX_ROLLBACKS = 16
+MEASURE_MAX_BYTES = 512 * 2**20
 
 
 def builtin_patterns_dir() -> str:
@@ -178,15 +180,27 @@ def _check_paths(input_path: str, output_path: str | None, force: bool) -> None:
 
 
 class _Candidate:
-    """Serializes a candidate so onnxruntime can load it (external data resolved next to a temp copy)."""
+    """Serializes a candidate so onnxruntime (and onnx.checker) can load it. With external data it is written
+    as a hidden temporary file next to the source model, so the data's relative locations resolve; if that
+    folder is read-only, into a temporary folder with links to the data files (then the checker, which refuses
+    links, is skipped and onnxruntime's load is the check)."""
 
     def __init__(self, proto: onnx.ModelProto, info: LoadInfo) -> None:
+        self.path: str | None = None
         self.tmpdir: str | None = None
+        self.checkable = True
         if not info.external_data:
             self.source: str | bytes = proto.SerializeToString()
             return
-        self.tmpdir = tempfile.mkdtemp(prefix="onnxfuse-")
         src_dir = os.path.dirname(os.path.abspath(info.path))
+        data = proto.SerializeToString()
+        if os.access(src_dir, os.W_OK):
+            fd, self.path = tempfile.mkstemp(prefix=".onnxfuse-candidate-", suffix=".onnx", dir=src_dir)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            self.source = self.path
+            return
+        self.tmpdir = tempfile.mkdtemp(prefix="onnxfuse-")
         for t in _all_tensors(proto.graph):
             if t.data_location == onnx.TensorProto.EXTERNAL:
                 loc = {e.key: e.value for e in t.external_data}["location"]
@@ -196,10 +210,14 @@ class _Candidate:
                     os.symlink(os.path.join(src_dir, loc), link)
         path = os.path.join(self.tmpdir, "candidate.onnx")
         with open(path, "wb") as f:
-            f.write(proto.SerializeToString())
+            f.write(data)
         self.source = path
+        self.checkable = False
 
     def close(self) -> None:
+        if self.path:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
         if self.tmpdir:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
 
@@ -236,25 +254,22 @@ class _Validator:
         self.provider = provider
         self.input_path = input_path
         self._references: dict[str, dict] = {}
+        self.user_inputs = bool(opts.shapes or opts.inputs_npz)
         shapes = V.parse_shape_specs(opts.shapes) if opts.shapes else None
         self.feeds = V.make_inputs(proto, shapes, opts.inputs_npz)
-        ref = V.make_session(input_path, "disable", provider)
-        try:
-            self.reference = V.run(ref, self.feeds)
-        except InputSpecError:
-            if shapes is not None or opts.inputs_npz:
-                raise
-            self.feeds, self.reference = _retry_larger(ref, proto)
-        del ref
+        self.proto = proto  # for growing default dims later (graph inputs and embedding tables)
+        self._reference: dict | None = None
         self.tolerance = (V.Tolerance(opts.rtol if opts.rtol is not None else 1e-4,
                                       opts.atol if opts.atol is not None else 1e-4)
                           if opts.rtol is not None or opts.atol is not None else None)
 
     def check(self, proto: onnx.ModelProto, info: LoadInfo) -> _Verdict:
+        reference = self.reference  # first: it settles the inputs
         cand = _Candidate(proto, info)
         try:
             try:
-                onnx.checker.check_model(cand.source if isinstance(cand.source, str) else proto)
+                if cand.checkable:
+                    onnx.checker.check_model(cand.source if isinstance(cand.source, str) else proto)
             except onnx.checker.ValidationError as e:
                 return _Verdict(False, [], f"onnx.checker rejects the model: {str(e).strip().splitlines()[0]}")
             worst: list[V.OutputCheck] = []
@@ -266,7 +281,7 @@ class _Validator:
                     del sess  # one session at a time: big models must not be held twice
                 except OnnxfuseError as e:
                     return _Verdict(False, worst, f"onnxruntime ({level}) fails: {e.message}")
-                checks = V.compare_outputs(self.reference, got, self.tolerance)
+                checks = V.compare_outputs(reference, got, self.tolerance)
                 bad = [c for c in checks if not c.passed]
                 if bad and level == "all":
                     # onnxruntime's own optimizations may change the original's outputs too: then the fair
@@ -288,6 +303,19 @@ class _Validator:
             return _Verdict(True, worst, "", notes)
         finally:
             cand.close()
+
+    @property
+    def reference(self) -> dict:
+        """The original's outputs at ORT_DISABLE_ALL (computed on first use: nothing to compare otherwise)."""
+        if self._reference is None:
+            ref = V.make_session(self.input_path, "disable", self.provider)
+            try:
+                self._reference = V.run(ref, self.feeds)
+            except InputSpecError:
+                if self.user_inputs:
+                    raise
+                self.feeds, self._reference = _retry_larger(ref, self.proto)
+        return self._reference
 
     def reference_at(self, level: str) -> dict:
         if level not in self._references:
@@ -344,13 +372,24 @@ def optimize(input_path: str, output_path: str | None, opts: OptimizeOptions | N
     _check_paths(input_path, None if opts.dry_run else output_path, opts.force)
 
     t0 = time.perf_counter()
-    original, info = load_model(input_path)
-    original_proto = original.proto
+    model, info = load_model(input_path)
+    base_dir = model.base_dir
+    before = op_counts(model.proto)  # the engine edits node protos in place: count and read inputs first
+    unknown = _unknown_ops(model.proto)
+    if opts.validate and unknown:
+        raise OnnxfuseError(f"{input_path}: ops with no known schema ({', '.join(unknown[:3])}):"
+                            " onnxruntime cannot run the model, so it cannot be validated",
+                            hint="pass --no-validate to rewrite it anyway")
+    provider = opts.target
+    note = ""
+    if opts.target == "cuda" and not provider_registered("cuda"):
+        provider, note = "cpu", " on CPU (the installed onnxruntime has no CUDA execution provider)"
+    validator = _Validator(input_path, model.proto, opts, provider) if opts.validate or opts.measure else None
     timings["load"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     deny: set[tuple[str, str]] = set()
-    model, info, eng = _build(input_path, rules, opts.target, deny)
+    eng = run(model, rules, EngineOptions(target=opts.target))
     proto = model.export()
     timings["rewrite"] = time.perf_counter() - t0
 
@@ -358,22 +397,15 @@ def optimize(input_path: str, output_path: str | None, opts: OptimizeOptions | N
     rolled_back: list[Rollback] = []
     checks: list[V.OutputCheck] = []
     status = "skipped (--no-validate)"
-    validator: _Validator | None = None
-    if opts.validate and _unknown_ops(original_proto):
-        raise OnnxfuseError(f"{input_path}: ops with no known schema ({', '.join(_unknown_ops(original_proto)[:3])}):"
-                            " onnxruntime cannot run the model, so it cannot be validated",
-                            hint="pass --no-validate to rewrite it anyway")
-    if opts.validate:
-        provider = opts.target
-        note = ""
-        if opts.target == "cuda" and not provider_registered("cuda"):
-            provider, note = "cpu", " on CPU (the installed onnxruntime has no CUDA execution provider)"
+    if opts.validate and not eng.applications:
+        status = "not needed: nothing was rewritten"
+    elif opts.validate:
+        assert validator is not None
         missing = _unvalidatable_ops(proto, provider) if provider != opts.target else []
         if missing:
             status = (f"not run: {', '.join(missing)} have no {provider.upper()} kernel and no CUDA execution "
                       "provider is installed")
         else:
-            validator = _Validator(input_path, original_proto, opts, provider)
             verdict = validator.check(proto, info)
             while not verdict.ok and eng.applications:
                 if len(rolled_back) >= MAX_ROLLBACKS:
@@ -395,17 +427,17 @@ def optimize(input_path: str, output_path: str | None, opts: OptimizeOptions | N
     measured: MeasureReport | None = None
     if opts.measure and eng.applications:
         t0 = time.perf_counter()
-        measured, model, info, eng, proto = _measure(input_path, original_proto, rules, opts, deny, model, info,
-                                                     eng, proto, validator if opts.validate else None)
+        measured, model, info, eng, proto = _measure(input_path, rules, opts, deny, model, info, eng, proto,
+                                                     validator)
         timings["measure"] = time.perf_counter() - t0
 
     written: list[str] = []
     if output_path is not None and not opts.dry_run:
         t0 = time.perf_counter()
         big = proto.ByteSize() > 2**31 - 2**24
-        written = save_model(proto, output_path, original.base_dir, external=info.external_data or big)
+        written = save_model(proto, output_path, base_dir, external=info.external_data or big)
         timings["write"] = time.perf_counter() - t0
-    before, after = op_counts(original_proto), op_counts(proto)
+    after = op_counts(proto)
     return Result(
         input=input_path, output=None if opts.dry_run else output_path, target=opts.target,
         nodes_before=sum(before.values()), nodes_after=sum(after.values()),
@@ -415,13 +447,17 @@ def optimize(input_path: str, output_path: str | None, opts: OptimizeOptions | N
     )
 
 
-def _measure(input_path: str, original_proto: onnx.ModelProto, rules: list[Rule], opts: OptimizeOptions,
-             deny: set[tuple[str, str]], model: Model, info: LoadInfo, eng: EngineResult, proto: onnx.ModelProto,
-             validator: _Validator | None):
+def _measure(input_path: str, rules: list[Rule], opts: OptimizeOptions, deny: set[tuple[str, str]], model: Model,
+             info: LoadInfo, eng: EngineResult, proto: onnx.ModelProto, validator: _Validator):
     """Time groups of rewrites on the target and keep only those that help (see measure.py)."""
     if opts.target == "cuda" and not provider_registered("cuda"):
         note = "not measured: the installed onnxruntime has no CUDA execution provider"
         return MeasureReport("cuda", opts.measure_threads, 0, note=note), model, info, eng, proto
+    weights = info.size_bytes + info.external_bytes
+    if weights > MEASURE_MAX_BYTES:
+        note = (f"not measured: {weights / 2**30:.1f} GiB of weights; timing variants side by side would hold "
+                "several copies in memory (validation still ran, one session at a time)")
+        return MeasureReport(opts.target, opts.measure_threads, 0, note=note), model, info, eng, proto
     ops_by_rule: dict[str, set[str]] = {}
     for a in eng.applications:
         ops_by_rule.setdefault(a.rule, set()).update(a.ops)
@@ -441,12 +477,10 @@ def _measure(input_path: str, original_proto: onnx.ModelProto, rules: list[Rule]
             cache[key] = cand.source
         return cache[key]
 
-    feeds = validator.feeds if validator is not None else V.make_inputs(
-        original_proto, V.parse_shape_specs(opts.shapes) if opts.shapes else None, opts.inputs_npz)
-    orig = _Candidate(original_proto, info)
-    candidates.append(orig)
+    _ = validator.reference  # settles the inputs (default dims may have had to grow)
+    feeds = validator.feeds
     try:
-        report = select(groups, rewrites, build, orig.source, feeds,
+        report = select(groups, rewrites, build, input_path, feeds,
                         make_time_fn(opts.target, opts.measure_threads, opts.measure_budget_s),
                         opts.target, opts.measure_threads)
     finally:
@@ -460,7 +494,7 @@ def _measure(input_path: str, original_proto: onnx.ModelProto, rules: list[Rule]
         return report, model, info, eng, proto
     model, info, eng = _build(input_path, kept_rules, opts.target, deny)
     proto = model.export()
-    if validator is not None and eng.applications:
+    if opts.validate and eng.applications:
         verdict = validator.check(proto, info)
         if not verdict.ok:  # cannot happen for a subset of validated rules unless a rule depends on another
             raise OnnxfuseError(f"the measured selection does not validate: {verdict.reason}; nothing written")

@@ -588,10 +588,10 @@ def make_session(
     """An InferenceSession at the given graph optimization level; load failures become ModelError."""
     import onnxruntime as ort
 
-    ort.set_default_logger_severity(3)
+    ort.set_default_logger_severity(4)  # failures are reported by onnxfuse itself, in one line
     options = ort.SessionOptions()
     options.graph_optimization_level = _ort_level(level)
-    options.log_severity_level = 3
+    options.log_severity_level = 4
     if threads < 0:
         raise OnnxfuseError(f"thread count must be >= 0, got {threads}")
     options.intra_op_num_threads = threads

@@ -78,9 +78,9 @@ class Matcher:
     # ----- entry -----------------------------------------------------------------------------------------
     def match(self, root: Node) -> Binding | None:
         self.best = None
-        if not root.outputs or not root.outputs[0]:
+        if not root.proto.output or not root.proto.output[0]:
             return None
-        for b in self._line(self.rule.root, root.outputs[0], Binding()):
+        for b in self._line(self.rule.root, root.proto.output[0], Binding()):
             if self._final(b):
                 return b
         return None
@@ -170,8 +170,9 @@ class Matcher:
         if node in b.matched:
             self._fail(b, node.name, f"{node.op_type} is already part of this match")
             return
-        if node.outputs[0] != value:
-            self._fail(b, node.name, f"uses output {node.outputs.index(value)} of {node.op_type}, expected 0")
+        if node.proto.output[0] != value:
+            self._fail(b, node.name, f"uses output {list(node.proto.output).index(value)} of {node.op_type}, "
+                                     "expected 0")
             return
         spec = op_spec(node.domain, node.op_type, g.model.opset if node.domain == "" else None)
         for k, wanted in call.lits.items():
@@ -179,7 +180,7 @@ class Matcher:
             if not _same_attr(actual, wanted):
                 self._fail(b, node.name, f"{node.op_type} {k}={actual!r}, rule needs {wanted!r}")
                 return
-        inputs = node.inputs
+        inputs = list(node.proto.input)
         while inputs and inputs[-1] == ABSENT:
             inputs.pop()
         required = sum(1 for a in call.args if not (isinstance(a, Ref) and a.optional))

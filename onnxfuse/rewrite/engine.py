@@ -75,12 +75,28 @@ def match_issue(rule: Rule, graph: Graph, b: Binding, target: str) -> str | None
     return None
 
 
-def _candidates(graph: Graph) -> dict[tuple[str, str], list[Node]]:
+def _candidates(graph: Graph, only: set[int] | None = None) -> dict[tuple[str, str], list[Node]]:
     index: dict[tuple[str, str], list[Node]] = {}
     for n in graph.nodes:
-        if n.alive:
+        if n.alive and (only is None or id(n) in only):
             index.setdefault((n.domain, n.op_type), []).append(n)
     return index
+
+
+def _downstream(graph: Graph, values: set[str], depth: int) -> set[int]:
+    """Nodes within `depth` consumer hops of the given values: the only places a new match can be rooted
+    after a sweep changed those values (a match spans at most `depth` nodes)."""
+    seen: set[int] = set()
+    frontier = set(values)
+    for _ in range(depth):
+        nxt: set[str] = set()
+        for v in frontier:
+            for n in graph.consumers.get(v, ()):
+                if id(n) not in seen:
+                    seen.add(id(n))
+                    nxt.update(o for o in n.proto.output if o)
+        frontier = nxt
+    return seen
 
 
 def run(model: Model, rules: list[Rule], options: EngineOptions) -> EngineResult:
@@ -94,10 +110,15 @@ def run(model: Model, rules: list[Rule], options: EngineOptions) -> EngineResult
             active.append(rule)
     apps: list[Application] = []
     sweeps = 0
+    depth = max((r.size for r in active), default=1) + 1
+    dirty: dict[int, set[str]] | None = None  # values changed by the previous sweep, per graph; None: all
     for sweeps in range(1, MAX_SWEEPS + 1):  # noqa: B007
         changed = False
+        touched: dict[int, set[str]] = {}
         for graph in list(model.graphs()):
-            index = _candidates(graph)
+            if dirty is not None and id(graph) not in dirty:
+                continue  # already at its fixed point
+            index = _candidates(graph, None if dirty is None else _downstream(graph, dirty[id(graph)], depth))
             for rule in active:
                 matcher = Matcher(rule, graph)
                 for op in sorted(rule.root_ops()):
@@ -107,15 +128,19 @@ def run(model: Model, rules: list[Rule], options: EngineOptions) -> EngineResult
                         b = matcher.match(node)
                         if b is None or match_issue(rule, graph, b, options.target):
                             continue
+                        values = {v for n in b.matched for v in n.proto.input if v}
+                        values.update(v for n in b.matched for v in n.proto.output if v)
                         try:
                             apps.append(apply_match(rule, graph, b))
                         except ComputeError:
                             continue
+                        touched.setdefault(id(graph), set()).update(values)
                         changed = True
                         if options.max_rewrites is not None and len(apps) >= options.max_rewrites:
                             return EngineResult(apps, skipped, sweeps)
         if not changed:
             break
+        dirty = touched
     return EngineResult(apps, skipped, sweeps)
 
 
