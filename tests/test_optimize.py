@@ -151,3 +151,37 @@ def test_untouched_nodes_survive_byte_for_byte(tmp_path):
     kept = [n for n in m.graph.node if n.name in orig]
     assert len(kept) == len(orig) - 8 + 0  # erf gelu: Div, Erf, Add, Mul, Mul + 3 Constant nodes removed
     assert all(n.SerializeToString() == orig[n.name] for n in kept)
+
+
+SILERO = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared",
+                      "models", "silero_vad_op15.onnx")
+
+
+@pytest.mark.skipif(not os.path.exists(SILERO), reason="shared/models not present")
+def test_silero_if_branches_keep_outer_scope(tmp_path):
+    """silero VAD (If subgraphs reading outer values): after rewriting, every subgraph still resolves every
+    outer-scope name, and both branches (16 kHz and 8 kHz) give the original's outputs. Fusions *inside*
+    branches are covered by test_if_subgraph_fused_inside_branches."""
+    out = tmp_path / "silero.onnx"
+    r = optimize(SILERO, str(out), OptimizeOptions(measure=False))
+    assert r.fired.get("conv-relu", 0) >= 2 and r.validation.startswith("passed")
+    got = onnx.load(str(out))
+    onnx.checker.check_model(got, full_check=True)
+
+    def check_scope(graph, outer):
+        known = outer | {i.name for i in graph.input} | {t.name for t in graph.initializer} | {
+            o for n in graph.node for o in n.output}
+        for n in graph.node:
+            assert all(not i or i in known for i in n.input), (n.name, list(n.input))
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    check_scope(a.g, known)
+
+    check_scope(got.graph, set())
+    orig = onnx.load(SILERO)
+    rng = np.random.default_rng(0)
+    for sr in (16000, 8000):
+        feeds = {"input": rng.standard_normal((1, 512 if sr == 16000 else 256)).astype(np.float32),
+                 "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(sr, np.int64)}
+        for a, b in zip(ort_run(orig, feeds), ort_run(got, feeds), strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
