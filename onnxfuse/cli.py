@@ -59,6 +59,10 @@ def optimize(
     threads: Annotated[int, typer.Option("--threads", help="onnxruntime intra-op threads for --measure.")] = 1,
     measure_budget: Annotated[float, typer.Option("--measure-budget", help="Seconds of timing per measuring "
                                                   "round.")] = 2.0,
+    bench_after: Annotated[bool, typer.Option("--bench", help="Benchmark the input against the output "
+                                              "afterwards (interleaved, same options).")] = False,
+    html: Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report (implies "
+                                             "--bench; adds the op-time profile of both models).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Apply fusion patterns to a fixed point, validate with onnxruntime, write OUTPUT atomically."""
@@ -71,13 +75,38 @@ def optimize(
                            measure=not no_measure, measure_threads=threads, measure_budget_s=measure_budget)
     if threads < 1 or measure_budget <= 0:
         raise OnnxfuseError("--threads must be >= 1 and --measure-budget > 0")
+    if (bench_after or html) and dry_run:
+        raise OnnxfuseError("--bench/--html need the written output; drop --dry-run")
     result = run_optimize(input, output, opts)
+    bench_res, profiles = None, None
+    if bench_after or html:
+        from .bench import bench as run_bench
+
+        with _progress() as prog:
+            task = prog.add_task("bench", total=1.0)
+            bench_res = run_bench([input, output], ["input", "output"], provider=target, threads=threads,
+                                  shapes=shape, inputs_npz=inputs,
+                                  progress=lambda what, f: prog.update(task, description=what, completed=f))
+    if html:
+        from .html_report import render, write
+        from .profile import profile as run_profile
+
+        profiles = [run_profile(p, target, threads, shapes=shape, inputs_npz=inputs) for p in (input, output)]
+        write(html, render(f"onnxfuse optimize: {input}", bench=bench_res, profiles=profiles,
+                           labels=["input", "output"], result=result))
     if as_json:
-        print(json.dumps(result.to_json(), indent=2, default=str))
+        data = result.to_json()
+        if bench_res is not None:
+            data["bench"] = bench_res.to_json()
+        if profiles:
+            data["profile"] = [p.to_json() for p in profiles]
+        print(json.dumps(data, indent=2, default=str))
     else:
-        from .report import print_result
+        from .report import print_bench, print_result
 
         print_result(result, out)
+        if bench_res is not None:
+            print_bench(bench_res, out)
 
 
 @app.command()
@@ -105,6 +134,127 @@ def explain(
             continue
         out.print(f"[dim]rule {s.rule} not used for {target}: {s.reason}[/dim]")
     print_near_misses(ex.near_misses, out)
+
+
+BenchShape = Annotated[list[str] | None, typer.Option("--shape", help="Input shape name:1x3x224x224 or dim=4.")]
+
+
+def _progress():
+    """A progress bar on stderr (hidden when stderr is not a terminal)."""
+    from rich.progress import Progress
+
+    return Progress(console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty())
+
+
+def _batches(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise OnnxfuseError(f"--batch {text}: expected sizes like 1,2,4,8") from None
+    if any(v < 1 for v in values):
+        raise OnnxfuseError(f"--batch {text}: sizes must be >= 1")
+    return values
+
+
+def _level(level: str) -> str:
+    if level not in ("disable", "basic", "extended", "all"):
+        raise OnnxfuseError(f"--level {level}: expected disable, basic, extended or all")
+    return level
+
+
+@app.command()
+def bench(
+    a: Annotated[str, typer.Argument(help="Model A (the baseline).")],
+    b: Annotated[str | None, typer.Argument(help="Model B, compared against A.")] = None,
+    provider: Annotated[str, typer.Option("--provider", help="cpu or cuda.")] = "cpu",
+    threads: Annotated[int, typer.Option("--threads", help="intra-op threads.")] = 1,
+    level: Annotated[str, typer.Option("--level", help="ORT optimization level: disable|basic|extended|all.")]
+    = "all",
+    shape: BenchShape = None,
+    inputs: Annotated[str | None, typer.Option("--inputs", help="Inputs from an .npz file.")] = None,
+    runs: Annotated[int, typer.Option("--runs", help="Minimum timed runs per model.")] = 50,
+    budget: Annotated[float, typer.Option("--budget", help="Seconds of interleaved timing.")] = 5.0,
+    batch: Annotated[str | None, typer.Option("--batch", help="Batch sweep, e.g. 1,2,4,8,16.")] = None,
+    html: Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Latency of A (and B, interleaved): median, p90, p99, min, spread, speedup with a 95% CI and a verdict."""
+    from .bench import bench as run_bench
+
+    paths = [a] + ([b] if b else [])
+    for p in paths:
+        if not os.path.isfile(p):
+            raise OnnxfuseError(f"{p}: no such file")
+    with _progress() as prog:
+        task = prog.add_task("bench", total=1.0)
+        res = run_bench(paths, provider=_target(provider), threads=threads, level=_level(level), shapes=shape,
+                        inputs_npz=inputs, min_runs=runs, budget_s=budget, batches=_batches(batch),
+                        progress=lambda what, f: prog.update(task, description=what, completed=f))
+    if html:
+        from .html_report import render, write
+
+        write(html, render(f"onnxfuse bench: {' vs '.join(paths)}", bench=res))
+    if as_json:
+        print(json.dumps(res.to_json(), indent=2))
+    else:
+        from .report import print_bench
+
+        print_bench(res, out)
+
+
+@app.command()
+def profile(
+    a: Annotated[str, typer.Argument(help="Model to profile.")],
+    b: Annotated[str | None, typer.Argument(help="A second model (e.g. the optimized one), side by side.")] = None,
+    provider: Annotated[str, typer.Option("--provider")] = "cpu",
+    threads: Annotated[int, typer.Option("--threads")] = 1,
+    level: Annotated[str, typer.Option("--level")] = "all",
+    shape: BenchShape = None,
+    inputs: Annotated[str | None, typer.Option("--inputs")] = None,
+    runs: Annotated[int, typer.Option("--runs", help="Profiled runs (after 10 warm-up runs).")] = 30,
+    nodes: Annotated[bool, typer.Option("--nodes", help="Also list the slowest nodes.")] = False,
+    batch: Annotated[str | None, typer.Option("--batch", help="Batch sizes for the utilization signal, e.g. 1,8.")]
+    = None,
+    html: Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Op-time table (onnxruntime profiler), bytes and FLOPs per op, utilization against measured peaks, and
+    the memory-bound signals."""
+    from .profile import memory_bound_signals
+    from .profile import profile as run_profile
+
+    paths = [a] + ([b] if b else [])
+    labels = ["A", "B"][: len(paths)]
+    for p in paths:
+        if not os.path.isfile(p):
+            raise OnnxfuseError(f"{p}: no such file")
+    sizes = _batches(batch)
+    results = []
+    with _progress() as prog:
+        task = prog.add_task("profiling", total=len(paths))
+        for p in paths:
+            r = run_profile(p, _target(provider), threads, _level(level), runs, shapes=shape, inputs_npz=inputs)
+            if sizes and len(sizes) > 1:
+                from .bench import bench as run_bench
+
+                sweep = run_bench([p], provider=provider, threads=threads, level=level, shapes=shape, min_runs=20,
+                                  budget_s=2.0, batches=sizes).batches
+                gain = sweep[-1].throughput["A"] / sweep[0].throughput["A"]
+                r.signals = memory_bound_signals(r, gain, f"{sizes[0]} to {sizes[-1]}")
+            results.append(r)
+            prog.advance(task)
+    if html:
+        from .html_report import render, write
+
+        write(html, render(f"onnxfuse profile: {' vs '.join(paths)}", profiles=results, labels=labels))
+    if as_json:
+        print(json.dumps({"models": [r.to_json() for r in results]}, indent=2))
+    else:
+        from .report import print_profile
+
+        print_profile(results, labels, out, nodes)
 
 
 @patterns_app.command("list")

@@ -226,11 +226,13 @@ def save_model(
                 _externalize(proto.graph, data_file, data_name, source_base_dir)
             with open(tmp_model, "wb") as f:
                 f.write(proto.SerializeToString())
+            default_mode(tmp_data)
             os.replace(tmp_data, os.path.join(out_dir, data_name))
             written.append(os.path.join(out_dir, data_name))
         else:
             with open(tmp_model, "wb") as f:
                 f.write(proto.SerializeToString())
+        default_mode(tmp_model)
         os.replace(tmp_model, out_path)
         tmp_files.clear()
         return written
@@ -271,6 +273,13 @@ def _externalize(graph: onnx.GraphProto, data_file, data_name: str, source_base_
         for k, v in (("location", data_name), ("offset", str(new_offset)), ("length", str(length))):
             e = t.external_data.add()
             e.key, e.value = k, v
+
+
+def default_mode(path: str) -> None:
+    """mkstemp files are 0600; give written files the permissions a plain open() would (0666 minus umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def _align(f, alignment: int = 4096) -> int:

@@ -110,3 +110,60 @@ def print_rules(rules: list[Rule], console: Console) -> None:
         t.add_row(r.id, str(r.size), ",".join(r.targets), creates,
                   f"{'built-in ' if r.builtin else ''}{r.file.rsplit('/', 1)[-1]}:{r.span.line}")
     console.print(t)
+
+
+def print_bench(b, console: Console) -> None:
+    t = Table(title=f"latency ({b.provider}, {b.threads} thread(s), level {b.level}, inputs "
+                    + ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in b.inputs.items()) + ")",
+              title_justify="left")
+    for col in ("model", "session ms", "first run ms", "median ms", "p90 ms", "p99 ms", "min ms", "spread", "runs"):
+        t.add_column(col, justify="left" if col == "model" else "right")
+    for m in b.models:
+        t.add_row(f"{m.label} {m.path}", f"{m.session_ms:.1f}", f"{m.first_run_ms:.3f}", f"{m.median_ms:.3f}",
+                  f"{m.p90_ms:.3f}", f"{m.p99_ms:.3f}", f"{m.min_ms:.3f}", f"{m.spread * 100:.1f}%", str(m.runs))
+    console.print(t)
+    if b.ratio is not None:
+        console.print(f"B vs A: {b.speedup:.3f}x speed (time ratio {b.ratio}, 95% CI) -> [bold]{b.verdict}[/bold]")
+    if b.batches:
+        t = Table(title="batch sweep", title_justify="left")
+        labels = [m.label for m in b.models]
+        for col in ["batch"] + [f"{lab} ms" for lab in labels] + [f"{lab} samples/s" for lab in labels]:
+            t.add_column(col, justify="right")
+        for p in b.batches:
+            t.add_row(str(p.batch), *[f"{p.median_ms[lab]:.3f}" for lab in labels],
+                      *[f"{p.throughput[lab]:.1f}" for lab in labels])
+        console.print(t)
+
+
+def print_profile(profiles, labels, console: Console, nodes: bool = False) -> None:
+    ops = sorted({s.op for p in profiles for s in p.by_type},
+                 key=lambda op: -max(s.total_us for p in profiles for s in p.by_type if s.op == op))
+    t = Table(title="op time by type (per run)", title_justify="left")
+    t.add_column("op")
+    for lab in labels:
+        for h in ("calls", "ms", "share", "mean us", "GFLOP/s", "GB/s"):
+            t.add_column(f"{lab} {h}", justify="right")
+    for op in ops:
+        row = [op]
+        for p in profiles:
+            s = next((s for s in p.by_type if s.op == op), None)
+            row += ["", "", "", "", "", ""] if s is None else [
+                f"{s.calls_per_run:.0f}", f"{s.total_us / 1e3:.3f}", f"{s.share * 100:.1f}%", f"{s.mean_us:.1f}",
+                f"{s.gflops:.2f}", f"{s.gbytes:.2f}"]
+        t.add_row(*row)
+    console.print(t)
+    for p, lab in zip(profiles, labels, strict=True):
+        if nodes:
+            nt = Table(title=f"{lab}: slowest nodes", title_justify="left")
+            for col in ("node", "op", "calls", "mean us", "KB moved", "MFLOP", "replaces (onnxfuse)"):
+                nt.add_column(col, justify="left" if col in ("node", "op", "replaces (onnxfuse)") else "right")
+            for s in p.by_node[:30]:
+                nt.add_row(s.name, s.op, f"{s.calls_per_run:.0f}", f"{s.mean_us:.1f}", f"{s.bytes / 1e3:.1f}",
+                           f"{s.flops / 1e6:.2f}", s.replaces)
+            console.print(nt)
+        console.print(f"{lab}: kernel times sum to {p.kernel_ms:.3f} ms = {p.agreement * 100:.0f}% of the measured "
+                      f"latency {p.latency_ms:.3f} ms (profiled run {p.run_ms:.3f} ms); peaks on this machine "
+                      f"{p.peaks.gflops:.1f} GFLOP/s (GEMM), {p.peaks.gbytes:.1f} GB/s (copy); profiler overhead "
+                      f"{p.peaks.profiler_us:.1f} us per op call (calibrated, subtracted)")
+        for s in p.signals:
+            console.print(f"  - {s}")

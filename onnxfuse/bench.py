@@ -1,0 +1,187 @@
+"""Latency protocol: same session options for A and B, warm-up until timings settle, A and B interleaved in
+one process, then median / p90 / p99 / min / spread, and the speedup of B over A with a bootstrap 95%
+confidence interval and a verdict. Optional batch sweep for models with a dynamic batch dimension."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from . import validate as V
+from .measure import Ratio, paired_ratio
+
+Progress = Callable[[str, float], None]  # (what, fraction done)
+
+
+@dataclass
+class Latency:
+    label: str
+    path: str
+    session_ms: float
+    first_run_ms: float
+    warmup_runs: int
+    runs: int
+    median_ms: float
+    p90_ms: float
+    p99_ms: float
+    min_ms: float
+    spread: float  # (p90 - p10) / median
+    samples_ms: list[float] = field(default_factory=list, repr=False)
+
+
+@dataclass
+class BatchPoint:
+    batch: int
+    median_ms: dict[str, float]  # label -> median latency
+    throughput: dict[str, float]  # label -> samples per second
+
+
+@dataclass
+class BenchResult:
+    provider: str
+    threads: int
+    level: str
+    inputs: dict[str, list[int]]
+    models: list[Latency]
+    speedup: float | None = None  # median of t(A)/t(B) per round: > 1 means B is faster
+    ratio: Ratio | None = None  # t(B)/t(A) with its 95% CI
+    verdict: str | None = None  # faster / slower / no significant change (B against A)
+    batches: list[BatchPoint] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "provider": self.provider, "threads": self.threads, "level": self.level, "inputs": self.inputs,
+            "models": [{k: v for k, v in m.__dict__.items() if k != "samples_ms"} for m in self.models],
+            "speedup": self.speedup,
+            "ratio": None if self.ratio is None else self.ratio.__dict__,
+            "verdict": self.verdict,
+            "batches": [b.__dict__ for b in self.batches],
+        }
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs), q))
+
+
+def _warm_up(session, feeds: dict, max_runs: int = 200) -> int:
+    """Runs in blocks of 10 until two consecutive block medians agree within 5%."""
+    previous = None
+    for block in range(max_runs // 10):
+        ts = []
+        for _ in range(10):
+            t = time.perf_counter()
+            session.run(None, feeds)
+            ts.append(time.perf_counter() - t)
+        med = statistics.median(ts)
+        if previous is not None and abs(med - previous) <= 0.05 * previous:
+            return (block + 1) * 10
+        previous = med
+    return max_runs
+
+
+def time_interleaved(sessions: dict[str, object], feeds: dict, min_runs: int, budget_s: float,
+                     progress: Progress | None = None) -> dict[str, list[float]]:
+    """Rounds of one run per session, rotating the order; at least min_runs, then until the budget is used."""
+    times: dict[str, list[float]] = {k: [] for k in sessions}
+    order = list(sessions)
+    start = time.perf_counter()
+    i = 0
+    while i < min_runs or (time.perf_counter() - start < budget_s and i < 20 * min_runs):
+        rot = order[i % len(order):] + order[: i % len(order)]
+        for k in rot:
+            t = time.perf_counter()
+            sessions[k].run(None, feeds)
+            times[k].append(time.perf_counter() - t)
+        i += 1
+        if progress is not None and i % 10 == 0:
+            done = max(i / min_runs if i < min_runs else 0, (time.perf_counter() - start) / budget_s)
+            progress("timing", min(done, 1.0))
+    return times
+
+
+def _load(path: str, provider: str, threads: int, level: str):
+    t = time.perf_counter()
+    s = V.make_session(path, level, provider, threads)
+    return s, (time.perf_counter() - t) * 1e3
+
+
+def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cpu", threads: int = 1,
+          level: str = "all", shapes: list[str] | None = None, inputs_npz: str | None = None,
+          min_runs: int = 50, budget_s: float = 5.0, batches: list[int] | None = None,
+          progress: Progress | None = None) -> BenchResult:
+    labels = labels or [chr(ord("A") + i) for i in range(len(paths))]
+    spec = V.parse_shape_specs(shapes) if shapes else None
+    proto = onnx.load(paths[0], load_external_data=False)
+    feeds = V.make_inputs(proto, spec, inputs_npz)
+    sessions, load_ms, first_ms, warm = {}, {}, {}, {}
+    for label, path in zip(labels, paths, strict=True):
+        if progress:
+            progress(f"loading {label}", 0.0)
+        s, load_ms[label] = _load(path, provider, threads, level)
+        t = time.perf_counter()
+        V.run(s, feeds)
+        first_ms[label] = (time.perf_counter() - t) * 1e3
+        warm[label] = _warm_up(s, feeds)
+        sessions[label] = s
+    times = time_interleaved(sessions, feeds, min_runs, budget_s, progress)
+    models = []
+    for label, path in zip(labels, paths, strict=True):
+        ms = [t * 1e3 for t in times[label]]
+        med = statistics.median(ms)
+        models.append(Latency(label, path, load_ms[label], first_ms[label], warm[label], len(ms), med,
+                              _percentile(ms, 90), _percentile(ms, 99), min(ms),
+                              (_percentile(ms, 90) - _percentile(ms, 10)) / med, ms))
+    result = BenchResult(provider, threads, level, {k: list(v.shape) for k, v in feeds.items()}, models)
+    if len(paths) == 2:
+        a, b = labels
+        result.ratio = paired_ratio(times[b], times[a])
+        result.speedup = float(np.median(np.asarray(times[a]) / np.asarray(times[b])))
+        result.verdict = result.ratio.verdict
+    if batches:
+        result.batches = batch_sweep(sessions, proto, spec, batches, min_runs, budget_s / 2, progress)
+    return result
+
+
+def dynamic_batch_dim(proto: onnx.ModelProto) -> str | None:
+    """The name of a symbolic first dimension shared by the inputs, if any."""
+    names = set()
+    for i in proto.graph.input:
+        dims = i.type.tensor_type.shape.dim
+        if dims and dims[0].dim_param:
+            names.add(dims[0].dim_param)
+        elif dims and dims[0].dim_value <= 0 and not dims[0].dim_param:
+            names.add("")
+    return names.pop() if len(names) == 1 else None
+
+
+def batch_sweep(sessions: dict[str, object], proto: onnx.ModelProto, spec, batches: list[int], min_runs: int,
+                budget_s: float, progress: Progress | None = None) -> list[BatchPoint]:
+    dim = dynamic_batch_dim(proto)
+    if dim is None:
+        from .errors import InputSpecError
+
+        raise InputSpecError("--batch needs a model whose inputs share a dynamic first (batch) dimension")
+    points = []
+    for n, b in enumerate(batches):
+        if progress:
+            progress(f"batch {b}", n / len(batches))
+        base = spec or V.ShapeSpec()
+        tensors = {name: [b, *dims[1:]] for name, dims in base.tensors.items()}
+        dims = dict(base.dims)
+        if dim:
+            dims[dim] = b
+        else:
+            for i in proto.graph.input:
+                if i.name not in tensors:
+                    shape = V.resolve_shapes(V.model_inputs(proto), V.ShapeSpec(tensors, dims))[i.name]
+                    tensors[i.name] = [b, *shape[1:]]
+        feeds = V.make_inputs(proto, V.ShapeSpec(tensors, dims))
+        times = time_interleaved(sessions, feeds, max(10, min_runs // 2), budget_s / len(batches))
+        med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        points.append(BatchPoint(b, med, {k: b / (m / 1e3) for k, m in med.items()}))
+    return points

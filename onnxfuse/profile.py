@@ -1,0 +1,317 @@
+"""Where the time goes: onnxruntime's profiler per op type and per node, bytes moved and FLOPs per node (from
+the shapes the profiler records), achieved FLOP/s and bytes/s against peaks measured on this machine, and the
+three memory-bound signals in plain words."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from . import validate as V
+
+DTYPE_BYTES = {"float": 4, "float16": 2, "bfloat16": 2, "double": 8, "int64": 8, "int32": 4, "int8": 1,
+               "uint8": 1, "bool": 1, "int16": 2, "uint16": 2, "uint32": 4, "uint64": 8}
+SHORT_US = 5.0  # an op call shorter than this is dominated by per-op overhead
+CONV_OPS = {"Conv", "FusedConv", "NhwcConv", "NhwcFusedConv", "QLinearConv", "ConvInteger"}
+MATMUL_OPS = {"MatMul", "FusedMatMul", "MatMulInteger", "MatMulNBits", "TransposeMatMul", "QLinearMatMul"}
+GEMM_OPS = {"Gemm", "FusedGemm"}
+NORM_OPS = {"LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization",
+            "SkipSimplifiedLayerNormalization", "BatchNormalization", "InstanceNormalization", "GroupNorm",
+            "EmbedLayerNormalization"}
+
+
+@dataclass
+class Peaks:
+    gflops: float  # measured GEMM FLOP/s (GFLOP/s) at the profiling thread count
+    gbytes: float  # measured memory copy bandwidth (GB/s, read + write)
+    profiler_us: float = 0.0  # what onnxruntime's profiler adds to each kernel event (calibrated, subtracted)
+
+
+@dataclass
+class NodeStat:
+    name: str
+    op: str
+    calls_per_run: float
+    total_us: float  # per run
+    bytes: float  # per call
+    flops: float  # per call
+    replaces: str = ""  # provenance from onnxfuse (original node names), when the node is a fused one
+
+    @property
+    def mean_us(self) -> float:
+        return self.total_us / max(self.calls_per_run, 1e-9)
+
+
+@dataclass
+class OpStat:
+    op: str
+    calls_per_run: float
+    total_us: float
+    share: float
+    mean_us: float
+    gflops: float  # achieved
+    gbytes: float  # achieved
+    flop_util: float
+    byte_util: float
+
+
+@dataclass
+class ProfileResult:
+    path: str
+    runs: int
+    run_ms: float  # median model_run duration under the profiler
+    latency_ms: float  # median latency measured without the profiler
+    kernel_ms: float  # sum of kernel times per run
+    by_type: list[OpStat]
+    by_node: list[NodeStat]
+    peaks: Peaks
+    signals: list[str] = field(default_factory=list)
+
+    @property
+    def agreement(self) -> float:
+        """Kernel time total / measured latency (1.0 = the table accounts for all of it)."""
+        return self.kernel_ms / self.latency_ms if self.latency_ms else 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "path": self.path, "runs": self.runs, "run_ms": self.run_ms, "latency_ms": self.latency_ms,
+            "kernel_ms": self.kernel_ms, "agreement": self.agreement, "peaks": self.peaks.__dict__,
+            "by_type": [s.__dict__ for s in self.by_type],
+            "by_node": [{**s.__dict__, "mean_us": s.mean_us} for s in self.by_node],
+            "signals": self.signals,
+        }
+
+
+def _shape_bytes(entries: list[dict]) -> tuple[float, list[list[int]]]:
+    total, shapes = 0.0, []
+    for e in entries or []:
+        for dtype, dims in e.items():
+            shapes.append(list(dims))
+            total += float(np.prod(dims) if dims else 1) * DTYPE_BYTES.get(dtype, 4)
+    return total, shapes
+
+
+def node_flops(op: str, ins: list[list[int]], outs: list[list[int]]) -> float:
+    """FLOPs of one call from its input/output shapes (multiply-add = 2)."""
+    out_elems = float(np.prod(outs[0])) if outs and outs[0] else 1.0
+    if op in CONV_OPS and len(ins) > 1:
+        return 2.0 * out_elems * float(np.prod(ins[1][1:]))
+    if op == "ConvTranspose" and len(ins) > 1:
+        return 2.0 * float(np.prod(ins[0])) * float(np.prod(ins[1][1:]))
+    if op in MATMUL_OPS and ins and ins[0]:
+        return 2.0 * out_elems * ins[0][-1]
+    if op in GEMM_OPS and len(ins) > 1 and outs:
+        k = float(np.prod(ins[0])) / max(outs[0][0], 1)
+        return 2.0 * out_elems * k
+    if op in ("Attention", "MultiHeadAttention") and ins and len(ins[0]) == 3:
+        b, s, h = ins[0]
+        return 2.0 * b * s * h * 3 * h + 4.0 * b * s * s * h
+    if op in NORM_OPS:
+        return 8.0 * out_elems
+    if op == "Softmax":
+        return 5.0 * out_elems
+    return out_elems
+
+
+_PEAKS: dict[int, Peaks] = {}
+
+
+def measure_peaks(threads: int = 1) -> Peaks:
+    """A short GEMM (onnxruntime MatMul, 768^3) and a memory copy (numpy, 128 MiB)."""
+    if threads in _PEAKS:
+        return _PEAKS[threads]
+    import onnx.helper as oh
+
+    n = 768
+    g = oh.make_graph([oh.make_node("MatMul", ["a", "b"], ["c"])], "gemm",
+                      [oh.make_tensor_value_info(x, onnx.TensorProto.FLOAT, [n, n]) for x in "ab"],
+                      [oh.make_tensor_value_info("c", onnx.TensorProto.FLOAT, [n, n])])
+    s = V.make_session(oh.make_model(g, opset_imports=[oh.make_opsetid("", 13)], ir_version=8).SerializeToString(),
+                       "all", "cpu", threads)
+    a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
+    feeds = {"a": a, "b": a}
+    s.run(None, feeds)
+    ts = []
+    for _ in range(7):
+        t = time.perf_counter()
+        s.run(None, feeds)
+        ts.append(time.perf_counter() - t)
+    gflops = 2 * n**3 / min(ts) / 1e9
+    src = np.ones(32 * 2**20, np.float32)
+    dst = np.empty_like(src)
+    ts = []
+    for _ in range(5):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        ts.append(time.perf_counter() - t)
+    gbytes = 2 * src.nbytes / min(ts) / 1e9
+    _PEAKS[threads] = Peaks(gflops, gbytes, profiler_overhead_us(threads))
+    return _PEAKS[threads]
+
+
+def profiler_overhead_us(threads: int = 1, chain: int = 200, runs: int = 40) -> float:
+    """Per kernel event, how much longer onnxruntime's profiler reports a no-op kernel than it takes: a chain
+    of `chain` Neg ops on one element, profiled kernel sum against unprofiled latency."""
+    import onnx.helper as oh
+
+    nodes = [oh.make_node("Neg", [f"v{i}"], [f"v{i + 1}"]) for i in range(chain)]
+    g = oh.make_graph(nodes, "calib", [oh.make_tensor_value_info("v0", onnx.TensorProto.FLOAT, [1])],
+                      [oh.make_tensor_value_info(f"v{chain}", onnx.TensorProto.FLOAT, [1])])
+    data = oh.make_model(g, opset_imports=[oh.make_opsetid("", 13)], ir_version=8).SerializeToString()
+    feeds = {"v0": np.ones(1, np.float32)}
+    plain = V.make_session(data, "all", "cpu", threads)
+    for _ in range(10):
+        plain.run(None, feeds)
+    ts = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        plain.run(None, feeds)
+        ts.append(time.perf_counter() - t)
+    latency_us = statistics.median(ts) * 1e6
+    events = _profiled_events(data, feeds, "all", "cpu", threads, 10 + runs)
+    kernel_us = _kernel_sum(events, runs)
+    return max(0.0, (kernel_us - latency_us) / chain)
+
+
+def _profiled_events(model: str | bytes, feeds: dict, level: str, provider: str, threads: int, n: int) -> list[dict]:
+    import onnxruntime as ort
+
+    from .targets import PROVIDERS
+
+    with tempfile.TemporaryDirectory() as tmp:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+                                       "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+                                       "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+                                       "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[level]
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 4
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(tmp, "prof")
+        sess = ort.InferenceSession(model, so, providers=[PROVIDERS[provider]])
+        for _ in range(n):
+            sess.run(None, feeds)
+        with open(sess.end_profiling()) as f:
+            return json.load(f)
+
+
+def _last_runs(events: list[dict], runs: int) -> list[dict]:
+    return sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])[-runs:]
+
+
+def _kernel_events(events: list[dict], runs: int) -> list[dict]:
+    start = _last_runs(events, runs)[0]["ts"]
+    return [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= start]
+
+
+def _kernel_sum(events: list[dict], runs: int) -> float:
+    return sum(e["dur"] for e in _kernel_events(events, runs)) / runs
+
+
+def _provenance(path: str) -> dict[str, str]:
+    m = onnx.load(path, load_external_data=False)
+    out = {}
+    for n in m.graph.node:
+        if n.doc_string.startswith("onnxfuse:"):
+            replaced = n.doc_string.split("replaced=", 1)[-1]
+            out[n.name] = replaced
+            for o in n.output:  # onnxruntime's NCHWc transform renames a conv after its output value
+                out[f"{o}_nchwc"] = replaced
+    return out
+
+
+def profile(path: str, provider: str = "cpu", threads: int = 1, level: str = "all", runs: int = 30,
+            warmup: int = 10, shapes: list[str] | None = None, inputs_npz: str | None = None,
+            latency_ms: float | None = None) -> ProfileResult:
+    spec = V.parse_shape_specs(shapes) if shapes else None
+    proto = onnx.load(path, load_external_data=False)
+    feeds = V.make_inputs(proto, spec, inputs_npz)
+    if latency_ms is None:  # latency without the profiler's overhead, same options
+        plain = V.make_session(path, level, provider, threads)
+        for _ in range(warmup):
+            plain.run(None, feeds)
+        ts = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            plain.run(None, feeds)
+            ts.append(time.perf_counter() - t)
+        latency_ms = statistics.median(ts) * 1e3
+        del plain
+    events = _profiled_events(path, feeds, level, provider, threads, warmup + runs)
+    runs_ev = _last_runs(events, runs)
+    nodes = _kernel_events(events, runs)
+    peaks = measure_peaks(threads)
+    prov = _provenance(path)
+    per_node: dict[str, NodeStat] = {}
+    for e in nodes:
+        args = e.get("args", {})
+        name = e["name"][: -len("_kernel_time")]
+        st = per_node.get(name)
+        if st is None:
+            b_in, ins = _shape_bytes(args.get("input_type_shape", []))
+            b_out, outs = _shape_bytes(args.get("output_type_shape", []))
+            op = args.get("op_name", "?")
+            st = per_node[name] = NodeStat(name, op, 0, 0.0, b_in + b_out, node_flops(op, ins, outs),
+                                           prov.get(name, ""))
+        st.calls_per_run += 1
+        st.total_us += max(0.0, e["dur"] - peaks.profiler_us)
+    for st in per_node.values():
+        st.calls_per_run /= runs
+        st.total_us /= runs
+    kernel_us = sum(s.total_us for s in per_node.values())
+    by_type_acc: dict[str, list[NodeStat]] = defaultdict(list)
+    for st in per_node.values():
+        by_type_acc[st.op].append(st)
+    by_type = []
+    for op, sts in by_type_acc.items():
+        total = sum(s.total_us for s in sts)
+        calls = sum(s.calls_per_run for s in sts)
+        flops = sum(s.flops * s.calls_per_run for s in sts)
+        byts = sum(s.bytes * s.calls_per_run for s in sts)
+        gf = flops / (total * 1e-6) / 1e9 if total else 0.0
+        gb = byts / (total * 1e-6) / 1e9 if total else 0.0
+        by_type.append(OpStat(op, calls, total, total / kernel_us if kernel_us else 0.0, total / max(calls, 1e-9),
+                              gf, gb, gf / peaks.gflops, gb / peaks.gbytes))
+    by_type.sort(key=lambda s: -s.total_us)
+    res = ProfileResult(path, runs, statistics.median(e["dur"] for e in runs_ev) / 1e3, latency_ms,
+                        kernel_us / 1e3, by_type, sorted(per_node.values(), key=lambda s: -s.total_us), peaks)
+    res.signals = memory_bound_signals(res)
+    return res
+
+
+def memory_bound_signals(p: ProfileResult, batch_gain: float | None = None, batch_range: str = "") -> list[str]:
+    """The three signals that a model is memory- or overhead-bound, in words, with the numbers behind them."""
+    out = []
+    idle = [s for s in p.by_type if s.flop_util < 0.10 and s.byte_util > 0.25]
+    share = sum(s.share for s in idle)
+    if idle:
+        ops = ", ".join(f"{s.op} ({s.gbytes:.1f} GB/s, {s.flop_util * 100:.0f}% of peak FLOP/s)" for s in idle[:4])
+        out.append(f"compute idle while traffic is high: {share * 100:.0f}% of kernel time is in ops that move data "
+                   f"at over 25% of the measured {p.peaks.gbytes:.1f} GB/s but compute at under 10% of the "
+                   f"measured {p.peaks.gflops:.1f} GFLOP/s: {ops}")
+    else:
+        out.append("compute idle while traffic is high: not seen (no op type moves data at over 25% of peak "
+                   "bandwidth while under 10% of peak FLOP/s)")
+    calls = sum(s.calls_per_run for s in p.by_node)
+    short = [s for s in p.by_node if s.mean_us < SHORT_US]
+    short_share = sum(s.total_us for s in short) / (p.kernel_ms * 1e3) if p.kernel_ms else 0.0
+    verdict = "per-op overhead matters" if short_share > 0.2 else "per-op overhead is minor"
+    out.append(f"many short ops: {calls:.0f} op calls per run, {len(short)} of {len(p.by_node)} nodes average under "
+               f"{SHORT_US:g} us and take {short_share * 100:.0f}% of kernel time ({verdict})")
+    if batch_gain is None:
+        out.append("utilization vs work per op: not measured (profile with --batch 1,8 to sweep batch sizes)")
+    else:
+        word = "rises" if batch_gain > 1.3 else "stays flat"
+        out.append(f"utilization vs work per op: throughput {word} {batch_gain:.2f}x from batch {batch_range} "
+                   + ("(small batches leave compute idle: bigger work per op uses it better)" if batch_gain > 1.3
+                      else "(the model is compute-bound already at small batch)"))
+    return out

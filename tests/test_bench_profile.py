@@ -1,0 +1,147 @@
+"""bench / profile / HTML report mechanics (no timing assertions: speed is measured in benchmarks/)."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from conftest import MODELS
+
+from onnxfuse.api import OptimizeOptions, optimize
+from onnxfuse.bench import bench
+from onnxfuse.errors import InputSpecError
+from onnxfuse.html_report import render
+from onnxfuse.profile import memory_bound_signals, node_flops, profile
+
+CNN = os.path.join(MODELS, "cnn_small.onnx")
+
+
+@pytest.fixture(scope="module")
+def optimized(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("opt") / "cnn.opt.onnx")
+    result = optimize(CNN, out, OptimizeOptions(measure=False))
+    return out, result
+
+
+def test_bench_two_models(optimized):
+    res = bench([CNN, optimized[0]], min_runs=20, budget_s=0.2)
+    assert [m.label for m in res.models] == ["A", "B"]
+    for m in res.models:
+        assert m.runs >= 20 and len(m.samples_ms) == m.runs
+        assert 0 < m.min_ms <= m.median_ms <= m.p90_ms <= m.p99_ms
+        assert m.session_ms > 0 and m.first_run_ms > 0 and m.warmup_runs >= 20
+    assert res.verdict in ("faster", "slower", "no significant change")
+    assert res.ratio.low <= res.ratio.median <= res.ratio.high
+    assert res.inputs == {"x": [2, 3, 32, 32]}
+    json.dumps(res.to_json())
+
+
+def test_batch_sweep(optimized):
+    res = bench([CNN, optimized[0]], min_runs=10, budget_s=0.2, batches=[1, 4])
+    assert [p.batch for p in res.batches] == [1, 4]
+    for p in res.batches:
+        for lab in ("A", "B"):
+            assert p.throughput[lab] == pytest.approx(p.batch / (p.median_ms[lab] / 1e3))
+
+
+def test_batch_sweep_needs_dynamic_batch(tmp_path):
+    import onnx.helper as oh
+    from conftest import make_model, save
+
+    path = save(make_model([oh.make_node("Relu", ["x"], ["y"])], [("x", [2, 3])], [("y", [2, 3])]), tmp_path / "s.onnx")
+    with pytest.raises(InputSpecError, match="dynamic first"):
+        bench([path], min_runs=5, budget_s=0.05, batches=[1, 2])
+
+
+def test_node_flops():
+    assert node_flops("Conv", [[2, 3, 32, 32], [16, 3, 3, 3], [16]], [[2, 16, 32, 32]]) == 2 * 2 * 16 * 32 * 32 * 27
+    assert node_flops("MatMul", [[2, 8, 64], [64, 32]], [[2, 8, 32]]) == 2 * 2 * 8 * 32 * 64
+    assert node_flops("FusedGemm", [[4, 64], [64, 10]], [[4, 10]]) == 2 * 4 * 10 * 64
+    assert node_flops("LayerNormalization", [[2, 8, 32]], [[2, 8, 32]]) == 8 * 2 * 8 * 32
+    assert node_flops("Relu", [[10]], [[10]]) == 10
+
+
+def test_profile_tables(optimized):
+    r = profile(optimized[0], runs=5, warmup=2)
+    assert sum(s.share for s in r.by_type) == pytest.approx(1.0)
+    assert r.kernel_ms == pytest.approx(sum(s.total_us for s in r.by_node) / 1e3)
+    ops = {s.op for s in r.by_type}
+    assert "Conv" in ops or "FusedConv" in ops
+    gemm = next(s for s in r.by_node if s.op == "FusedGemm")
+    assert gemm.replaces == "/relu/Relu,/fc1/Gemm"  # linked to the original nodes it replaced
+    assert gemm.flops == 2 * 2 * 32 * 64  # [2, 64] x [64, 32] -> [2, 32]
+    assert r.peaks.gflops > 0 and r.peaks.gbytes > 0
+    assert len(r.signals) == 3 and r.signals[1].startswith("many short ops:")
+    assert r.latency_ms > 0 and r.agreement > 0
+    json.dumps(r.to_json())
+
+
+def test_signals_wording(optimized):
+    r = profile(optimized[0], runs=3, warmup=1)
+    s = memory_bound_signals(r, batch_gain=2.4, batch_range="1 to 16")
+    assert "throughput rises 2.40x from batch 1 to 16" in s[2]
+    assert "stays flat" in memory_bound_signals(r, 1.05, "1 to 8")[2]
+
+
+def _page(optimized):
+    out, result = optimized
+    b = bench([CNN, out], ["input", "output"], min_runs=10, budget_s=0.1)
+    profiles = [profile(p, runs=3, warmup=1) for p in (CNN, out)]
+    return render("test report", bench=b, profiles=profiles, labels=["input", "output"], result=result)
+
+
+def test_html_is_self_contained(optimized):
+    page = _page(optimized)
+    for must in ('id="latency-chart"', 'id="breakdown-chart"', 'id="verdict"', "Fusions", "Validation",
+                 "conv-bn-fold", "logits", "Where the time goes"):
+        assert must in page, must
+    low = page.lower()
+    assert "http://" not in low.replace("http://www.w3", "") and "https://" not in low and "<script" not in low
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+def test_html_renders_in_headless_chromium(optimized, tmp_path):
+    html_path = tmp_path / "report.html"
+    html_path.write_text(_page(optimized))
+    png = tmp_path / "shot.png"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    subprocess.run([CHROMIUM, *flags, f"--screenshot={png}", "--window-size=1200,1800", f"file://{html_path}"],
+                   capture_output=True, timeout=120)
+    assert png.exists() and png.stat().st_size > 20_000
+    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", f"file://{html_path}"], capture_output=True, text=True,
+                         timeout=120).stdout
+    assert 'id="latency-chart"' in dom and "<rect" in dom
+    # the screenshot is not blank: decode the PNG's pixel rows and look for many distinct colours
+    import zlib
+
+    data = png.read_bytes()
+    chunks, i = [], 8
+    while i < len(data):
+        n = int.from_bytes(data[i:i + 4], "big")
+        if data[i + 4:i + 8] == b"IDAT":
+            chunks.append(data[i + 8:i + 8 + n])
+        i += 12 + n
+    raw = np.frombuffer(zlib.decompress(b"".join(chunks)), np.uint8)
+    assert len(np.unique(raw)) > 50
+
+
+def test_cli_bench_and_profile(cli, optimized, tmp_path):
+    code, stdout, stderr = cli("bench", CNN, optimized[0], "--budget", "0.1", "--runs", "10", "--json")
+    assert code == 0, stderr
+    data = json.loads(stdout)
+    assert data["verdict"] in ("faster", "slower", "no significant change") and len(data["models"]) == 2
+    html = tmp_path / "p.html"
+    code, stdout, stderr = cli("profile", CNN, optimized[0], "--runs", "3", "--nodes", "--html", html)
+    assert code == 0, stderr
+    assert "op time by type" in stdout and "kernel times sum to" in stdout and html.exists()
+    code, _, stderr = cli("bench", str(tmp_path / "missing.onnx"))
+    assert code == 1 and "no such file" in stderr
+    code, _, stderr = cli("bench", CNN, "--batch", "1,x")
+    assert code == 1 and "--batch 1,x" in stderr
