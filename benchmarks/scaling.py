@@ -84,6 +84,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="10000,30000,100000")
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--peers-up-to", type=int, default=30000, help="skip the (much slower) peers above this size")
     a = ap.parse_args()
     import logging
     import warnings
@@ -99,7 +100,7 @@ def main() -> int:
             n = len(model.graph.node)
             t_fuse, rewrites = time_onnxfuse(src, os.path.join(tmp, "fuse.onnx"))
             slim = ortx = None
-            if not a.no_peers:
+            if not a.no_peers and n <= a.peers_up_to:
                 slim = time_onnxslim(src, os.path.join(tmp, "slim.onnx"))
                 ortx = time_ort_transformers(src, os.path.join(tmp, "ortx.onnx"))
             fmt = lambda v: f"{v:11.2f}" if v is not None else f"{'n/a':>11}"  # noqa: E731

@@ -115,6 +115,7 @@ class Result:
 
     def to_json(self) -> dict:
         return {
+            "schema": "onnxfuse.optimize/1",
             "input": self.input, "output": self.output, "target": self.target,
             "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
             "ops_before": self.ops_before, "ops_after": self.ops_after,

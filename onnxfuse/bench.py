@@ -55,6 +55,7 @@ class BenchResult:
 
     def to_json(self) -> dict:
         return {
+            "schema": "onnxfuse.bench/1",
             "provider": self.provider, "threads": self.threads, "level": self.level, "inputs": self.inputs,
             "models": [{k: v for k, v in m.__dict__.items() if k != "samples_ms"} for m in self.models],
             "speedup": self.speedup,

@@ -122,7 +122,7 @@ def explain(
 
     ex = run_explain(model, patterns or [], _target(target), rule)
     if as_json:
-        print(json.dumps({"fired": ex.fired, "near_misses": [m.__dict__ for m in ex.near_misses],
+        print(json.dumps({"schema": "onnxfuse.explain/1", "fired": ex.fired, "near_misses": [m.__dict__ for m in ex.near_misses],
                           "skipped_rules": [s.__dict__ for s in ex.skipped]}, indent=2))
         return
     from .report import print_near_misses
@@ -250,7 +250,7 @@ def profile(
 
         write(html, render(f"onnxfuse profile: {' vs '.join(paths)}", profiles=results, labels=labels))
     if as_json:
-        print(json.dumps({"models": [r.to_json() for r in results]}, indent=2))
+        print(json.dumps({"schema": "onnxfuse.profile/1", "models": [r.to_json() for r in results]}, indent=2))
     else:
         from .report import print_profile
 

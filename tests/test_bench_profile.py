@@ -136,6 +136,7 @@ def test_cli_bench_and_profile(cli, optimized, tmp_path):
     code, stdout, stderr = cli("bench", CNN, optimized[0], "--budget", "0.1", "--runs", "10", "--json")
     assert code == 0, stderr
     data = json.loads(stdout)
+    assert data["schema"] == "onnxfuse.bench/1"
     assert data["verdict"] in ("faster", "slower", "no significant change") and len(data["models"]) == 2
     html = tmp_path / "p.html"
     code, stdout, stderr = cli("profile", CNN, optimized[0], "--runs", "3", "--nodes", "--html", html)

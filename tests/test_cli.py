@@ -26,6 +26,7 @@ def test_optimize_json(cli, tmp_path):
     code, stdout, _ = cli("optimize", CNN, tmp_path / "o.onnx", "--json")
     assert code == 0
     data = json.loads(stdout)
+    assert data["schema"] == "onnxfuse.optimize/1"
     assert data["fired"]["conv-bn-fold"] == 3
     assert data["validation"]["status"] == "passed"
     assert data["validation"]["outputs"][0]["name"] == "logits"
