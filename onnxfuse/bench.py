@@ -69,16 +69,23 @@ def _percentile(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs), q))
 
 
+def run_times(session, feeds: dict, runs: int, warmup: int = 0) -> list[float]:
+    """Seconds per run, after `warmup` untimed runs."""
+    for _ in range(warmup):
+        session.run(None, feeds)
+    ts = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        session.run(None, feeds)
+        ts.append(time.perf_counter() - t)
+    return ts
+
+
 def _warm_up(session, feeds: dict, max_runs: int = 200) -> int:
     """Runs in blocks of 10 until two consecutive block medians agree within 5%."""
     previous = None
     for block in range(max_runs // 10):
-        ts = []
-        for _ in range(10):
-            t = time.perf_counter()
-            session.run(None, feeds)
-            ts.append(time.perf_counter() - t)
-        med = statistics.median(ts)
+        med = statistics.median(run_times(session, feeds, 10))
         if previous is not None and abs(med - previous) <= 0.05 * previous:
             return (block + 1) * 10
         previous = med

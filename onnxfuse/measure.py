@@ -160,29 +160,16 @@ def _pair(times: dict[str, list[float]]) -> tuple[list[float], list[float]]:
     return times["current"], times["original"]
 
 
-def make_time_fn(provider: str, threads: int, budget_s: float, min_runs: int = 30, max_runs: int = 400) -> TimeFn:
-    """Interleaved timing on onnxruntime at ORT_ENABLE_ALL: warm up, then rounds of one run per session."""
+def make_time_fn(provider: str, threads: int, budget_s: float, min_runs: int = 30) -> TimeFn:
+    """Interleaved timing on onnxruntime at ORT_ENABLE_ALL, with the bench protocol (bench.py)."""
 
     def time_fn(sources: dict[str, Source], feeds: dict[str, np.ndarray]) -> dict[str, list[float]]:
+        from .bench import run_times, time_interleaved
         from .validate import make_session
 
         sessions = {k: make_session(src, "all", provider, threads) for k, src in sources.items()}
         for s in sessions.values():
-            for _ in range(3):
-                s.run(None, feeds)
-        t = time.perf_counter()
-        for s in sessions.values():
-            s.run(None, feeds)
-        per_round = max(time.perf_counter() - t, 1e-6)
-        runs = int(min(max_runs, max(min_runs, budget_s / per_round)))
-        times: dict[str, list[float]] = {k: [] for k in sessions}
-        order = list(sessions)
-        for i in range(runs):
-            rot = order[i % len(order):] + order[: i % len(order)]
-            for k in rot:
-                t = time.perf_counter()
-                sessions[k].run(None, feeds)
-                times[k].append(time.perf_counter() - t)
-        return times
+            run_times(s, feeds, 0, warmup=3)
+        return time_interleaved(sessions, feeds, min_runs, budget_s)
 
     return time_fn

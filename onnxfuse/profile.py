@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 
 from . import validate as V
+from .bench import run_times
 
 DTYPE_BYTES = {"float": 4, "float16": 2, "bfloat16": 2, "double": 8, "int64": 8, "int32": 4, "int8": 1,
                "uint8": 1, "bool": 1, "int16": 2, "uint16": 2, "uint32": 4, "uint64": 8}
@@ -138,13 +139,7 @@ def measure_peaks(threads: int = 1) -> Peaks:
                        "all", "cpu", threads)
     a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
     feeds = {"a": a, "b": a}
-    s.run(None, feeds)
-    ts = []
-    for _ in range(7):
-        t = time.perf_counter()
-        s.run(None, feeds)
-        ts.append(time.perf_counter() - t)
-    gflops = 2 * n**3 / min(ts) / 1e9
+    gflops = 2 * n**3 / min(run_times(s, feeds, 7, warmup=1)) / 1e9
     src = np.ones(32 * 2**20, np.float32)
     dst = np.empty_like(src)
     ts = []
@@ -167,15 +162,7 @@ def profiler_overhead_us(threads: int = 1, chain: int = 200, runs: int = 40) -> 
                       [oh.make_tensor_value_info(f"v{chain}", onnx.TensorProto.FLOAT, [1])])
     data = oh.make_model(g, opset_imports=[oh.make_opsetid("", 13)], ir_version=8).SerializeToString()
     feeds = {"v0": np.ones(1, np.float32)}
-    plain = V.make_session(data, "all", "cpu", threads)
-    for _ in range(10):
-        plain.run(None, feeds)
-    ts = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        plain.run(None, feeds)
-        ts.append(time.perf_counter() - t)
-    latency_us = statistics.median(ts) * 1e6
+    latency_us = statistics.median(run_times(V.make_session(data, "all", "cpu", threads), feeds, runs, 10)) * 1e6
     events = _profiled_events(data, feeds, "all", "cpu", threads, 10 + runs)
     kernel_us = _kernel_sum(events, runs)
     return max(0.0, (kernel_us - latency_us) / chain)
@@ -236,16 +223,8 @@ def profile(path: str, provider: str = "cpu", threads: int = 1, level: str = "al
     proto = onnx.load(path, load_external_data=False)
     feeds = V.make_inputs(proto, spec, inputs_npz)
     if latency_ms is None:  # latency without the profiler's overhead, same options
-        plain = V.make_session(path, level, provider, threads)
-        for _ in range(warmup):
-            plain.run(None, feeds)
-        ts = []
-        for _ in range(runs):
-            t = time.perf_counter()
-            plain.run(None, feeds)
-            ts.append(time.perf_counter() - t)
-        latency_ms = statistics.median(ts) * 1e3
-        del plain
+        latency_ms = statistics.median(run_times(V.make_session(path, level, provider, threads), feeds, runs,
+                                                 warmup)) * 1e3
     events = _profiled_events(path, feeds, level, provider, threads, warmup + runs)
     runs_ev = _last_runs(events, runs)
     nodes = _kernel_events(events, runs)
