@@ -162,13 +162,17 @@ def profiler_overhead_us(threads: int = 1, chain: int = 200, runs: int = 40) -> 
                       [oh.make_tensor_value_info(f"v{chain}", onnx.TensorProto.FLOAT, [1])])
     data = oh.make_model(g, opset_imports=[oh.make_opsetid("", 13)], ir_version=8).SerializeToString()
     feeds = {"v0": np.ones(1, np.float32)}
-    latency_us = statistics.median(run_times(V.make_session(data, "all", "cpu", threads), feeds, runs, 10)) * 1e6
-    events = _profiled_events(data, feeds, "all", "cpu", threads, 10 + runs)
-    kernel_us = _kernel_sum(events, runs)
-    return max(0.0, (kernel_us - latency_us) / chain)
+    plain = V.make_session(data, "all", "cpu", threads)
+    events, plain_times = _profiled_events(data, feeds, "all", "cpu", threads, 10 + runs, plain)
+    latency_us = statistics.median(plain_times[10:]) * 1e6
+    per_run = _per_run_kernel_us(events, runs)
+    return max(0.0, (statistics.median(per_run) - latency_us) / chain)
 
 
-def _profiled_events(model: str | bytes, feeds: dict, level: str, provider: str, threads: int, n: int) -> list[dict]:
+def _profiled_events(model: str | bytes, feeds: dict, level: str, provider: str, threads: int, n: int,
+                     plain=None) -> tuple[list[dict], list[float]]:
+    """Profiled runs; with `plain` (an unprofiled session of the same model) its runs alternate with the
+    profiled ones, so both see the same machine state. Returns the events and the plain run times (s)."""
     import onnxruntime as ort
 
     from .targets import PROVIDERS
@@ -185,23 +189,41 @@ def _profiled_events(model: str | bytes, feeds: dict, level: str, provider: str,
         so.enable_profiling = True
         so.profile_file_prefix = os.path.join(tmp, "prof")
         sess = ort.InferenceSession(model, so, providers=[PROVIDERS[provider]])
+        plain_times: list[float] = []
         for _ in range(n):
+            if plain is not None:
+                plain_times.extend(run_times(plain, feeds, 1))
             sess.run(None, feeds)
         with open(sess.end_profiling()) as f:
-            return json.load(f)
+            return json.load(f), plain_times
 
 
 def _last_runs(events: list[dict], runs: int) -> list[dict]:
     return sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])[-runs:]
 
 
+CONTROL_FLOW = {"If", "Loop", "Scan"}  # their events include their subgraphs' nodes, which are listed themselves
+
+
 def _kernel_events(events: list[dict], runs: int) -> list[dict]:
     start = _last_runs(events, runs)[0]["ts"]
-    return [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= start]
+    return [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= start
+            and e.get("args", {}).get("op_name") not in CONTROL_FLOW]
 
 
-def _kernel_sum(events: list[dict], runs: int) -> float:
-    return sum(e["dur"] for e in _kernel_events(events, runs)) / runs
+def _run_index(events: list[dict], runs: int) -> list[tuple[float, float]]:
+    return [(e["ts"], e["ts"] + e["dur"]) for e in _last_runs(events, runs)]
+
+
+def _per_run_kernel_us(events: list[dict], runs: int) -> list[float]:
+    spans = _run_index(events, runs)
+    totals = [0.0] * len(spans)
+    for e in _kernel_events(events, runs):
+        for i, (a, b) in enumerate(spans):
+            if a <= e["ts"] <= b:
+                totals[i] += e["dur"]
+                break
+    return totals
 
 
 def _provenance(path: str) -> dict[str, str]:
@@ -222,16 +244,17 @@ def profile(path: str, provider: str = "cpu", threads: int = 1, level: str = "al
     spec = V.parse_shape_specs(shapes) if shapes else None
     proto = onnx.load(path, load_external_data=False)
     feeds = V.make_inputs(proto, spec, inputs_npz)
-    if latency_ms is None:  # latency without the profiler's overhead, same options
-        latency_ms = statistics.median(run_times(V.make_session(path, level, provider, threads), feeds, runs,
-                                                 warmup)) * 1e3
-    events = _profiled_events(path, feeds, level, provider, threads, warmup + runs)
+    plain = V.make_session(path, level, provider, threads) if latency_ms is None else None
+    events, plain_times = _profiled_events(path, feeds, level, provider, threads, warmup + runs, plain)
+    if latency_ms is None:  # unprofiled latency, measured in alternation with the profiled runs
+        latency_ms = statistics.median(plain_times[warmup:]) * 1e3
     runs_ev = _last_runs(events, runs)
-    nodes = _kernel_events(events, runs)
+    spans = _run_index(events, runs)
     peaks = measure_peaks(threads)
     prov = _provenance(path)
     per_node: dict[str, NodeStat] = {}
-    for e in nodes:
+    samples: dict[str, list[float]] = {}  # node -> its time in each run (robust to outlier runs: median)
+    for e in _kernel_events(events, runs):
         args = e.get("args", {})
         name = e["name"][: -len("_kernel_time")]
         st = per_node.get(name)
@@ -241,11 +264,14 @@ def profile(path: str, provider: str = "cpu", threads: int = 1, level: str = "al
             op = args.get("op_name", "?")
             st = per_node[name] = NodeStat(name, op, 0, 0.0, b_in + b_out, node_flops(op, ins, outs),
                                            prov.get(name, ""))
+            samples[name] = [0.0] * len(spans)
         st.calls_per_run += 1
-        st.total_us += max(0.0, e["dur"] - peaks.profiler_us)
-    for st in per_node.values():
+        run = next((i for i, (a, b) in enumerate(spans) if a <= e["ts"] <= b), None)
+        if run is not None:
+            samples[name][run] += max(0.0, e["dur"] - peaks.profiler_us)
+    for name, st in per_node.items():
         st.calls_per_run /= runs
-        st.total_us /= runs
+        st.total_us = statistics.median(samples[name])
     kernel_us = sum(s.total_us for s in per_node.values())
     by_type_acc: dict[str, list[NodeStat]] = defaultdict(list)
     for st in per_node.values():
