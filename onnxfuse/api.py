@@ -522,6 +522,8 @@ class Explanation:
     fired: dict[str, int]
     near_misses: list[NearMiss]
     skipped: list[RuleSkip]
+    misaligned: list = field(default_factory=list)  # layout.Misaligned
+    vector_width: int = 8
 
 
 def explain(input_path: str, patterns: list[str] | None = None, target: str = "cpu", rule: str | None = None,
@@ -533,4 +535,8 @@ def explain(input_path: str, patterns: list[str] | None = None, target: str = "c
     model, _, eng = _build(input_path, rules, target, set())
     asked = [r for r in rules if rule is None or r.id == rule]
     misses = near_misses(model, asked, target, min_progress=1 if rule else 2)
-    return Explanation(dict(Counter(a.rule for a in eng.applications)), misses, eng.skipped)
+    from .layout import alignment_report, vector_width
+
+    width = vector_width(target)
+    return Explanation(dict(Counter(a.rule for a in eng.applications)), misses, eng.skipped,
+                       alignment_report(model, width), width)

@@ -122,8 +122,12 @@ def explain(
 
     ex = run_explain(model, patterns or [], _target(target), rule)
     if as_json:
-        print(json.dumps({"schema": "onnxfuse.explain/1", "fired": ex.fired, "near_misses": [m.__dict__ for m in ex.near_misses],
-                          "skipped_rules": [s.__dict__ for s in ex.skipped]}, indent=2))
+        print(json.dumps({"schema": "onnxfuse.explain/1", "fired": ex.fired,
+                          "near_misses": [m.__dict__ for m in ex.near_misses],
+                          "skipped_rules": [s.__dict__ for s in ex.skipped],
+                          "vector_width": ex.vector_width,
+                          "misaligned": [{**m.__dict__, "padded": m.padded, "waste": m.waste}
+                                         for m in ex.misaligned]}, indent=2))
         return
     from .report import print_near_misses
 
@@ -134,6 +138,12 @@ def explain(
             continue
         out.print(f"[dim]rule {s.rule} not used for {target}: {s.reason}[/dim]")
     print_near_misses(ex.near_misses, out)
+    if ex.misaligned:
+        worst = sorted(ex.misaligned, key=lambda m: -m.waste)
+        out.print(f"alignment: {len(worst)} conv/matmul dims are not a multiple of {ex.vector_width} (fp32 lanes on "
+                  f"{target}); lanes idle on them: " + ", ".join(
+                      f"{m.node} {m.dim} {m.value} ({m.waste * 100:.0f}%)" for m in worst[:8])
+                  + (" ..." if len(worst) > 8 else ""))
 
 
 BenchShape = Annotated[list[str] | None, typer.Option("--shape", help="Input shape name:1x3x224x224 or dim=4.")]

@@ -315,7 +315,7 @@ def check_rule(rule: Rule) -> RuleReport:
                 continue
             tol = _tolerance(model)
             for x, y in zip(before, after, strict=True):
-                if x.shape != y.shape or not np.allclose(x, y, rtol=tol, atol=tol):
+                if x.shape != y.shape or not np.allclose(x, y, rtol=tol, atol=tol, equal_nan=True):
                     err = float(np.max(np.abs(x - y))) if x.shape == y.shape else float("nan")
                     rep.problems.append(f"{where}: outputs differ (max abs {err:.3g}, shapes {x.shape} {y.shape})")
                     break

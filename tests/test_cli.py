@@ -161,3 +161,14 @@ def test_optimize_measures_by_default(cli, tmp_path):
     assert m["provider"] == "cpu" and m["threads"] == 1 and m["rounds"] >= 1
     assert {g["group"] for g in m["groups"]} >= {"com.microsoft.FusedConv", "Conv"}
     assert m["final_verdict"] in ("faster", "slower", "no significant change")
+
+
+def test_explain_reports_misaligned_channels(cli):
+    code, stdout, _ = cli("explain", CNN, "--json")
+    data = json.loads(stdout)
+    width = data["vector_width"]
+    assert width in (8, 16)
+    dims = {(m["node"], m["dim"]): m for m in data["misaligned"]}
+    first = dims[("/layer1/relu/Relu/conv-relu", "in channels (per group)")]  # RGB input: 3 channels
+    assert first["value"] == 3 and first["padded"] == width and abs(first["waste"] - (width - 3) / width) < 1e-9
+    assert all(m["value"] % width for m in data["misaligned"])

@@ -185,3 +185,37 @@ def test_silero_if_branches_keep_outer_scope(tmp_path):
                  "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(sr, np.int64)}
         for a, b in zip(ort_run(orig, feeds), ort_run(got, feeds), strict=True):
             np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+
+
+def _tf_style_model(tmp_path):
+    """NHWC in and out, a Transpose pair around every Conv (as TensorFlow converters emit them)."""
+    import onnx.helper as oh
+    from conftest import make_model, save
+
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3
+    w2 = rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.3
+    nodes = [
+        oh.make_node("Transpose", ["x"], ["x_nchw"], perm=[0, 3, 1, 2], name="t_in"),
+        oh.make_node("Conv", ["x_nchw", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        oh.make_node("Transpose", ["c1"], ["c1_nhwc"], perm=[0, 2, 3, 1], name="t1_out"),
+        oh.make_node("Relu", ["c1_nhwc"], ["r1"], name="relu1"),
+        oh.make_node("Transpose", ["r1"], ["r1_nchw"], perm=[0, 3, 1, 2], name="t2_in"),
+        oh.make_node("Conv", ["r1_nchw", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+        oh.make_node("Transpose", ["c2"], ["c2_nhwc"], perm=[0, 2, 3, 1], name="t2_out"),
+        oh.make_node("Add", ["c2_nhwc", "r1"], ["y"], name="residual"),
+    ]
+    m = make_model(nodes, [("x", [1, 16, 16, 3])], [("y", [1, 16, 16, 8])], {"w1": w1, "w2": w2}, opset=13)
+    return save(m, tmp_path / "tf_style.onnx"), m
+
+
+def test_tf_style_nhwc_model_loses_redundant_transposes(tmp_path):
+    src, orig = _tf_style_model(tmp_path)
+    out = tmp_path / "o.onnx"
+    r = optimize(src, str(out), OptimizeOptions(measure=False))
+    assert r.ops_before["Transpose"] == 4
+    assert r.ops_after.get("Transpose", 0) == 2  # one at the input boundary, one before the output
+    assert r.fired.get("transpose-cancel", 0) >= 1
+    got = onnx.load(str(out))
+    x = np.random.default_rng(1).standard_normal((1, 16, 16, 3)).astype(np.float32)
+    np.testing.assert_allclose(ort_run(got, {"x": x})[0], ort_run(orig, {"x": x})[0], rtol=1e-4, atol=1e-4)

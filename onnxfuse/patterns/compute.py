@@ -77,6 +77,7 @@ FUNCTIONS: dict[str, Callable[..., object]] = {
     "len": len,
     "isqrt": lambda x: 1.0 / math.sqrt(float(x)),
     "compose_perm": lambda first, then: [int(np.asarray(first).reshape(-1)[i]) for i in np.asarray(then).reshape(-1)],
+    "inverse_perm": lambda p: [int(i) for i in np.argsort(np.asarray(p).reshape(-1))],
     "is_identity_perm": lambda p: [int(x) for x in np.asarray(p).reshape(-1)] == list(range(np.size(p))),
     "all": lambda x: bool(np.all(x)),
     "any": lambda x: bool(np.any(x)),

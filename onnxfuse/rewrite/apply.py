@@ -198,7 +198,35 @@ def apply_match(rule: Rule, graph: Graph, b: Binding) -> Application:
     if any(o.startswith(MS_DOMAIN) for o in ops):
         graph.model.opsets.setdefault(MS_DOMAIN, 1)
     _drop_dead_constants(graph, [i for n in b.matched for i in n.inputs])
+    if temps:
+        _infer_temp_types(graph, [graph.producer[t].proto for t in temps.values() if t in graph.producer],
+                          set(temps.values()))
     return Application(rule.id, graph.proto.name, b.values[rule.root], tuple(replaced), tuple(created), tuple(ops))
+
+
+def _infer_temp_types(graph: Graph, protos: list[onnx.NodeProto], temps: set[str]) -> None:
+    """Types for the values a multi-node rewrite invented, by ONNX shape inference on just the new nodes (so
+    later rules can check their dtype/shape). Contrib ops have no ONNX schema: their outputs stay untyped."""
+    produced = {o for p in protos for o in p.output}
+    inputs = []
+    for name in dict.fromkeys(i for p in protos for i in p.input if i and i not in produced):
+        t = graph.type_of(name)
+        if t is None or t.shape is None:
+            return
+        inputs.append(onnx.helper.make_tensor_value_info(name, t.elem_type, list(t.shape)))
+    g = onnx.helper.make_graph(list(protos), "temps", inputs, [])
+    opsets = [onnx.helper.make_opsetid(d or "", v) for d, v in graph.model.opsets.items()]
+    try:
+        inferred = onnx.shape_inference.infer_shapes(onnx.helper.make_model(g, opset_imports=opsets))
+    except Exception:  # noqa: BLE001 - best effort: the values just stay untyped
+        return
+    from ..ir import _type_from_proto
+
+    for vi in inferred.graph.value_info:
+        if vi.name in temps:
+            t = _type_from_proto(vi.type)
+            if t is not None:
+                graph.types[vi.name] = t
 
 
 def _alias(graph: Graph, old: str, new: str, seq: tuple[int, ...], prefix: str, rule_id: str) -> Node | None:

@@ -138,10 +138,28 @@ def run(model: Model, rules: list[Rule], options: EngineOptions) -> EngineResult
                         changed = True
                         if options.max_rewrites is not None and len(apps) >= options.max_rewrites:
                             return EngineResult(apps, skipped, sweeps)
+        for graph in model.graphs():
+            touched.setdefault(id(graph), set()).update(remove_dead_created_nodes(graph))
         if not changed:
             break
         dirty = touched
     return EngineResult(apps, skipped, sweeps)
+
+
+def remove_dead_created_nodes(graph: Graph) -> set[str]:
+    """Nodes a rewrite created (re-created a value for readers that then went away) and nobody reads: gone.
+    Original nodes are never removed here. Returns the values they read."""
+    freed: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for n in graph.nodes:
+            if (n.alive and n.provenance is not None and not n.subgraphs
+                    and not any(graph.consumers.get(o) or graph.is_graph_output(o) for o in n.proto.output if o)):
+                graph.remove_node(n)
+                freed.update(i for i in n.proto.input if i)
+                changed = True
+    return freed
 
 
 def near_misses(model: Model, rules: list[Rule], target: str, min_progress: int = 2) -> list[NearMiss]:
