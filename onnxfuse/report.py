@@ -21,7 +21,8 @@ def print_result(r: Result, console: Console) -> None:
     out = r.output or "(dry run: nothing written)"
     console.print(f"[bold]{r.input}[/bold] -> [bold]{out}[/bold]  target={r.target}")
     console.print(f"nodes {r.nodes_before} -> {r.nodes_after} ({r.nodes_after - r.nodes_before:+d}), "
-                  f"{len(r.applications)} rewrites in {r.sweeps} sweep(s)")
+                  f"{len(r.applications)} rewrites in {r.sweeps} sweep(s), Transposes "
+                  f"{r.ops_before.get('Transpose', 0)} -> {r.ops_after.get('Transpose', 0)}")
     if r.applications:
         t = Table(title="rules fired", title_justify="left")
         t.add_column("rule")
