@@ -479,7 +479,7 @@ def _measure(input_path: str, rules: list[Rule], opts: OptimizeOptions, deny: se
         return cache[key]
 
     _ = validator.reference  # settles the inputs (default dims may have had to grow)
-    feeds = validator.feeds
+    feeds = _timing_feeds(validator)
     try:
         report = select(groups, rewrites, build, input_path, feeds,
                         make_time_fn(opts.target, opts.measure_threads, opts.measure_budget_s),
@@ -500,6 +500,23 @@ def _measure(input_path: str, rules: list[Rule], opts: OptimizeOptions, deny: se
         if not verdict.ok:  # cannot happen for a subset of validated rules unless a rule depends on another
             raise OnnxfuseError(f"the measured selection does not validate: {verdict.reason}; nothing written")
     return report, model, info, eng, proto
+
+
+def _timing_feeds(validator: _Validator) -> dict:
+    """Validation runs a batch of 2 (it exposes batch-broadcasting bugs); latency is timed at batch 1, the usual
+    deployment, unless the user gave the inputs."""
+    if validator.user_inputs:
+        return validator.feeds
+    batch_dims = {d.dim_param for i in validator.proto.graph.input for d in i.type.tensor_type.shape.dim[:1]
+                  if d.dim_param and V._is_batch_name(d.dim_param)}
+    if not batch_dims:
+        return validator.feeds
+    shapes = {k: [1, *v.shape[1:]] if v.ndim else [] for k, v in validator.feeds.items()}
+    try:
+        return V.make_inputs(validator.proto, V.ShapeSpec(tensors={k: s for k, s in shapes.items() if s},
+                                                          dims={d: 1 for d in batch_dims}))
+    except InputSpecError:
+        return validator.feeds
 
 
 def _bisect(input_path: str, rules: list[Rule], target: str, deny: set[tuple[str, str]], n: int,

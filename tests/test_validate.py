@@ -227,7 +227,7 @@ def test_image_defaults_and_initializer_inputs_skipped() -> None:
     model.graph.input.append(helper.make_tensor_value_info("bias", TensorProto.FLOAT, [1, 3, 1, 1]))
     feeds = make_inputs(model)
     assert list(feeds) == ["image"]
-    assert feeds["image"].shape == (2, 3, 64, 64)
+    assert feeds["image"].shape == (2, 3, 224, 224)
     assert feeds["image"].dtype == np.float32
 
 
@@ -245,7 +245,7 @@ def test_tensor_spec_wins_over_named_dim_for_its_tensor() -> None:
 
 def test_named_dim_spec() -> None:
     feeds = make_inputs(image_model(), parse_shape_specs(["height=10", "N=2"]))
-    assert feeds["image"].shape == (2, 3, 10, 64)
+    assert feeds["image"].shape == (2, 3, 10, 224)
 
 
 def test_tensor_spec_rank_mismatch() -> None:
