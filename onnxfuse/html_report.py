@@ -126,7 +126,7 @@ def _profile_section(profiles: list[ProfileResult], labels: list[str]) -> str:
         out.append(f"<p class=meta>{_e(lab)}: kernel times sum to {p.kernel_ms:.3f} ms = {p.agreement * 100:.0f}% of "
                    f"the measured latency {p.latency_ms:.3f} ms (profiled run {p.run_ms:.3f} ms). Peaks measured on "
                    f"this machine: {p.peaks.gflops:.1f} GFLOP/s (GEMM), {p.peaks.gbytes:.1f} GB/s (copy); the profiler's "
-                   f"own {p.peaks.profiler_us:.1f} us per op call (calibrated) is subtracted.</p>"
+                   f"own {p.overhead_us:.1f} us per op call (calibrated) is subtracted.</p>"
                    f'<ul class="signals">' + "".join(f"<li>{_e(s)}</li>" for s in p.signals) + "</ul>")
     return "".join(out)
 

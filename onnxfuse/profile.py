@@ -33,7 +33,7 @@ NORM_OPS = {"LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNorm
 class Peaks:
     gflops: float  # measured GEMM FLOP/s (GFLOP/s) at the profiling thread count
     gbytes: float  # measured memory copy bandwidth (GB/s, read + write)
-    profiler_us: float = 0.0  # what onnxruntime's profiler adds to each kernel event (calibrated, subtracted)
+    profiler_inside: float = 0.0  # fraction of the profiler's slowdown inside kernel events (calibrated)
 
 
 @dataclass
@@ -75,6 +75,7 @@ class ProfileResult:
     by_node: list[NodeStat]
     peaks: Peaks
     signals: list[str] = field(default_factory=list)
+    overhead_us: float = 0.0  # profiler cost subtracted from each kernel event
 
     @property
     def agreement(self) -> float:
@@ -85,6 +86,7 @@ class ProfileResult:
         return {
             "path": self.path, "runs": self.runs, "run_ms": self.run_ms, "latency_ms": self.latency_ms,
             "kernel_ms": self.kernel_ms, "agreement": self.agreement, "peaks": self.peaks.__dict__,
+            "profiler_overhead_us_per_call": self.overhead_us,
             "by_type": [s.__dict__ for s in self.by_type],
             "by_node": [{**s.__dict__, "mean_us": s.mean_us} for s in self.by_node],
             "signals": self.signals,
@@ -148,13 +150,18 @@ def measure_peaks(threads: int = 1) -> Peaks:
         np.copyto(dst, src)
         ts.append(time.perf_counter() - t)
     gbytes = 2 * src.nbytes / min(ts) / 1e9
-    _PEAKS[threads] = Peaks(gflops, gbytes, profiler_overhead_us(threads))
+    _PEAKS[threads] = Peaks(gflops, gbytes, profiler_inside_fraction(threads))
     return _PEAKS[threads]
 
 
-def profiler_overhead_us(threads: int = 1, chain: int = 200, runs: int = 40) -> float:
-    """Per kernel event, how much longer onnxruntime's profiler reports a no-op kernel than it takes: a chain
-    of `chain` Neg ops on one element, profiled kernel sum against unprofiled latency."""
+def profiler_inside_fraction(threads: int = 1) -> float:
+    """Which fraction of the profiler's slowdown lands inside the kernel events it records: on a chain of 200
+    one-element Neg kernels (no real work), (kernel sum - unprofiled latency) / (profiled run - unprofiled
+    latency). Median of three alternating measurements."""
+    return statistics.median(_chain_fraction(threads) for _ in range(3))
+
+
+def _chain_fraction(threads: int, chain: int = 200, runs: int = 40) -> float:
     import onnx.helper as oh
 
     nodes = [oh.make_node("Neg", [f"v{i}"], [f"v{i + 1}"]) for i in range(chain)]
@@ -164,9 +171,10 @@ def profiler_overhead_us(threads: int = 1, chain: int = 200, runs: int = 40) -> 
     feeds = {"v0": np.ones(1, np.float32)}
     plain = V.make_session(data, "all", "cpu", threads)
     events, plain_times = _profiled_events(data, feeds, "all", "cpu", threads, 10 + runs, plain)
-    latency_us = statistics.median(plain_times[10:]) * 1e6
-    per_run = _per_run_kernel_us(events, runs)
-    return max(0.0, (statistics.median(per_run) - latency_us) / chain)
+    latency = statistics.median(plain_times[10:]) * 1e6
+    kernels = statistics.median(_per_run_kernel_us(events, runs))
+    run = statistics.median(e["dur"] for e in _last_runs(events, runs))
+    return min(1.0, max(0.0, (kernels - latency) / max(run - latency, 1e-9)))
 
 
 def _profiled_events(model: str | bytes, feeds: dict, level: str, provider: str, threads: int, n: int,
@@ -251,6 +259,12 @@ def profile(path: str, provider: str = "cpu", threads: int = 1, level: str = "al
     runs_ev = _last_runs(events, runs)
     spans = _run_index(events, runs)
     peaks = measure_peaks(threads)
+    # the profiler slows every event down; the share of that slowdown inside kernel events is subtracted
+    # evenly from each event (calibrated once per process, see profiler_inside_fraction)
+    all_events = sum(1 for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
+                     and e["ts"] >= spans[0][0]) / runs
+    run_us = statistics.median(e["dur"] for e in runs_ev)
+    per_event_us = peaks.profiler_inside * max(0.0, run_us - latency_ms * 1e3) / max(all_events, 1.0)
     prov = _provenance(path)
     per_node: dict[str, NodeStat] = {}
     samples: dict[str, list[float]] = {}  # node -> its time in each run (robust to outlier runs: median)
@@ -268,7 +282,7 @@ def profile(path: str, provider: str = "cpu", threads: int = 1, level: str = "al
         st.calls_per_run += 1
         run = next((i for i, (a, b) in enumerate(spans) if a <= e["ts"] <= b), None)
         if run is not None:
-            samples[name][run] += max(0.0, e["dur"] - peaks.profiler_us)
+            samples[name][run] += max(0.0, e["dur"] - per_event_us)
     for name, st in per_node.items():
         st.calls_per_run /= runs
         st.total_us = statistics.median(samples[name])
@@ -287,8 +301,8 @@ def profile(path: str, provider: str = "cpu", threads: int = 1, level: str = "al
         by_type.append(OpStat(op, calls, total, total / kernel_us if kernel_us else 0.0, total / max(calls, 1e-9),
                               gf, gb, gf / peaks.gflops, gb / peaks.gbytes))
     by_type.sort(key=lambda s: -s.total_us)
-    res = ProfileResult(path, runs, statistics.median(e["dur"] for e in runs_ev) / 1e3, latency_ms,
-                        kernel_us / 1e3, by_type, sorted(per_node.values(), key=lambda s: -s.total_us), peaks)
+    res = ProfileResult(path, runs, run_us / 1e3, latency_ms, kernel_us / 1e3, by_type,
+                        sorted(per_node.values(), key=lambda s: -s.total_us), peaks, overhead_us=per_event_us)
     res.signals = memory_bound_signals(res)
     return res
 

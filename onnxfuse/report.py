@@ -164,7 +164,7 @@ def print_profile(profiles, labels, console: Console, nodes: bool = False) -> No
             console.print(nt)
         console.print(f"{lab}: kernel times sum to {p.kernel_ms:.3f} ms = {p.agreement * 100:.0f}% of the measured "
                       f"latency {p.latency_ms:.3f} ms (profiled run {p.run_ms:.3f} ms); peaks on this machine "
-                      f"{p.peaks.gflops:.1f} GFLOP/s (GEMM), {p.peaks.gbytes:.1f} GB/s (copy); profiler overhead "
-                      f"{p.peaks.profiler_us:.1f} us per op call (calibrated, subtracted)")
+                      f"{p.peaks.gflops:.1f} GFLOP/s (GEMM), {p.peaks.gbytes:.1f} GB/s (copy); the profiler's own "
+                      f"{p.overhead_us:.1f} us per op call (calibrated) is subtracted")
         for s in p.signals:
             console.print(f"  - {s}")
