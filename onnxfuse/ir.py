@@ -133,9 +133,7 @@ class Graph:
         self.producer: dict[str, Node] = {}
         self.consumers: dict[str, list[Node]] = {}
         self.nodes: list[Node] = []
-        self.removed_initializers: set[str] = set()
         self.new_initializers: dict[str, onnx.TensorProto] = {}
-        self.dirty = False
         for i, np_ in enumerate(proto.node):
             self._index(Node(np_, self, (i,)))
         model.names.update(self.initializers)
@@ -164,14 +162,12 @@ class Graph:
     def add_node(self, proto: onnx.NodeProto, seq: tuple[int, ...]) -> Node:
         node = Node(proto, self, seq)
         self._index(node)
-        self.dirty = True
         return node
 
     def remove_node(self, node: Node) -> None:
         if not node.alive:
             return
         node.alive = False
-        self.dirty = True
         for o in node.proto.output:
             if self.producer.get(o) is node:
                 del self.producer[o]
@@ -206,10 +202,6 @@ class Graph:
                         yield from sub.all_graphs()
 
     # ----- values ----------------------------------------------------------------------------------------
-    def consumer_count(self, name: str) -> int:
-        """Uses of `name` in this graph (a node using it twice counts twice); subgraph uses count once."""
-        return len(self.consumers.get(name, ()))
-
     def is_graph_output(self, name: str) -> bool:
         return name in self.graph_outputs
 
@@ -227,7 +219,7 @@ class Graph:
         while g is not None:
             if name in g.new_initializers:
                 return g.new_initializers[name]
-            if name in g.initializers and name not in g.removed_initializers:
+            if name in g.initializers:
                 return g.initializers[name]
             g = g.parent
         return None
@@ -288,7 +280,6 @@ class Graph:
         t = numpy_helper.from_array(value if value.flags.c_contiguous else value.copy(), name)  # keeps 0-d
         self.new_initializers[name] = t
         self.types[name] = TensorType(t.data_type, tuple(int(d) for d in t.dims))
-        self.dirty = True
         return name
 
     # ----- export ----------------------------------------------------------------------------------------
@@ -329,9 +320,7 @@ class Graph:
             out.node.append(_export_node(n))
             used.update(Graph._uses(n))
         for t in self.proto.initializer:
-            if t.name in self.removed_initializers:
-                continue
-            if t.name in self.touched_initializers() and t.name not in used and t.name not in self.input_names:
+            if t.name in self.model.touched_values and t.name not in used and t.name not in self.input_names:
                 continue
             out.initializer.append(t)
         for name, t in self.new_initializers.items():
@@ -340,9 +329,6 @@ class Graph:
         live_values = used | {o for n in nodes for o in n.proto.output}
         out.value_info.extend(v for v in self.proto.value_info if v.name in live_values)
         return out
-
-    def touched_initializers(self) -> set[str]:
-        return self.model.touched_values
 
 
 def _export_node(node: Node) -> onnx.NodeProto:

@@ -214,9 +214,19 @@ CONTROL_FLOW = {"If", "Loop", "Scan"}  # their events include their subgraphs' n
 
 
 def _kernel_events(events: list[dict], runs: int) -> list[dict]:
+    """Kernel events of the last `runs` runs. A control-flow node's duration is reduced to its own time
+    (its subgraph's kernels are events of their own), so nothing is counted twice."""
     start = _last_runs(events, runs)[0]["ts"]
-    return [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= start
-            and e.get("args", {}).get("op_name") not in CONTROL_FLOW]
+    kernels = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
+               and e["ts"] >= start]
+    out = []
+    for e in kernels:
+        if e.get("args", {}).get("op_name") in CONTROL_FLOW:
+            end = e["ts"] + e["dur"]
+            inner = [k for k in kernels if k is not e and e["ts"] <= k["ts"] and k["ts"] + k["dur"] <= end]
+            e = {**e, "dur": max(0.0, e["dur"] - sum(k["dur"] for k in inner)), "nested": len(inner)}
+        out.append(e)
+    return out
 
 
 def _run_index(events: list[dict], runs: int) -> list[tuple[float, float]]:
@@ -261,14 +271,16 @@ def profile(path: str, provider: str = "cpu", threads: int = 1, level: str = "al
     peaks = measure_peaks(threads)
     # the profiler slows every event down; the share of that slowdown inside kernel events is subtracted
     # evenly from each event (calibrated once per process, see profiler_inside_fraction)
-    all_events = sum(1 for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
-                     and e["ts"] >= spans[0][0]) / runs
+    kernel_events = _kernel_events(events, runs)
+    all_events = len(kernel_events) / runs
     run_us = statistics.median(e["dur"] for e in runs_ev)
-    per_event_us = peaks.profiler_inside * max(0.0, run_us - latency_ms * 1e3) / max(all_events, 1.0)
+    slowdown_us = max(0.0, run_us - latency_ms * 1e3) / max(all_events, 1.0)
+    per_event_us = peaks.profiler_inside * slowdown_us
+    outside_us = slowdown_us - per_event_us  # recorded inside a control-flow node for each nested event
     prov = _provenance(path)
     per_node: dict[str, NodeStat] = {}
     samples: dict[str, list[float]] = {}  # node -> its time in each run (robust to outlier runs: median)
-    for e in _kernel_events(events, runs):
+    for e in kernel_events:
         args = e.get("args", {})
         name = e["name"][: -len("_kernel_time")]
         st = per_node.get(name)
@@ -282,7 +294,7 @@ def profile(path: str, provider: str = "cpu", threads: int = 1, level: str = "al
         st.calls_per_run += 1
         run = next((i for i, (a, b) in enumerate(spans) if a <= e["ts"] <= b), None)
         if run is not None:
-            samples[name][run] += max(0.0, e["dur"] - per_event_us)
+            samples[name][run] += max(0.0, e["dur"] - per_event_us - e.get("nested", 0) * outside_us)
     for name, st in per_node.items():
         st.calls_per_run /= runs
         st.total_us = statistics.median(samples[name])

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .compute import CompiledExpr
-from .syntax import Call, Expr, iter_calls, max_calls
+from .syntax import Call, Expr, max_calls
 
 TARGETS = ("cpu", "cuda")
 
@@ -83,7 +83,6 @@ class Rule:
     opset_max: int = 10_000
     order: int = 0
     builtin: bool = False
-    match_attrs: dict[int, dict[str, object]] = field(default_factory=dict)  # id(Call) -> literal attrs
 
     @property
     def root(self) -> str:
@@ -105,6 +104,3 @@ class Rule:
 
     def output_ops(self) -> list[tuple[str, str]]:
         return [(rn.call.domain, rn.call.op) for rn in self.rewrite if rn.call is not None]
-
-    def match_ops(self) -> set[tuple[str, str]]:
-        return {(c.domain, c.op) for e in self.lines.values() for c in iter_calls(e)}
