@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 
 from . import validate as V
-from .measure import Ratio, paired_ratio
+from .measure import SIGNIFICANT, Ratio, paired_ratio
 
 Progress = Callable[[str, float], None]  # (what, fraction done)
 
@@ -52,6 +52,7 @@ class BenchResult:
     ratio: Ratio | None = None  # t(B)/t(A) with its 95% CI
     verdict: str | None = None  # faster / slower / no significant change (B against A)
     batches: list[BatchPoint] = field(default_factory=list)
+    control: Ratio | None = None  # the same model A in a second session against A: the noise floor
 
     def to_json(self) -> dict:
         return {
@@ -61,8 +62,20 @@ class BenchResult:
             "speedup": self.speedup,
             "ratio": None if self.ratio is None else self.ratio.__dict__,
             "verdict": self.verdict,
+            "control_ratio": None if self.control is None else self.control.__dict__,
             "batches": [b.__dict__ for b in self.batches],
         }
+
+
+def verdict(ratio: Ratio, control: Ratio) -> str:
+    """B against A, beyond what a second session of A itself shows (placement and order effects): B's interval
+    must clear 1 by more than the control's distance from 1 plus its half-width (and at least 0.5%)."""
+    margin = max(SIGNIFICANT, abs(control.median - 1) + (control.high - control.low) / 2)
+    if ratio.high < 1 - margin:
+        return "faster"
+    if ratio.low > 1 + margin:
+        return "slower"
+    return "no significant change"
 
 
 def _percentile(xs: list[float], q: float) -> float:
@@ -127,7 +140,10 @@ def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cp
     proto = onnx.load(paths[0], load_external_data=False)
     feeds = V.make_inputs(proto, spec, inputs_npz)
     sessions, load_ms, first_ms, warm = {}, {}, {}, {}
-    for label, path in zip(labels, paths, strict=True):
+    # with two models, a second session of A (created last) measures what order and placement alone do
+    control = len(paths) == 2
+    for label, path in zip(labels + (["A/A control"] if control else []), paths + ([paths[0]] if control else []),
+                           strict=True):
         if progress:
             progress(f"loading {label}", 0.0)
         s, load_ms[label] = _load(path, provider, threads, level)
@@ -145,13 +161,15 @@ def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cp
                               _percentile(ms, 90), _percentile(ms, 99), min(ms),
                               (_percentile(ms, 90) - _percentile(ms, 10)) / med, ms))
     result = BenchResult(provider, threads, level, {k: list(v.shape) for k, v in feeds.items()}, models)
-    if len(paths) == 2:
+    if control:
         a, b = labels
         result.ratio = paired_ratio(times[b], times[a])
+        result.control = paired_ratio(times["A/A control"], times[a])
         result.speedup = float(np.median(np.asarray(times[a]) / np.asarray(times[b])))
-        result.verdict = result.ratio.verdict
+        result.verdict = verdict(result.ratio, result.control)
     if batches:
-        result.batches = batch_sweep(sessions, proto, spec, batches, min_runs, budget_s / 2, progress)
+        result.batches = batch_sweep({k: sessions[k] for k in labels}, proto, spec, batches, min_runs, budget_s / 2,
+                                     progress)
     return result
 
 

@@ -97,7 +97,8 @@ def _bench_section(b: BenchResult) -> str:
                    "runs"], rows)]
     if b.ratio is not None:
         out.append(f'<p class="verdict" id="verdict">B vs A: {b.speedup:.3f}x speed, time ratio {_e(b.ratio)} '
-                   f"(95% CI) &rarr; {_e(b.verdict)}</p>")
+                   f"(95% CI) &rarr; {_e(b.verdict)}</p><p class=meta>Noise floor: a second session of A against A "
+                   f"measures {_e(b.control)}; B must differ by more than that.</p>")
     if b.batches:
         labels = [m.label for m in b.models]
         rows = [[p.batch] + [f"{p.median_ms[lab]:.3f}" for lab in labels] + [f"{p.throughput[lab]:.1f}"

@@ -124,7 +124,8 @@ def print_bench(b, console: Console) -> None:
                   f"{m.p90_ms:.3f}", f"{m.p99_ms:.3f}", f"{m.min_ms:.3f}", f"{m.spread * 100:.1f}%", str(m.runs))
     console.print(t)
     if b.ratio is not None:
-        console.print(f"B vs A: {b.speedup:.3f}x speed (time ratio {b.ratio}, 95% CI) -> [bold]{b.verdict}[/bold]")
+        console.print(f"B vs A: {b.speedup:.3f}x speed (time ratio {b.ratio}, 95% CI) -> [bold]{b.verdict}[/bold]"
+                      f" (noise floor: a second session of A measures {b.control})")
     if b.batches:
         t = Table(title="batch sweep", title_justify="left")
         labels = [m.label for m in b.models]

@@ -146,3 +146,13 @@ def test_cli_bench_and_profile(cli, optimized, tmp_path):
     assert code == 1 and "no such file" in stderr
     code, _, stderr = cli("bench", CNN, "--batch", "1,x")
     assert code == 1 and "--batch 1,x" in stderr
+
+
+def test_verdict_respects_the_a_a_noise_floor():
+    from onnxfuse.bench import verdict
+    from onnxfuse.measure import Ratio
+
+    b = Ratio(0.97, 0.96, 0.98)
+    assert verdict(b, Ratio(1.0, 0.997, 1.003)) == "faster"
+    assert verdict(b, Ratio(1.04, 1.03, 1.05)) == "no significant change"  # order alone shows 4%
+    assert verdict(Ratio(1.10, 1.08, 1.12), Ratio(1.02, 1.01, 1.03)) == "slower"
