@@ -208,16 +208,19 @@ class _Builder:
 
     def build(self) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
         root = self.line(self.rule.root)
-        outputs = [oh.make_tensor_value_info(root, self.primary, None)]
+        undefined = onnx.TensorProto.UNDEFINED  # shape inference fills the output types in
+        outputs = [oh.make_tensor_value_info(root, undefined, None)]
         if self.mut.extra_output:
             self.nodes.append(oh.make_node("Identity", [self.line(self.mut.extra_output)], ["extra_out"]))
-            outputs.append(oh.make_tensor_value_info("extra_out", self.primary, None))
+            outputs.append(oh.make_tensor_value_info("extra_out", undefined, None))
         graph = oh.make_graph(self.nodes, f"selftest_{self.rule.id}", self.inputs, outputs, self.inits)
         opsets = [oh.make_opsetid("", self.opset), oh.make_opsetid("com.microsoft", 1)]
         model = oh.make_model(graph, opset_imports=opsets, ir_version=_ir_version(self.opset))
         inferred = onnx.shape_inference.infer_shapes(model)
         for o, io in zip(model.graph.output, inferred.graph.output, strict=True):
             o.type.CopyFrom(io.type)
+            if o.type.tensor_type.elem_type == onnx.TensorProto.UNDEFINED:  # e.g. a contrib op: no ONNX schema
+                o.type.tensor_type.elem_type = self.primary
             if not o.type.tensor_type.HasField("shape"):
                 o.type.tensor_type.shape.SetInParent()
         return model, self.feeds

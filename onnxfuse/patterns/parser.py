@@ -547,9 +547,9 @@ def _check_names(rule: Rule, values: set[str], compute_spans: dict[str, Span], c
                 if fld is None:
                     c.error(span.shifted(off), f"{name!r} is a node; read an attribute like {name}.<attr>")
             elif name in values:
-                if fld not in (None, "value", "shape", "rank", "dtype", "size"):
+                if fld not in (None, "value", "shape", "dims", "rank", "dtype", "size"):
                     c.error(span.shifted(off), f"values have no field {fld!r}",
-                            "fields: value, shape, rank, dtype, size")
+                            "fields: value, shape, dims, rank, dtype, size")
                 elif fld in (None, "value") and name not in constant_ok:
                     c.error(span.shifted(off), f"{what} reads the value of {name!r}, which may not be constant",
                             f"add '{name}: {{constant: true}}' under 'where'")

@@ -56,7 +56,7 @@ def _env(rule: Rule, graph: Graph, b: Binding, computed: dict[str, object]) -> E
                 t = graph.type_of(node.inputs[0])  # ONNX: no perm means reverse the axes
                 v = list(range(t.rank))[::-1] if t is not None and t.rank is not None else None
             if v is None:
-                raise ComputeError(f"{node.op_type} {node.name!r} has no attribute {fld!r}")
+                return None  # absent without a default: default(n.attr, x) picks x; arithmetic on it fails
             return np.asarray(v, dtype=np.float64) if isinstance(v, float) else v
         value = b.values.get(name, ABSENT)
         if fld == "value":
@@ -68,6 +68,8 @@ def _env(rule: Rule, graph: Graph, b: Binding, computed: dict[str, object]) -> E
             return t.dtype_name
         if t.shape is None:
             raise ComputeError(f"shape of {name} ({value!r}) is unknown")
+        if fld == "dims":  # like shape, with -1 where the dim is symbolic or unknown
+            return [int(d) if isinstance(d, int) else -1 for d in t.shape]
         if fld == "rank":
             return len(t.shape)
         if any(not isinstance(d, int) for d in t.shape):
