@@ -16,7 +16,7 @@ import onnx
 
 from . import validate as V
 from .errors import InputSpecError, ModelError, OnnxfuseError
-from .ir import Model
+from .ir import Model, iter_nodes
 from .loader import LoadInfo, _all_tensors, load_model, save_model
 from .measure import MeasureReport, Source, group_key, make_time_fn, select
 from .patterns.parser import load_path
@@ -151,17 +151,8 @@ def _check_json(c: V.OutputCheck) -> dict:
 
 
 def op_counts(model: onnx.ModelProto) -> Counter:
-    counts: Counter = Counter()
-
-    def walk(g: onnx.GraphProto) -> None:
-        for n in g.node:
-            counts[f"{n.domain}.{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type] += 1
-            for a in n.attribute:
-                for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
-                    walk(sub)
-
-    walk(model.graph)
-    return counts
+    return Counter(f"{n.domain}.{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+                   for n in iter_nodes(model.graph))
 
 
 def _check_paths(input_path: str, output_path: str | None, force: bool) -> None:
@@ -235,7 +226,7 @@ def _retry_larger(session, proto: onnx.ModelProto) -> tuple[dict, dict]:
     """The default dims did not run (e.g. an audio model needs a longer sequence): grow the non-batch
     symbolic dims. Raises the first error if no size works."""
     names = {d.dim_param for i in proto.graph.input for d in i.type.tensor_type.shape.dim
-             if d.dim_param and not V._is_batch_name(d.dim_param)}
+             if d.dim_param and not V.is_batch_name(d.dim_param)}
     first: Exception | None = None
     for size in (128, 512, 2048):
         spec = V.ShapeSpec(tensors={}, dims={n: size for n in names})
@@ -339,18 +330,8 @@ KNOWN_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nc
 def _unknown_ops(proto: onnx.ModelProto) -> list[str]:
     """Ops from domains with no schema anywhere (not ONNX, not onnxruntime's, not a model-local function)."""
     local = {(f.domain, f.name) for f in proto.functions}
-    found: set[str] = set()
-
-    def walk(g: onnx.GraphProto) -> None:
-        for n in g.node:
-            if n.domain not in KNOWN_DOMAINS and (n.domain, n.op_type) not in local:
-                found.add(f"{n.domain}:{n.op_type}")
-            for a in n.attribute:
-                for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
-                    walk(sub)
-
-    walk(proto.graph)
-    return sorted(found)
+    return sorted({f"{n.domain}:{n.op_type}" for n in iter_nodes(proto.graph)
+                   if n.domain not in KNOWN_DOMAINS and (n.domain, n.op_type) not in local})
 
 
 def _unvalidatable_ops(proto: onnx.ModelProto, provider: str) -> list[str]:
@@ -508,7 +489,7 @@ def _timing_feeds(validator: _Validator) -> dict:
     if validator.user_inputs:
         return validator.feeds
     batch_dims = {d.dim_param for i in validator.proto.graph.input for d in i.type.tensor_type.shape.dim[:1]
-                  if d.dim_param and V._is_batch_name(d.dim_param)}
+                  if d.dim_param and V.is_batch_name(d.dim_param)}
     if not batch_dims:
         return validator.feeds
     shapes = {k: [1, *v.shape[1:]] if v.ndim else [] for k, v in validator.feeds.items()}

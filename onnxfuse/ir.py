@@ -36,6 +36,18 @@ class TensorType:
         return dtype_name(self.elem_type)
 
 
+def iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of a GraphProto, subgraphs (If/Loop/Scan bodies) included."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from iter_nodes(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from iter_nodes(sub)
+
+
 def dtype_name(elem_type: int) -> str:
     if elem_type == 0:
         return "undefined"

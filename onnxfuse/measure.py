@@ -141,8 +141,8 @@ def select(
                 break
             kept.add(best)
             if kept == set(effects):
-                report.final = paired_ratio(*_pair(time_fn({"original": original,
-                                                             "current": build(rules_without(kept))}, feeds)))
+                last = time_fn({"original": original, "current": build(rules_without(kept))}, feeds)
+                report.final = paired_ratio(last["current"], last["original"])
                 break
     for g, e in effects.items():
         e.kept = g in kept
@@ -154,10 +154,6 @@ def select(
     report.groups = list(effects.values())
     report.seconds = time.perf_counter() - t0
     return report
-
-
-def _pair(times: dict[str, list[float]]) -> tuple[list[float], list[float]]:
-    return times["current"], times["original"]
 
 
 def make_time_fn(provider: str, threads: int, budget_s: float, min_runs: int = 30) -> TimeFn:

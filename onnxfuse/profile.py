@@ -200,22 +200,8 @@ def _profiled_events(model: str | bytes, feeds: dict, level: str, provider: str,
                      plain=None) -> tuple[list[dict], list[float]]:
     """Profiled runs; with `plain` (an unprofiled session of the same model) its runs alternate with the
     profiled ones, so both see the same machine state. Returns the events and the plain run times (s)."""
-    import onnxruntime as ort
-
-    from .targets import PROVIDERS
-
     with tempfile.TemporaryDirectory() as tmp:
-        so = ort.SessionOptions()
-        so.graph_optimization_level = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-                                       "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-                                       "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-                                       "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[level]
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.log_severity_level = 4
-        so.enable_profiling = True
-        so.profile_file_prefix = os.path.join(tmp, "prof")
-        sess = ort.InferenceSession(model, so, providers=[PROVIDERS[provider]])
+        sess = V.make_session(model, level, provider, threads, profile_prefix=os.path.join(tmp, "prof"))
         plain_times: list[float] = []
         for _ in range(n):
             if plain is not None:

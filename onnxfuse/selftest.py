@@ -260,16 +260,9 @@ def _fires(rule: Rule, model: onnx.ModelProto) -> tuple[int, onnx.ModelProto]:
 
 
 def _ort_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    import onnxruntime as ort
+    from .validate import make_session
 
-    ort.set_default_logger_severity(3)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
-    s = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    ro = ort.RunOptions()
-    ro.log_severity_level = 4
-    return s.run(None, feeds, ro)
+    return make_session(model.SerializeToString(), "disable").run(None, feeds)
 
 
 def _valid_build(rule: Rule, inst: dict[str, Expr], with_optional: bool, mut: _Mutation

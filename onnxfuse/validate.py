@@ -12,7 +12,6 @@ import math
 import os
 import re
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +20,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from .errors import InputSpecError, ModelError, OnnxfuseError
+from .ir import iter_nodes
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -324,14 +324,14 @@ BATCH_DEFAULT = 2  # not 1: a batch of 2 exposes rewrites that broadcast wrongly
 SPATIAL_DEFAULT = 224  # a typical image size: timings at toy sizes mislead measured selection
 
 
-def _is_batch_name(name: str) -> bool:
+def is_batch_name(name: str) -> bool:
     low = name.lower()
     return "batch" in low or low == "n" or low.startswith("unk")
 
 
 def _default_dim(dim_name: str | None, axis: int, rank: int, is_float: bool) -> int:
     if dim_name is not None:
-        if _is_batch_name(dim_name):
+        if is_batch_name(dim_name):
             return BATCH_DEFAULT
         if any(w in dim_name.lower() for w in _SEQ_WORDS):
             return SEQ_DEFAULT
@@ -399,17 +399,6 @@ _PASS_THROUGH = {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity
 _SHAPE_PRESERVING = {"Cast", "Identity", "DequantizeLinear"}
 
 
-def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _all_nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _all_nodes(sub)
-
-
 @dataclass
 class _GraphIndex:
     consumers: dict[str, list[onnx.NodeProto]]
@@ -421,7 +410,7 @@ class _GraphIndex:
         consumers: dict[str, list[onnx.NodeProto]] = {}
         producers: dict[str, onnx.NodeProto] = {}
         const_shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
-        for node in _all_nodes(model.graph):
+        for node in iter_nodes(model.graph):
             for name in node.input:
                 if name:
                     consumers.setdefault(name, []).append(node)
@@ -583,9 +572,11 @@ def _ort_providers(provider: str) -> list[str]:
 
 
 def make_session(
-    model_path: str | bytes, level: str = "disable", provider: str = "cpu", threads: int = 1
+    model_path: str | bytes, level: str = "disable", provider: str = "cpu", threads: int = 1,
+    profile_prefix: str | None = None,
 ) -> onnxruntime.InferenceSession:
-    """An InferenceSession at the given graph optimization level; load failures become ModelError."""
+    """An InferenceSession at the given graph optimization level (profiling into `profile_prefix` when
+    given); load failures become ModelError."""
     import onnxruntime as ort
 
     ort.set_default_logger_severity(4)  # failures are reported by onnxfuse itself, in one line
@@ -596,6 +587,9 @@ def make_session(
         raise OnnxfuseError(f"thread count must be >= 0, got {threads}")
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
     providers = _ort_providers(provider)
     if isinstance(model_path, str) and not os.path.isfile(model_path):
         raise ModelError(f"model file not found: {model_path}")
