@@ -174,7 +174,7 @@ def _find_cycle(graph: onnx.GraphProto) -> list[str] | None:
 def _infer_types(proto: onnx.ModelProto) -> onnx.ModelProto | None:
     """Shape inference on a copy (symbolic dims stay symbolic); best effort: None when it fails."""
     try:
-        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False)
+        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     except Exception:
         return None
 

@@ -66,12 +66,20 @@ def _swap(e: Expr) -> Expr:
 
 def instances(rule: Rule) -> list[tuple[dict[str, Expr], tuple[int, ...]]]:
     """Every combination of alternatives (evenly thinned to MAX_INSTANCES), with each line's option index."""
-    names = list(rule.lines)
+    names = rule.line_names()
     options = [list(enumerate(_expand(rule.lines[n]))) for n in names]
     combos = list(itertools.product(*options))
     if len(combos) > MAX_INSTANCES:
         step = len(combos) / MAX_INSTANCES
-        combos = [combos[int(i * step)] for i in range(MAX_INSTANCES)]
+        picked = [combos[int(i * step)] for i in range(MAX_INSTANCES)]
+        covered = {(li, c[li][0]) for c in picked for li in range(len(names))}
+        for li, opts in enumerate(options):  # every alternative of every line at least once
+            for oi, _ in opts:
+                if (li, oi) not in covered:
+                    extra = next(c for c in combos if c[li][0] == oi)
+                    picked.append(extra)
+                    covered |= {(lj, extra[lj][0]) for lj in range(len(names))}
+        combos = picked
     return [(dict(zip(names, (e for _, e in c), strict=True)), tuple(i for i, _ in c)) for c in combos]
 
 
@@ -158,7 +166,10 @@ class _Builder:
         con = self.rule.where.get(name)
         elem = _input_type(call, idx, self.opset, self.primary)
         shape = self._shape(name)
-        if con is not None and con.const is not None:
+        fixed = self.rule.example_attrs.get(("", name))
+        if fixed is not None and not self.mut.const_scale.get(name):
+            self.inits.append(numpy_helper.from_array(np.asarray(fixed, dtype=_np(elem)), name))
+        elif con is not None and con.const is not None:
             c = con.const * self.mut.const_scale.get(name, 1.0)
             if name in self.mut.const_scale and (not c.any() or elem == onnx.TensorProto.INT64):
                 c = con.const + 1
@@ -184,27 +195,30 @@ class _Builder:
             assert parent is not None
             return self.value(e.name, parent, idx)
         assert isinstance(e, Call)
-        return self._node(e, None)
+        return self._node(e, None)[0]
 
     def line(self, name: str) -> str:
+        head = self.rule.head(name)
         if name not in self.done:
-            call = self.inst[name]
+            call = self.inst[head]
             assert isinstance(call, Call)
-            self.done[name] = self._node(call, name)
+            outs = [n for n, (h, _) in sorted(self.rule.outputs_of.items(), key=lambda kv: kv[1][1]) if h == head]
+            self._node(call, outs or [name])
+            for o in outs or [name]:
+                self.done[o] = o
         return self.done[name]
 
-    def _node(self, call: Call, out: str | None) -> str:
+    def _node(self, call: Call, outs: list[str] | None) -> list[str]:
         inputs = [self.emit(a, call, i) for i, a in enumerate(call.args)]
         while inputs and inputs[-1] == "":
             inputs.pop()
         self.n += 1
-        out = out or f"t{self.n}"
+        outs = outs or [f"t{self.n}"]
         attrs = dict(call.lits)
-        if out is not None:
-            attrs.update({a: v for (line, a), v in self.rule.example_attrs.items() if line == out})
-        self.nodes.append(oh.make_node(call.op, inputs, [out], name=f"n{self.n}_{call.op}",
+        attrs.update({a: v for (line, a), v in self.rule.example_attrs.items() if line == outs[0]})
+        self.nodes.append(oh.make_node(call.op, inputs, outs, name=f"n{self.n}_{call.op}",
                                        domain=call.domain or None, **attrs))
-        return out
+        return outs
 
     def build(self) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
         root = self.line(self.rule.root)
@@ -319,7 +333,7 @@ def check_rule(rule: Rule) -> RuleReport:
                 rep.instances += 1
                 if first_ok is None and not swap:
                     first_ok = (concrete, opset)
-    for li, name in enumerate(rule.lines):
+    for li, name in enumerate(rule.line_names()):
         for oi in range(len(_expand(rule.lines[name]))):
             if (li, oi) not in covered:
                 rep.problems.append(f"line {name!r} alternative #{oi + 1}: no valid model could be built at opsets "

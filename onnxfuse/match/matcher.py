@@ -14,6 +14,10 @@ from ..patterns.rules import Constraint, Rule
 from ..patterns.syntax import Alt, Call, Expr, Ref
 
 ABSENT = ""
+# Ops that compute shapes and indices; a chain of them that only feeds a match is removed with it.
+SHAPE_ARITHMETIC = frozenset({"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Size",
+                              "Reshape", "Add", "Sub", "Mul", "Div", "Constant", "Identity", "Equal", "Where",
+                              "ConstantOfShape", "Expand", "Range"})
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,7 @@ class Binding:
     nodes: dict[str, Node] = field(default_factory=dict)
     matched: tuple[Node, ...] = ()
     dims: dict[str, int | str] = field(default_factory=dict)
+    side: tuple[Node, ...] = ()  # outside readers that only feed the match (shape arithmetic): die with it
 
     def bind(self, name: str, value: str, node: Node | None = None) -> Binding:
         nodes = self.nodes if node is None else {**self.nodes, name: node}
@@ -34,6 +39,9 @@ class Binding:
 
     def with_dims(self, dims: dict[str, int | str]) -> Binding:
         return Binding(self.values, self.nodes, self.matched, dims)
+
+    def with_side(self, side: tuple[Node, ...]) -> Binding:
+        return Binding(self.values, self.nodes, self.matched, self.dims, side)
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,7 @@ class Matcher:
         self.graph = graph
         self.best: Failure | None = None
         self.exposed = rule.exposed
+        self.read = rule.read_names
 
     # ----- entry -----------------------------------------------------------------------------------------
     def match(self, root: Node) -> Binding | None:
@@ -81,8 +90,9 @@ class Matcher:
         if not root.proto.output or not root.proto.output[0]:
             return None
         for b in self._line(self.rule.root, root.proto.output[0], Binding()):
-            if self._final(b):
-                return b
+            final = self._final(b)
+            if final is not None:
+                return final
         return None
 
     def _fail(self, b: Binding, where: str, reason: str) -> None:
@@ -101,6 +111,20 @@ class Matcher:
         node = self.graph.producer.get(value)
         if node is None:
             self._fail(b, value, f"{value!r} is not produced by a node (graph input or initializer)")
+            return
+        head, idx = self.rule.outputs_of.get(name, (name, 0))
+        if head != name or idx != 0:  # an output of a multi-output line: match the node through its head
+            if idx >= len(node.outputs) or node.outputs[idx] != value:
+                self._fail(b, node.name, f"{value!r} is not output {idx} of {node.op_type} (line {name!r})")
+                return
+            con = self.rule.where.get(name)
+            if con is not None:
+                b2 = self._check_value(name, value, con, b, node)
+                if b2 is None:
+                    return
+                b = b2
+            for b2 in self._line(head, node.outputs[0], b):
+                yield b2.bind(name, value, node)
             return
         con = self.rule.where.get(name)
         if con is not None:
@@ -292,10 +316,11 @@ class Matcher:
         return out
 
     # ----- whole-match checks ----------------------------------------------------------------------------
-    def _final(self, b: Binding) -> bool:
+    def _final(self, b: Binding) -> Binding | None:
         g = self.graph
         line_of = {id(n): name for name, n in b.nodes.items()}
         taken = {id(n) for n in b.matched}
+        side: dict[int, Node] = {}
         for node in b.matched:
             line = line_of.get(id(node))
             for idx, out in enumerate(node.outputs):
@@ -306,10 +331,33 @@ class Matcher:
                 label = f"{node.op_type} {node.name!r}" + (f" (line {line})" if line else "")
                 if g.is_graph_output(out):
                     self._fail(b, node.name, f"{label}: its output {out!r} is a graph output")
-                    return False
+                    return None
                 outside = [c for c in g.consumers.get(out, ()) if id(c) not in taken]
-                if outside:
+                if outside and not self._feeds_only_match(outside, taken, side, {v for k, v in b.values.items() if k in self.read}):
                     names = ", ".join(sorted({f"{c.op_type} {c.name!r}" for c in outside})[:3])
                     self._fail(b, node.name, f"{label} has {len(outside)} consumer(s) outside the match ({names})")
-                    return False
+                    return None
+        return b.with_side(tuple(side.values())) if side else b
+
+    def _feeds_only_match(self, readers: list[Node], taken: set[int], side: dict[int, Node],
+                          bound: set[str]) -> bool:
+        """True when every reader is shape arithmetic (Shape, Gather, Unsqueeze, Concat, ...) whose results
+        reach only matched nodes, and that computes no value the match bound (which the rewrite may read): it
+        dies with the match, so it does not keep an interior value alive. Found nodes are added to `side`."""
+        found: dict[int, Node] = {}
+        stack = list(readers)
+        while stack:
+            n = stack.pop()
+            if id(n) in taken or id(n) in found or id(n) in side:
+                continue
+            if n.op_type not in SHAPE_ARITHMETIC or n.domain != "" or len(found) >= 64:
+                return False
+            found[id(n)] = n
+            for out in n.outputs:
+                if not out:
+                    continue
+                if self.graph.is_graph_output(out) or out in bound:
+                    return False  # the rewrite may read it
+                stack.extend(self.graph.consumers.get(out, ()))
+        side.update(found)
         return True

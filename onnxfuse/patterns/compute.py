@@ -104,7 +104,7 @@ _CMPOPS: dict[type, Callable[[object, object], object]] = {
     ast.Gt: lambda a, b: a > b,
     ast.GtE: lambda a, b: a >= b,
 }
-VALUE_FIELDS = ("value", "shape", "rank", "dtype", "size")
+VALUE_FIELDS = ("value", "shape", "dims", "rank", "dtype", "size")
 
 
 @dataclass

@@ -189,7 +189,7 @@ def _parse_rule(node: yaml.Node, c: _Collector, builtin: bool, order: int) -> Ru
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", rule_id):
         c.error(c.span(fields["id"][1]), f"rule id {rule_id!r} must be letters, digits, '-', '_' or '.'")
     doc = _string(fields["doc"][1], c, "'doc'") if "doc" in fields else ""
-    lines, line_spans = _parse_match(fields["match"][1], c)
+    lines, line_spans, outputs_of = _parse_match(fields["match"][1], c)
     where = _parse_where(fields["where"][1], c, lines) if "where" in fields else {}
     if not lines:
         return None
@@ -207,7 +207,7 @@ def _parse_rule(node: yaml.Node, c: _Collector, builtin: bool, order: int) -> Ru
         id=rule_id, doc=doc or "", file=c.file, span=c.span(fields["id"][1]), lines=lines,
         line_spans=line_spans, where=where, compute=compute, rewrite=rewrite, targets=targets,
         opset_min=omin, opset_max=omax, order=order, builtin=builtin, require=[r for r, _ in require],
-        example=example, example_attrs=example_attrs,
+        example=example, example_attrs=example_attrs, outputs_of=outputs_of,
     )
     rule_require_spans = [sp for _, sp in require]
     if len(c.diags) == n_before:
@@ -215,13 +215,23 @@ def _parse_rule(node: yaml.Node, c: _Collector, builtin: bool, order: int) -> Ru
     return rule if len(c.diags) == n_before else None
 
 
-def _parse_match(node: yaml.Node, c: _Collector) -> tuple[dict[str, Expr], dict[str, Span]]:
+def _parse_match(node: yaml.Node, c: _Collector
+                 ) -> tuple[dict[str, Expr], dict[str, Span], dict[str, tuple[str, int]]]:
+    """Match lines; a line `a, b, c: Split(...)` names the outputs of one multi-output node: `a` holds the
+    expression, and `outputs_of` maps every name of such a line to (first name, output index)."""
     lines: dict[str, Expr] = {}
     spans: dict[str, Span] = {}
-    for name, kn, vn in _mapping(node, c, "'match'") or []:
-        if not IDENT.match(name):
-            c.error(c.span(kn), f"match line name {name!r} must be an identifier")
+    outputs_of: dict[str, tuple[str, int]] = {}
+    for key, kn, vn in _mapping(node, c, "'match'") or []:
+        names = [n.strip() for n in key.split(",")]
+        bad = [n for n in names if not IDENT.match(n)]
+        if bad:
+            c.error(c.span(kn), f"match line name {bad[0]!r} must be an identifier")
             continue
+        if len(set(names)) != len(names) or any(n in lines for n in names):
+            c.error(c.span(kn), f"match line {key!r} repeats a name")
+            continue
+        name = names[0]
         text = _string(vn, c, f"match line {name!r}")
         if text is None:
             continue
@@ -236,11 +246,18 @@ def _parse_match(node: yaml.Node, c: _Collector) -> tuple[dict[str, Expr], dict[
             c.error(span, f"match line {name!r} must be an operator call (or alternatives of calls)",
                     "a line names a node; values entering the match need no line")
             continue
-        lines[name] = expr
-        spans[name] = span
+        if len(names) > 1:
+            if not isinstance(expr, Call):
+                c.error(span, f"a multi-output match line ({key!r}) must be one operator call")
+                continue
+            for i, n in enumerate(names):
+                outputs_of[n] = (name, i)
+        for n in names:
+            lines[n] = expr
+            spans[n] = span
     if not lines and not c.diags:
         c.error(c.span(node), "'match' has no lines")
-    return lines, spans
+    return lines, spans, outputs_of
 
 
 def _check_calls(expr: Expr, c: _Collector, span: Span, match_side: bool) -> None:
@@ -484,8 +501,9 @@ def _parse_require(node: yaml.Node, c: _Collector) -> list[tuple[tuple[CompiledE
 
 def _parse_example(node: yaml.Node, c: _Collector, values: set[str], lines: dict[str, Expr]
                    ) -> tuple[dict[str, list[list[int]]], dict[tuple[str, str], object]]:
-    """Shapes of input values (a shape, or a list of alternative shapes) and `line.attr` attribute values
-    for the models `patterns test` builds."""
+    """Shapes of input values (a shape, or a list of alternative shapes), constant values of input values
+    (`{value: [...]}`, e.g. a Reshape's target shape) and `line.attr` attribute values for the models
+    `patterns test` builds. Constant values are returned under the key ('', name) of the attribute map."""
     shapes: dict[str, list[list[int]]] = {}
     attrs: dict[tuple[str, str], object] = {}
 
@@ -503,12 +521,15 @@ def _parse_example(node: yaml.Node, c: _Collector, values: set[str], lines: dict
         elif name not in values:
             c.error(c.span(kn), f"'example' names {name!r}, which is not an input value of the match",
                     _closest(name, values))
+        elif isinstance(v, dict) and set(v) == {"value"} and isinstance(v["value"], int | float | list):
+            attrs[("", name)] = v["value"]
         elif dims_ok(v):
             shapes[name] = [v]
         elif isinstance(v, list) and v and all(dims_ok(x) for x in v):
             shapes[name] = v
         else:
-            c.error(c.span(vn), f"example shape of {name!r} must be a list of positive integers (or a list of them)")
+            c.error(c.span(vn), f"example of {name!r} must be a shape (list of positive integers), a list of "
+                    "shapes, or {value: <number or list>}")
     return shapes, attrs
 
 
@@ -571,7 +592,8 @@ def _check_names(rule: Rule, values: set[str], compute_spans: dict[str, Span], c
         for a in args:
             assert isinstance(a, Ref)
             if a.name == "_":
-                c.error(rn.span.shifted(a.off), "'_' cannot be a rewrite input", "use B? for an optional input")
+                if rn.call is None:
+                    c.error(rn.span.shifted(a.off), "'_' cannot be aliased", "name the value the output becomes")
             elif a.name in known:
                 used_compute.add(a.name)
             elif a.name in temps:

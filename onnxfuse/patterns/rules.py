@@ -78,6 +78,7 @@ class Rule:
     require: list[tuple[CompiledExpr, str]] = field(default_factory=list)  # (expr, source text)
     example: dict[str, list[list[int]]] = field(default_factory=dict)  # input shape alternatives (self-test)
     example_attrs: dict[tuple[str, str], object] = field(default_factory=dict)  # (line, attr) -> value
+    outputs_of: dict[str, tuple[str, int]] = field(default_factory=dict)  # multi-output line names
     targets: tuple[str, ...] = TARGETS
     opset_min: int = 1
     opset_max: int = 10_000
@@ -90,12 +91,30 @@ class Rule:
 
     @property
     def size(self) -> int:
-        return sum(max_calls(e) for e in self.lines.values())
+        return sum(max_calls(e) for n, e in self.lines.items() if self.head(n) == n)
+
+    def head(self, name: str) -> str:
+        """The line holding the expression: `name` itself, or the first name of its multi-output line."""
+        return self.outputs_of.get(name, (name, 0))[0]
+
+    def line_names(self) -> list[str]:
+        """Match lines, one name per node (the first name of a multi-output line)."""
+        return [n for n in self.lines if self.head(n) == n]
 
     @property
     def exposed(self) -> set[str]:
         """Match lines whose values the rewrite re-creates (may have consumers outside the match)."""
         return {o for rn in self.rewrite for o in rn.outputs if o in self.lines}
+
+    @property
+    def read_names(self) -> set[str]:
+        """Names whose values the rewrite reads: rewrite inputs and names read by computations."""
+        names = {a.name for rn in self.rewrite if rn.call is not None for a in rn.call.args}
+        names |= {rn.alias for rn in self.rewrite if rn.alias}
+        exprs = list(self.compute.values()) + [e for e, _ in self.require]
+        exprs += [e for rn in self.rewrite for e in rn.attrs.values()]
+        names |= {n for e in exprs for n, _, _ in e.names}
+        return names
 
     def root_ops(self) -> set[tuple[str, str]]:
         expr = self.lines[self.root]

@@ -10,9 +10,9 @@ import onnx
 from onnx import numpy_helper
 
 from ..ir import Graph, Node
-from ..match.matcher import ABSENT, Binding
+from ..match.matcher import ABSENT, SHAPE_ARITHMETIC, Binding
 from ..opschema import MS_DOMAIN, AttrSpec, attr_value, op_spec
-from ..patterns.compute import ComputeError, Env, evaluate
+from ..patterns.compute import VALUE_FIELDS, ComputeError, Env, evaluate
 from ..patterns.rules import RewriteNode, Rule
 
 _A = onnx.AttributeProto
@@ -51,16 +51,22 @@ def _env(rule: Rule, graph: Graph, b: Binding, computed: dict[str, object]) -> E
             node = b.nodes[name]
             if fld == "op_type":
                 return node.op_type
-            v = attr_value(node.proto, fld, op_spec(node.domain, node.op_type, graph.model.opset))
+            spec = op_spec(node.domain, node.op_type, graph.model.opset)
+            if fld in VALUE_FIELDS and fld != "value" and (spec is None or fld not in spec.attrs):
+                return value_field(name, fld)  # a line's output value: qh.dims, o.rank, ...
+            v = attr_value(node.proto, fld, spec)
             if v is None and (node.op_type, fld) == ("Transpose", "perm"):
                 t = graph.type_of(node.inputs[0])  # ONNX: no perm means reverse the axes
                 v = list(range(t.rank))[::-1] if t is not None and t.rank is not None else None
             if v is None:
                 return None  # absent without a default: default(n.attr, x) picks x; arithmetic on it fails
             return np.asarray(v, dtype=np.float64) if isinstance(v, float) else v
-        value = b.values.get(name, ABSENT)
         if fld == "value":
             return name_value(name)
+        return value_field(name, fld)
+
+    def value_field(name: str, fld: str) -> object:
+        value = b.values.get(name, ABSENT)
         t = graph.type_of(value) if value != ABSENT else None
         if t is None:
             raise ComputeError(f"type of {name} ({value!r}) is unknown")
@@ -152,7 +158,7 @@ def apply_match(rule: Rule, graph: Graph, b: Binding) -> Application:
     for n in b.matched:
         replaced.extend(_originals(n))
     # --- from here on the graph changes ---
-    for n in b.matched:
+    for n in b.matched + b.side:
         graph.remove_node(n)
     init_names: dict[str, str] = {}
     temps: dict[str, str] = {}
@@ -199,7 +205,7 @@ def apply_match(rule: Rule, graph: Graph, b: Binding) -> Application:
             graph.model.opsets[rn.call.domain] = 1
     if any(o.startswith(MS_DOMAIN) for o in ops):
         graph.model.opsets.setdefault(MS_DOMAIN, 1)
-    _drop_dead_constants(graph, [i for n in b.matched for i in n.inputs])
+    _drop_dead_constants(graph, [i for n in b.matched + b.side for i in n.inputs])
     if temps:
         _infer_temp_types(graph, [graph.producer[t].proto for t in temps.values() if t in graph.producer],
                           set(temps.values()))
@@ -249,10 +255,17 @@ def _alias(graph: Graph, old: str, new: str, seq: tuple[int, ...], prefix: str, 
 
 
 def _drop_dead_constants(graph: Graph, names: list[str]) -> None:
-    """Remove Constant nodes (and mark initializers) that only fed the removed nodes."""
+    """Remove the producers of `names` that fed only the removed nodes (Constants, and shape arithmetic
+    that fed the match), recursively; mark initializers as touched so unused ones are dropped on export."""
     graph.model.touched_values.update(n for n in names if n)
-    for name in names:
+    todo = [n for n in names if n]
+    while todo:
+        name = todo.pop()
         p = graph.producer.get(name)
-        if (p is not None and p.op_type == "Constant" and p.domain == "" and not graph.consumers.get(name)
-                and not graph.is_graph_output(name)):
-            graph.remove_node(p)
+        if p is None or not p.alive or p.subgraphs or (p.op_type != "Constant" and p.op_type not in SHAPE_ARITHMETIC):
+            continue
+        if any(graph.consumers.get(o) or graph.is_graph_output(o) for o in p.outputs if o):
+            continue
+        graph.remove_node(p)
+        graph.model.touched_values.update(i for i in p.inputs if i)
+        todo.extend(i for i in p.inputs if i)

@@ -128,7 +128,7 @@ def run(model: Model, rules: list[Rule], options: EngineOptions) -> EngineResult
                         b = matcher.match(node)
                         if b is None or match_issue(rule, graph, b, options.target):
                             continue
-                        values = {v for n in b.matched for v in n.proto.input if v}
+                        values = {v for n in b.matched + b.side for v in n.proto.input if v}
                         values.update(v for n in b.matched for v in n.proto.output if v)
                         try:
                             apps.append(apply_match(rule, graph, b))
