@@ -82,6 +82,7 @@ FUNCTIONS: dict[str, Callable[..., object]] = {
     "compose_perm": lambda first, then: [int(np.asarray(first).reshape(-1)[i]) for i in np.asarray(then).reshape(-1)],
     "inverse_perm": lambda p: [int(i) for i in np.argsort(np.asarray(p).reshape(-1))],
     "is_identity_perm": lambda p: [int(x) for x in np.asarray(p).reshape(-1)] == list(range(np.size(p))),
+    "nan": lambda: math.nan,
     "all": lambda x: bool(np.all(x)),
     "any": lambda x: bool(np.any(x)),
 }
