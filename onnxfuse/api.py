@@ -371,7 +371,16 @@ def optimize(input_path: str, output_path: str | None, opts: OptimizeOptions | N
 
     t0 = time.perf_counter()
     deny: set[tuple[str, str]] = set()
+    held_back: list[RuleSkip] = []
+    if opts.validate and provider != opts.target:  # fused ops with no CPU kernel could not be validated here
+        for r in rules:
+            ops = [f"{d}.{o}" for d, o in r.output_ops() if kernel_issue(d, o, provider) and opts.target in r.targets]
+            if ops:
+                held_back.append(RuleSkip(r.id, f"{', '.join(ops)} has no CPU kernel and no CUDA execution provider "
+                                                "is installed to validate it (--no-validate applies it unchecked)"))
+        rules = [r for r in rules if r.id not in {h.rule for h in held_back}]
     eng = run(model, rules, EngineOptions(target=opts.target))
+    eng.skipped.extend(held_back)
     proto = model.export()
     timings["rewrite"] = time.perf_counter() - t0
 

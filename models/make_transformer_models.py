@@ -1,0 +1,402 @@
+#!/usr/bin/env python3
+"""Export a small corpus of Hugging Face transformer models to ONNX (random weights, no downloads).
+
+Usage::
+
+    python models/make_transformer_models.py [OUTPUT_DIR]      # default: models/transformers/
+    python models/make_transformer_models.py --only bert,vit    # a subset (by family or variant name)
+
+Every model is built from a config object with ``torch.manual_seed(0)`` (never ``from_pretrained``) and
+exported twice:
+
+* TorchScript exporter (``dynamo=False``, opset 17)  -> ``<name>_ts17.onnx``
+* dynamo exporter      (``dynamo=True``,  opset 18)  -> ``<name>_dynamo18.onnx``
+
+Variants: ``bert`` (BertModel, default = sdpa attention), ``bert_eager`` (BertModel with
+``attn_implementation="eager"``), ``gpt2`` (GPT2Model, use_cache=False), ``vit`` (ViTModel, 32x32 image,
+patch 8), ``llama`` (LlamaModel, use_cache=False, 4 heads / 2 kv heads = grouped-query attention).
+Sizes: hidden 64, 2 layers, 4 heads (llama: 2 kv heads), intermediate 64, vocab 128, max positions 64
+(about 300 KB a file). The only output is
+``last_hidden_state`` (no pooler). All weights are stored inside the .onnx file.
+
+Each export is checked with ``onnx.checker.check_model``, run in onnxruntime CPU on the feeds described in
+``inputs.json`` (batch 2, seq 16; attention_mask of ones with the last 3 positions of sample 1 set to 0) and
+compared to the torch output. A dynamo export that fails is recorded with a one-line reason and skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+import torch  # noqa: E402
+
+BATCH, SEQ = 2, 16
+# Intermediate 128 and vocab 256 made every file 340-440 KB and the corpus 3.7 MB; intermediate 64 and
+# vocab 128 bring it to ~2.8 MB without changing any graph structure.
+HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE = 64, 2, 4, 2, 64
+VOCAB, MAX_POS = 128, 64
+IMAGE, PATCH, CHANNELS = 32, 8, 3
+INIT_RANGE = 0.1  # HF default 0.02 makes attention almost uniform; 0.1 gives peaked softmaxes
+BIAS_STD = 0.1  # HF inits biases to 0 and norm weights to 1: perturb them so that a fusion that drops or
+#                swaps a bias / gamma / beta cannot pass a numerical check (and no exporter folds them away)
+MASKED_TAIL = 3  # attention_mask[1, -3:] = 0
+DEFAULT_OUT = Path(__file__).resolve().parent / "transformers"
+
+
+# --------------------------------------------------------------------------- #
+# Model specs
+# --------------------------------------------------------------------------- #
+@dataclass
+class InputSpec:
+    name: str
+    dtype: str  # numpy dtype name
+    shape: list[int]
+    dynamic: dict[int, str]  # axis -> symbolic name
+    high: int | None = None  # exclusive upper bound for integer ids
+    kind: str = "random"  # random | ids | mask | zeros
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "shape": self.shape,
+                               "dynamic_axes": {str(k): v for k, v in self.dynamic.items()}, "kind": self.kind}
+        if self.kind == "ids":
+            out["low"], out["high"] = 0, self.high
+        elif self.kind == "mask":
+            out["value"] = f"ones; [1, -{MASKED_TAIL}:] = 0"
+            out["masked_tail"] = MASKED_TAIL
+        elif self.kind == "zeros":
+            out["value"] = "zeros"
+        elif self.kind == "random":
+            out["value"] = "standard normal"
+        return out
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    build: Callable[[], torch.nn.Module]
+    inputs: list[InputSpec]
+
+
+class _LastHiddenState(torch.nn.Module):
+    """Calls a HF model with keyword inputs and returns only ``last_hidden_state``.
+
+    The subclasses spell out the input names in ``forward`` so that both exporters (and torch.export's
+    ``dynamic_shapes``) see named positional inputs.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+
+class TextInputs(_LastHiddenState):
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+class TextTokenTypeInputs(_LastHiddenState):
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                          token_type_ids=token_type_ids).last_hidden_state
+
+
+class ImageInputs(_LastHiddenState):
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=pixel_values).last_hidden_state
+
+
+def wrap(model: torch.nn.Module, input_names: list[str]) -> _LastHiddenState:
+    for cls in (TextInputs, TextTokenTypeInputs, ImageInputs):
+        if list(cls.forward.__code__.co_varnames[1:cls.forward.__code__.co_argcount]) == input_names:
+            return cls(model).eval()
+    raise ValueError(f"no wrapper for inputs {input_names}")
+
+
+def _text_inputs(with_token_types: bool = False) -> list[InputSpec]:
+    dyn = {0: "batch", 1: "sequence"}
+    specs = [InputSpec("input_ids", "int64", [BATCH, SEQ], dyn, high=VOCAB, kind="ids"),
+             InputSpec("attention_mask", "int64", [BATCH, SEQ], dyn, kind="mask")]
+    if with_token_types:
+        specs.append(InputSpec("token_type_ids", "int64", [BATCH, SEQ], dyn, high=2, kind="ids"))
+    return specs
+
+
+def _bert(attn: str | None) -> Callable[[], torch.nn.Module]:
+    def build() -> torch.nn.Module:
+        from transformers import BertConfig, BertModel
+        kw = {"attn_implementation": attn} if attn else {}
+        cfg = BertConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+                         num_attention_heads=HEADS, intermediate_size=INTERMEDIATE,
+                         max_position_embeddings=MAX_POS, type_vocab_size=2,
+                         initializer_range=INIT_RANGE, **kw)
+        return BertModel(cfg, add_pooling_layer=False)
+    return build
+
+
+def _gpt2() -> torch.nn.Module:
+    from transformers import GPT2Config, GPT2Model
+    cfg = GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_inner=INTERMEDIATE,
+                     n_positions=MAX_POS, use_cache=False, initializer_range=INIT_RANGE,
+                     bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
+    return GPT2Model(cfg)
+
+
+def _vit() -> torch.nn.Module:
+    from transformers import ViTConfig, ViTModel
+    cfg = ViTConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                    intermediate_size=INTERMEDIATE, image_size=IMAGE, patch_size=PATCH, num_channels=CHANNELS,
+                    initializer_range=INIT_RANGE)
+    return ViTModel(cfg, add_pooling_layer=False)
+
+
+def _llama() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaModel
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, intermediate_size=INTERMEDIATE,
+                      max_position_embeddings=MAX_POS, use_cache=False, initializer_range=INIT_RANGE)
+    return LlamaModel(cfg)
+
+
+def perturb_vectors(model: torch.nn.Module) -> None:
+    """Add N(0, BIAS_STD) noise to every 1-D parameter (biases, LayerNorm/RMSNorm weights and biases)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(torch.randn_like(p) * BIAS_STD)
+
+
+def model_specs() -> list[ModelSpec]:
+    return [
+        ModelSpec("bert", _bert(None), _text_inputs(with_token_types=True)),
+        ModelSpec("bert_eager", _bert("eager"), _text_inputs(with_token_types=True)),
+        ModelSpec("gpt2", _gpt2, _text_inputs()),
+        ModelSpec("vit", _vit, [InputSpec("pixel_values", "float32", [BATCH, CHANNELS, IMAGE, IMAGE],
+                                          {0: "batch"}, kind="random")]),
+        ModelSpec("llama", _llama, _text_inputs()),
+    ]
+
+
+# --------------------------------------------------------------------------- #
+# Feeds
+# --------------------------------------------------------------------------- #
+def make_feeds(inputs: list[InputSpec], seed: int = 0) -> dict[str, np.ndarray]:
+    """Deterministic feeds for ``inputs`` (the same rules other tools apply to inputs.json)."""
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for spec in inputs:
+        if spec.kind == "ids":
+            arr = rng.integers(0, spec.high or 2, spec.shape)
+        elif spec.kind == "mask":
+            arr = np.ones(spec.shape)
+            arr[1, -MASKED_TAIL:] = 0
+        elif spec.kind == "zeros":
+            arr = np.zeros(spec.shape)
+        else:
+            arr = rng.standard_normal(spec.shape)
+        feeds[spec.name] = arr.astype(spec.dtype)
+    return feeds
+
+
+# --------------------------------------------------------------------------- #
+# Export
+# --------------------------------------------------------------------------- #
+def _one_line(exc: BaseException) -> str:
+    """The most informative single line of an exception (torch.export wraps the real one)."""
+    text = str(exc)
+    if "## Exception summary" in text:
+        text = text.split("## Exception summary", 1)[1]
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return (f"{type(exc).__name__}: " + (lines[0] if lines else ""))[:240]
+
+
+def export_ts(module: torch.nn.Module, args: tuple, spec: ModelSpec, path: Path) -> None:
+    names = [i.name for i in spec.inputs]
+    dynamic_axes: dict[str, dict[int, str]] = {i.name: i.dynamic for i in spec.inputs}
+    dynamic_axes["last_hidden_state"] = dict(spec.inputs[0].dynamic)
+    torch.onnx.export(module, args, str(path), dynamo=False, opset_version=17, input_names=names,
+                      output_names=["last_hidden_state"], dynamic_axes=dynamic_axes, do_constant_folding=True)
+
+
+def export_dynamo(module: torch.nn.Module, args: tuple, spec: ModelSpec, path: Path) -> None:
+    from torch.export import Dim
+
+    dims: dict[str, Any] = {}
+
+    def dim(name: str) -> Any:
+        if name not in dims:
+            dims[name] = Dim(name, min=1, max=MAX_POS) if name == "sequence" else Dim(name, min=1, max=1024)
+        return dims[name]
+
+    dynamic_shapes = tuple({ax: dim(n) for ax, n in i.dynamic.items()} for i in spec.inputs)
+    program = torch.onnx.export(module, args, dynamo=True, opset_version=18, input_names=[i.name for i in spec.inputs],
+                                output_names=["last_hidden_state"], dynamic_shapes=dynamic_shapes,
+                                external_data=False)
+    proto = program.model_proto
+    strip_metadata(proto)
+    # Save through onnx so that all weights end up inside the one file.
+    onnx.save_model(proto, str(path), save_as_external_data=False)
+
+
+KEEP_METADATA = {"pkg.torch.onnx.name_scopes"}
+
+
+def strip_metadata(proto: onnx.ModelProto) -> None:
+    """Drop the dynamo exporter's per-node debug metadata (stack traces with local paths, fx nodes, class
+    hierarchies: about half the file) but keep ``pkg.torch.onnx.name_scopes`` so module names survive."""
+    def strip(props: Any) -> None:
+        keep = [(p.key, p.value) for p in props if p.key in KEEP_METADATA]
+        del props[:]
+        for k, v in keep:
+            props.add(key=k, value=v)
+
+    graphs = [proto.graph]
+    while graphs:
+        g = graphs.pop()
+        for n in g.node:
+            strip(n.metadata_props)
+            graphs.extend(a.g for a in n.attribute if a.type == onnx.AttributeProto.GRAPH)
+            graphs.extend(sub for a in n.attribute if a.type == onnx.AttributeProto.GRAPHS for sub in a.graphs)
+        for v in (*g.value_info, *g.input, *g.output, *g.initializer):
+            strip(v.metadata_props)
+
+
+EXPORTERS: dict[str, tuple[Callable[..., None], int]] = {"ts": (export_ts, 17), "dynamo": (export_dynamo, 18)}
+
+
+# --------------------------------------------------------------------------- #
+# Checks
+# --------------------------------------------------------------------------- #
+def check_onnx(path: Path, feeds: dict[str, np.ndarray], expected: np.ndarray) -> float:
+    onnx.checker.check_model(str(path), full_check=True)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = sess.run(["last_hidden_state"], feeds)[0]
+    if got.shape != expected.shape:
+        raise ValueError(f"shape {got.shape} != torch {expected.shape}")
+    return float(np.max(np.abs(got.astype(np.float64) - expected.astype(np.float64))))
+
+
+@dataclass
+class Row:
+    file: str
+    exporter: str
+    opset: int
+    nodes: int | None = None
+    size_kb: float | None = None
+    max_abs_diff: float | None = None
+    error: str | None = None
+    attn: str = ""  # the attention implementation transformers used
+
+
+def export_one(spec: ModelSpec, exporter: str, out_dir: Path) -> Row:
+    fn, opset = EXPORTERS[exporter]
+    fname = f"{spec.name}_{exporter}{opset}.onnx"
+    path = out_dir / fname
+    torch.manual_seed(0)
+    model = spec.build().eval()
+    row = Row(fname, exporter, opset, attn=str(getattr(model.config, "_attn_implementation", None)))
+    perturb_vectors(model)
+    module = wrap(model, [i.name for i in spec.inputs])
+    feeds = make_feeds(spec.inputs)
+    args = tuple(torch.from_numpy(feeds[i.name]) for i in spec.inputs)
+    with torch.no_grad():
+        expected = module(*args).numpy()
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            fn(module, args, spec, path)
+        for extra in out_dir.glob(fname + ".data"):  # never leave external data behind
+            extra.unlink()
+        row.max_abs_diff = check_onnx(path, feeds, expected)
+    except Exception as exc:  # noqa: BLE001 - record and continue
+        row.error = _one_line(exc)
+        path.unlink(missing_ok=True)
+        return row
+    row.nodes = len(onnx.load(str(path)).graph.node)
+    row.size_kb = path.stat().st_size / 1024
+    return row
+
+
+# --------------------------------------------------------------------------- #
+# Report
+# --------------------------------------------------------------------------- #
+def print_table(rows: list[Row]) -> None:
+    print("| file | exporter | opset | attention | nodes | size KB | max abs diff vs torch |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        head = f"| {r.file} | {r.exporter} | {r.opset} | {r.attn} |"
+        if r.error:
+            print(f"{head} - | - | FAILED: {r.error} |")
+        else:
+            print(f"{head} {r.nodes} | {r.size_kb:.1f} | {r.max_abs_diff:.2e} |")
+    total = sum(r.size_kb or 0 for r in rows)
+    print(f"\n{sum(not r.error for r in rows)} files, total {total:.1f} KB ({total / 1024:.2f} MB)")
+
+
+def write_inputs_json(specs: list[ModelSpec], rows: list[Row], out_dir: Path) -> Path:
+    path = out_dir / "inputs.json"
+    data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    data.setdefault("_about", {
+        "feeds": "batch 2, seq 16; ids: uniform integers in [low, high) from numpy default_rng(0) drawn in "
+                 "input order; mask: ones with the last `masked_tail` positions of sample 1 set to 0; "
+                 "random: standard normal (same rng)",
+        "generator": "models/make_transformer_models.py (make_feeds)",
+    })
+    by_name = {s.name: s for s in specs}
+    for r in rows:
+        if r.error:
+            data.pop(r.file, None)
+            continue
+        spec = by_name[r.file.rsplit("_", 1)[0]]
+        data[r.file] = {"model": spec.name, "exporter": r.exporter, "opset": r.opset, "attn_implementation": r.attn,
+                        "inputs": [i.to_json() for i in spec.inputs],
+                        "outputs": [{"name": "last_hidden_state", "dtype": "float32"}]}
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out_dir", nargs="?", default=str(DEFAULT_OUT))
+    ap.add_argument("--only", default="", help="comma-separated variant names (bert, bert_eager, gpt2, vit, llama)")
+    ap.add_argument("--exporters", default="ts,dynamo", help="comma-separated: ts, dynamo")
+    a = ap.parse_args(argv)
+    out_dir = Path(a.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ort.set_default_logger_severity(3)
+    specs = model_specs()
+    if a.only:
+        wanted = set(a.only.split(","))
+        specs = [s for s in specs if s.name in wanted]
+    rows: list[Row] = []
+    for spec in specs:
+        for exporter in a.exporters.split(","):
+            row = export_one(spec, exporter, out_dir)
+            status = row.error or f"{row.nodes} nodes, {row.size_kb:.0f} KB, diff {row.max_abs_diff:.1e}"
+            print(f"{row.file}: {status}", file=sys.stderr, flush=True)
+            rows.append(row)
+    print_table(rows)
+    print(f"inputs: {write_inputs_json(model_specs(), rows, out_dir)}")
+    return 1 if all(r.error for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""NHWC conversion for CUDA: runs of Conv become com.microsoft.NhwcConv with one Transpose at each boundary and
+weights re-laid [M, kH, kW, C/group] offline. No GPU here, so the output is checked by emulating NhwcConv with
+standard ops on the CPU (Transpose to NCHW, Conv with the weight laid back, Transpose to NHWC); the CPU target
+refuses the rule with a reason."""
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+from conftest import make_model, op_types, ort_run, save
+
+from onnxfuse.api import OptimizeOptions, optimize
+
+
+def _conv_chain(tmp_path, group_last: bool = False):
+    rng = np.random.default_rng(0)
+    nodes, inits, prev = [], {}, "x"
+    chans = [(3, 8, 1), (8, 8, 1), (8, 16, 2 if group_last else 1)]
+    for i, (ci, co, g) in enumerate(chans):
+        inits[f"w{i}"] = rng.standard_normal((co, ci // g, 3, 3)).astype(np.float32)
+        inits[f"b{i}"] = rng.standard_normal(co).astype(np.float32)
+        nodes.append(oh.make_node("Conv", [prev, f"w{i}", f"b{i}"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1],
+                                  strides=[2, 2] if i == 1 else [1, 1], group=g))
+        prev = f"c{i}"
+    m = make_model(nodes, [("x", [1, 3, 16, 16])], [(prev, [1, 16, 8, 8])], inits)
+    return save(m, tmp_path / "chain.onnx")
+
+
+def _emulate_nhwc_conv(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Replace each NhwcConv by standard ops with the same meaning (input, weight and output channels-last)."""
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    out_nodes = []
+    for n in model.graph.node:
+        if n.op_type != "NhwcConv":
+            out_nodes.append(n)
+            continue
+        w = inits[n.input[1]]
+        w_name = n.input[1] + "_oihw"
+        model.graph.initializer.append(onnx.numpy_helper.from_array(w.transpose(0, 3, 1, 2).copy(), w_name))
+        x_nchw, y_nchw = n.output[0] + "_xin", n.output[0] + "_yout"
+        out_nodes.append(oh.make_node("Transpose", [n.input[0]], [x_nchw], perm=[0, 3, 1, 2]))
+        conv = oh.make_node("Conv", [x_nchw, w_name, *n.input[2:]], [y_nchw])
+        conv.attribute.extend(n.attribute)
+        out_nodes.append(conv)
+        out_nodes.append(oh.make_node("Transpose", [y_nchw], [n.output[0]], perm=[0, 2, 3, 1]))
+    del model.graph.node[:]
+    model.graph.node.extend(out_nodes)
+    return model
+
+
+def test_cuda_target_converts_a_conv_run_to_nhwc(tmp_path):
+    src = _conv_chain(tmp_path, group_last=True)
+    out = str(tmp_path / "out.onnx")
+    r = optimize(src, out, OptimizeOptions(target="cuda", validate=False))
+    got = onnx.load(out)
+    ops = op_types(got)
+    assert ops.count("com.microsoft.NhwcConv") == 3 and "Conv" not in ops
+    assert ops.count("Transpose") == 2  # one into NHWC before the run, one back after it
+    assert r.fired["conv-nhwc"] == 3 and r.fired["transpose-cancel"] == 2
+    assert r.validation == "skipped (--no-validate)"
+    x = np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    want = ort_run(onnx.load(src), {"x": x})[0]
+    have = ort_run(_emulate_nhwc_conv(got), {"x": x})[0]
+    np.testing.assert_allclose(have, want, rtol=1e-4, atol=1e-4)
+
+
+def test_cpu_target_refuses_nhwc_with_a_reason(tmp_path):
+    src = _conv_chain(tmp_path)
+    r = optimize(src, str(tmp_path / "out.onnx"), OptimizeOptions(target="cpu", measure=False))
+    assert "conv-nhwc" not in r.fired and op_types(onnx.load(str(tmp_path / "out.onnx"))).count("Conv") == 3
+    assert {s.rule: s.reason for s in r.skipped}["conv-nhwc"] == "declared for cuda only"
+
+
+def test_cuda_target_without_cuda_provider_holds_nhwc_back_when_validating(tmp_path):
+    from onnxfuse.targets import provider_registered
+
+    if provider_registered("cuda"):
+        return  # with a CUDA provider the rewrite is validated on it instead
+    src = _conv_chain(tmp_path)
+    r = optimize(src, str(tmp_path / "out.onnx"), OptimizeOptions(target="cuda", measure=False))
+    assert r.fired == {} and r.validation == "not needed: nothing was rewritten"
+    reason = {s.rule: s.reason for s in r.skipped}["conv-nhwc"]
+    assert reason.startswith("com.microsoft.NhwcConv has no CPU kernel and no CUDA execution provider")
