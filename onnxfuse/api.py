@@ -449,47 +449,66 @@ def _measure(input_path: str, rules: list[Rule], opts: OptimizeOptions, deny: se
         note = (f"not measured: {weights / 2**30:.1f} GiB of weights; timing variants side by side would hold "
                 "several copies in memory (validation still ran, one session at a time)")
         return MeasureReport(opts.target, opts.measure_threads, 0, note=note), model, info, eng, proto
-    ops_by_rule: dict[str, set[str]] = {}
-    for a in eng.applications:
-        ops_by_rule.setdefault(a.rule, set()).update(a.ops)
-    groups: dict[str, list[str]] = {}
-    for rule_id, ops in ops_by_rule.items():
-        groups.setdefault(group_key(tuple(ops)), []).append(rule_id)
-    rewrites = dict(Counter(a.rule for a in eng.applications))
-    candidates: list[_Candidate] = []
-    cache: dict[frozenset[str], Source] = {}
-
-    def build(dropped: set[str]) -> Source:
-        key = frozenset(dropped)
-        if key not in cache:
-            m, i, _ = _build(input_path, [r for r in rules if r.id not in dropped], opts.target, deny)
-            cand = _Candidate(m.export(), i)
-            candidates.append(cand)
-            cache[key] = cand.source
-        return cache[key]
-
     _ = validator.reference  # settles the inputs (default dims may have had to grow)
     feeds = _timing_feeds(validator)
-    try:
-        report = select(groups, rewrites, build, input_path, feeds,
-                        make_time_fn(opts.target, opts.measure_threads, opts.measure_budget_s),
-                        opts.target, opts.measure_threads)
-    finally:
-        for c in candidates:
-            c.close()
-    if report.dropped_everything:
-        kept_rules: list[Rule] = []
-    elif report.dropped_rules:
-        kept_rules = [r for r in rules if r.id not in report.dropped_rules]
-    else:
-        return report, model, info, eng, proto
-    model, info, eng = _build(input_path, kept_rules, opts.target, deny)
+    time_fn = make_time_fn(opts.target, opts.measure_threads, opts.measure_budget_s)
+    by_id = {r.id: r for r in rules}
+    allowed = {a.rule for a in eng.applications}
+    earlier: list = []  # groups dropped in the first pass
+    for pass_no in range(2):
+        report = _select_groups(input_path, by_id, allowed, eng, opts, deny, feeds, time_fn)
+        kept = set() if report.dropped_everything else allowed - set(report.dropped_rules)
+        report.groups = report.groups + earlier
+        if kept == allowed:
+            break
+        # Rules the dropped ones had shadowed (e.g. FusedMatMul inside an Attention that did not pay) fire
+        # once those are gone: time them too, in one more pass.
+        model, info, eng = _build(input_path, [r for r in rules if r.id not in allowed - kept], opts.target, deny)
+        shadowed = {a.rule for a in eng.applications} - allowed
+        if pass_no == 1 or not shadowed:
+            break
+        earlier = [g for g in report.groups if not g.kept]
+        allowed = kept | shadowed
+    model, info, eng = _build(input_path, [by_id[r] for r in sorted(kept, key=lambda r: by_id[r].order)],
+                              opts.target, deny)
     proto = model.export()
     if opts.validate and eng.applications:
         verdict = validator.check(proto, info)
         if not verdict.ok:  # cannot happen for a subset of validated rules unless a rule depends on another
             raise OnnxfuseError(f"the measured selection does not validate: {verdict.reason}; nothing written")
     return report, model, info, eng, proto
+
+
+def _select_groups(input_path: str, by_id: dict[str, Rule], allowed: set[str], eng: EngineResult,
+                   opts: OptimizeOptions, deny: set[tuple[str, str]], feeds: dict, time_fn) -> MeasureReport:
+    """Group the applied rewrites of the `allowed` rules by the fused ops they create and time the groups;
+    candidates are built from allowed rules only, so a dropped group never lets another rule in unmeasured."""
+    ops_by_rule: dict[str, set[str]] = {}
+    for a in eng.applications:
+        if a.rule in allowed:
+            ops_by_rule.setdefault(a.rule, set()).update(a.ops)
+    groups: dict[str, list[str]] = {}
+    for rule_id, ops in ops_by_rule.items():
+        groups.setdefault(group_key(tuple(ops)), []).append(rule_id)
+    rewrites = dict(Counter(a.rule for a in eng.applications if a.rule in allowed))
+    candidates: list[_Candidate] = []
+    cache: dict[frozenset[str], Source] = {}
+
+    def build(dropped: set[str]) -> Source:
+        key = frozenset(dropped)
+        if key not in cache:
+            use = [r for rid, r in by_id.items() if rid in allowed and rid not in dropped]
+            m, i, _ = _build(input_path, use, opts.target, deny)
+            cand = _Candidate(m.export(), i)
+            candidates.append(cand)
+            cache[key] = cand.source
+        return cache[key]
+
+    try:
+        return select(groups, rewrites, build, input_path, feeds, time_fn, opts.target, opts.measure_threads)
+    finally:
+        for c in candidates:
+            c.close()
 
 
 def _timing_feeds(validator: _Validator) -> dict:

@@ -82,7 +82,7 @@ class MeasureReport:
 
 
 def group_key(ops: tuple[str, ...]) -> str:
-    return "+".join(sorted(set(ops)))
+    return "+".join(sorted(set(ops))) or "(removes nodes only)"
 
 
 def select(

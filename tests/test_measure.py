@@ -85,3 +85,37 @@ def test_interaction_resolved_by_dropping_the_worse_partner():
     rep = select(groups, {"rule-a": 1, "rule-b": 1}, build, (), {}, time_fn, "cpu", 1)
     assert {g.group: g.kept for g in rep.groups} == {"A": True, "B": False}
     assert rep.final.verdict == "faster"
+
+
+def test_rules_shadowed_by_a_dropped_group_are_measured_in_a_second_pass(tmp_path, monkeypatch):
+    """On a BERT export, self-attention consumes the Q·K scale that matmul-scale would fuse. With a timer that
+    makes Attention cost and FusedMatMul pay, the first pass drops Attention; the second pass lets matmul-scale
+    (shadowed until then) fire, times it, and keeps it. Nothing enters the output unmeasured."""
+    import os
+
+    import onnx
+
+    from onnxfuse import api
+
+    def op_cost(src):
+        model = onnx.load_from_string(src) if isinstance(src, bytes) else onnx.load(src)
+        ops = [n.op_type for n in model.graph.node]
+        return 1.0 + 0.10 * ops.count("Attention") - 0.03 * ops.count("FusedMatMul")
+
+    def fake_make_time_fn(*_args, **_kw):
+        rng = np.random.default_rng(0)
+
+        def time_fn(sources, feeds):
+            return {k: list(op_cost(s) * (1 + 0.002 * rng.standard_normal(60))) for k, s in sources.items()}
+
+        return time_fn
+
+    monkeypatch.setattr(api, "make_time_fn", fake_make_time_fn)
+    src = os.path.join(os.path.dirname(os.path.dirname(__file__)), "models", "transformers", "bert_ts17.onnx")
+    r = api.optimize(src, str(tmp_path / "out.onnx"), api.OptimizeOptions())
+    assert "self-attention" not in r.fired and r.fired.get("matmul-scale", 0) >= 2, r.fired
+    kept = {g.group: g.kept for g in r.measure.groups}
+    assert kept["com.microsoft.FusedMatMul"] is True
+    assert any(not k for g, k in kept.items() if "Attention" in g)
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "out.onnx")).graph.node]
+    assert ops.count("FusedMatMul") == 2 and "Attention" not in ops
