@@ -79,6 +79,7 @@ class OptimizeOptions:
     force: bool = False
     dry_run: bool = False
     measure: bool = True
+    fold: bool = True  # constant folding and If inlining (exact; --no-fold turns it off)
     measure_threads: int = 1
     measure_budget_s: float = 2.0  # timing per round (all variants together)
 
@@ -317,9 +318,9 @@ class _Validator:
 
 
 def _build(input_path: str, rules: list[Rule], target: str, deny: set[tuple[str, str]],
-           max_rewrites: int | None = None) -> tuple[Model, LoadInfo, EngineResult]:
+           max_rewrites: int | None = None, fold: bool = True) -> tuple[Model, LoadInfo, EngineResult]:
     model, info = load_model(input_path)
-    result = run(model, rules, EngineOptions(target=target, deny=set(deny), max_rewrites=max_rewrites))
+    result = run(model, rules, EngineOptions(target=target, deny=set(deny), max_rewrites=max_rewrites, fold=fold))
     return model, info, result
 
 
@@ -379,7 +380,7 @@ def optimize(input_path: str, output_path: str | None, opts: OptimizeOptions | N
                 held_back.append(RuleSkip(r.id, f"{', '.join(ops)} has no CPU kernel and no CUDA execution provider "
                                                 "is installed to validate it (--no-validate applies it unchecked)"))
         rules = [r for r in rules if r.id not in {h.rule for h in held_back}]
-    eng = run(model, rules, EngineOptions(target=opts.target))
+    eng = run(model, rules, EngineOptions(target=opts.target, fold=opts.fold))
     eng.skipped.extend(held_back)
     proto = model.export()
     timings["rewrite"] = time.perf_counter() - t0
@@ -402,10 +403,11 @@ def optimize(input_path: str, output_path: str | None, opts: OptimizeOptions | N
                 if len(rolled_back) >= MAX_ROLLBACKS:
                     raise OnnxfuseError(f"validation still fails after rolling back {MAX_ROLLBACKS} rewrites: "
                                         f"{verdict.reason}; nothing written")
-                culprit = _bisect(input_path, rules, opts.target, deny, len(eng.applications), validator)
+                culprit = _bisect(input_path, rules, opts.target, deny, len(eng.applications), validator,
+                                  fold=opts.fold)
                 rolled_back.append(Rollback(culprit.rule, culprit.root, verdict.reason))
                 deny.add(culprit.key)
-                model, info, eng = _build(input_path, rules, opts.target, deny)
+                model, info, eng = _build(input_path, rules, opts.target, deny, fold=opts.fold)
                 proto = model.export()
                 verdict = validator.check(proto, info)
             if not verdict.ok:
@@ -453,7 +455,7 @@ def _measure(input_path: str, rules: list[Rule], opts: OptimizeOptions, deny: se
     feeds = _timing_feeds(validator)
     time_fn = make_time_fn(opts.target, opts.measure_threads, opts.measure_budget_s)
     by_id = {r.id: r for r in rules}
-    allowed = {a.rule for a in eng.applications}
+    allowed = {a.rule for a in eng.applications if a.rule in by_id}  # folding is exact: always on
     earlier: list = []  # groups dropped in the first pass
     for pass_no in range(2):
         report = _select_groups(input_path, by_id, allowed, eng, opts, deny, feeds, time_fn)
@@ -463,14 +465,15 @@ def _measure(input_path: str, rules: list[Rule], opts: OptimizeOptions, deny: se
             break
         # Rules the dropped ones had shadowed (e.g. FusedMatMul inside an Attention that did not pay) fire
         # once those are gone: time them too, in one more pass.
-        model, info, eng = _build(input_path, [r for r in rules if r.id not in allowed - kept], opts.target, deny)
-        shadowed = {a.rule for a in eng.applications} - allowed
+        model, info, eng = _build(input_path, [r for r in rules if r.id not in allowed - kept], opts.target, deny,
+                                  fold=opts.fold)
+        shadowed = {a.rule for a in eng.applications if a.rule in by_id} - allowed
         if pass_no == 1 or not shadowed:
             break
         earlier = [g for g in report.groups if not g.kept]
         allowed = kept | shadowed
     model, info, eng = _build(input_path, [by_id[r] for r in sorted(kept, key=lambda r: by_id[r].order)],
-                              opts.target, deny)
+                              opts.target, deny, fold=opts.fold)
     proto = model.export()
     if opts.validate and eng.applications:
         verdict = validator.check(proto, info)
@@ -498,7 +501,7 @@ def _select_groups(input_path: str, by_id: dict[str, Rule], allowed: set[str], e
         key = frozenset(dropped)
         if key not in cache:
             use = [r for rid, r in by_id.items() if rid in allowed and rid not in dropped]
-            m, i, _ = _build(input_path, use, opts.target, deny)
+            m, i, _ = _build(input_path, use, opts.target, deny, fold=opts.fold)
             cand = _Candidate(m.export(), i)
             candidates.append(cand)
             cache[key] = cand.source
@@ -529,17 +532,17 @@ def _timing_feeds(validator: _Validator) -> dict:
 
 
 def _bisect(input_path: str, rules: list[Rule], target: str, deny: set[tuple[str, str]], n: int,
-            validator: _Validator) -> Application:
+            validator: _Validator, fold: bool = True) -> Application:
     """Smallest prefix of the (deterministic) rewrite sequence that fails: its last rewrite is the culprit."""
     lo, hi = 0, n  # prefix lo passes (the original), prefix hi fails
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        model, info, _ = _build(input_path, rules, target, deny, max_rewrites=mid)
+        model, info, _ = _build(input_path, rules, target, deny, max_rewrites=mid, fold=fold)
         if validator.check(model.export(), info).ok:
             lo = mid
         else:
             hi = mid
-    _, _, eng = _build(input_path, rules, target, deny, max_rewrites=hi)
+    _, _, eng = _build(input_path, rules, target, deny, max_rewrites=hi, fold=fold)
     return eng.applications[hi - 1]
 
 

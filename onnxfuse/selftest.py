@@ -282,7 +282,7 @@ def _target(rule: Rule, opset: int) -> str:
 
 def _fires(rule: Rule, model: onnx.ModelProto) -> tuple[int, onnx.ModelProto]:
     m = _typed(model)
-    res = run(m, [rule], EngineOptions(target=_target(rule, m.opset)))
+    res = run(m, [rule], EngineOptions(target=_target(rule, m.opset), fold=False))
     return sum(1 for a in res.applications if a.rule == rule.id), m.export()
 
 

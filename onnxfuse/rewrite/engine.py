@@ -11,6 +11,7 @@ from ..patterns.compute import ComputeError
 from ..patterns.rules import Rule
 from ..targets import kernel_issue
 from .apply import Application, apply_match, compute_constants
+from .fold import fold
 
 MAX_SWEEPS = 32
 
@@ -35,6 +36,7 @@ class NearMiss:
 class EngineOptions:
     target: str = "cpu"
     deny: set[tuple[str, str]] = field(default_factory=set)  # (rule id, root value) never applied
+    fold: bool = True  # constant folding and If inlining before (and after) the rules
     max_rewrites: int | None = None  # stop after this many (used by bisection)
 
 
@@ -108,7 +110,7 @@ def run(model: Model, rules: list[Rule], options: EngineOptions) -> EngineResult
             skipped.append(RuleSkip(rule.id, issue))
         else:
             active.append(rule)
-    apps: list[Application] = []
+    apps: list[Application] = fold(model, options.deny) if options.fold else []
     sweeps = 0
     depth = max((r.size for r in active), default=1) + 1
     dirty: dict[int, set[str]] | None = None  # values changed by the previous sweep, per graph; None: all
@@ -143,6 +145,8 @@ def run(model: Model, rules: list[Rule], options: EngineOptions) -> EngineResult
         if not changed:
             break
         dirty = touched
+    if options.fold and apps:
+        apps.extend(fold(model, options.deny))  # rules may have made more values constant
     return EngineResult(apps, skipped, sweeps)
 
 

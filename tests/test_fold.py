@@ -1,0 +1,121 @@
+"""Constant folding and If inlining: exact, bounded, and never applied to what is not known offline."""
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+from conftest import make_model, op_types, ort_run, save
+
+from onnxfuse.api import OptimizeOptions, optimize
+
+OPTS = OptimizeOptions(builtin=False, measure=False)
+
+
+def _run(tmp_path, model, opts=OPTS):
+    src = save(model, tmp_path / "in.onnx")
+    out = str(tmp_path / "out.onnx")
+    r = optimize(src, out, opts)
+    return r, onnx.load(out)
+
+
+def test_shape_arithmetic_on_static_dims_folds_and_symbolic_dims_stay(tmp_path):
+    # x: [batch, 4, 6] -> Reshape(x, Concat(Gather(Shape(x), 0), [24])): dim 0 symbolic, so only the
+    # static part folds: Gather(Shape(x), [1, 2]) -> [4, 6], then Mul -> 24
+    nodes = [
+        oh.make_node("Shape", ["x"], ["s"], name="shape"),
+        oh.make_node("Gather", ["s", "i0"], ["d0"], name="g0", axis=0),
+        oh.make_node("Gather", ["s", "i12"], ["d12"], name="g12", axis=0),
+        oh.make_node("ReduceProd", ["d12"], ["p"], name="prod", keepdims=1),
+        oh.make_node("Concat", ["d0", "p"], ["target"], name="concat", axis=0),
+        oh.make_node("Reshape", ["x", "target"], ["y"], name="reshape"),
+    ]
+    m = make_model(nodes, [("x", ["batch", 4, 6])], [("y", ["batch", 24])],
+                   {"i0": np.array([0], np.int64), "i12": np.array([1, 2], np.int64)})
+    r, got = _run(tmp_path, m)
+    assert r.fired == {"constant-fold": 2}  # g12 and prod; g0 reads a symbolic dim
+    assert sorted(op_types(got)) == ["Concat", "Constant", "Gather", "Reshape", "Shape"]
+    const = next(n for n in got.graph.node if n.op_type == "Constant")
+    assert onnx.numpy_helper.to_array(const.attribute[0].t).tolist() == [24]
+    x = np.random.default_rng(0).standard_normal((3, 4, 6)).astype(np.float32)
+    np.testing.assert_array_equal(ort_run(got, {"x": x})[0], x.reshape(3, 24))
+
+
+def _if_model(cond_value: bool, nested: bool = False):
+    """y = If(c) then Add(x, one) else Identity(x)."""
+    then_nodes = [oh.make_node("Add", ["x", "one"], ["t_out"], name="t_add")]
+    if nested:
+        inner = oh.make_graph([oh.make_node("Neg", ["t_out"], ["n_out"], name="neg")], "inner_then", [],
+                              [oh.make_tensor_value_info("n_out", onnx.TensorProto.FLOAT, [2, 3])])
+        inner_else = oh.make_graph([oh.make_node("Identity", ["t_out"], ["i_out"], name="ident")], "inner_else", [],
+                                   [oh.make_tensor_value_info("i_out", onnx.TensorProto.FLOAT, [2, 3])])
+        then_nodes.append(oh.make_node("If", ["flag"], ["t_final"], name="inner_if", then_branch=inner,
+                                       else_branch=inner_else))
+    then_out = "t_final" if nested else "t_out"
+    then_g = oh.make_graph(then_nodes, "then", [], [oh.make_tensor_value_info(then_out, onnx.TensorProto.FLOAT, [2, 3])])
+    else_g = oh.make_graph([oh.make_node("Identity", ["x"], ["e_out"], name="e_id")], "else", [],
+                           [oh.make_tensor_value_info("e_out", onnx.TensorProto.FLOAT, [2, 3])])
+    nodes = [
+        oh.make_node("Equal", ["k", "k2"], ["c"], name="eq"),
+        oh.make_node("If", ["c"], ["y"], name="if", then_branch=then_g, else_branch=else_g),
+    ]
+    inits = {"k": np.array(3, np.int64), "k2": np.array(3 if cond_value else 4, np.int64),
+             "one": np.array(1.0, np.float32)}
+    inputs = [("x", [2, 3])] + ([("flag", [])] if nested else [])
+    m = make_model(nodes, inputs, [("y", [2, 3])], inits)
+    if nested:
+        m.graph.input[1].type.tensor_type.elem_type = onnx.TensorProto.BOOL
+    return m
+
+
+def test_if_with_constant_condition_takes_the_then_branch(tmp_path):
+    r, got = _run(tmp_path, _if_model(True))
+    assert r.fired == {"constant-fold": 1, "if-inline": 1}
+    assert op_types(got) == ["Add"] and got.graph.node[0].output[0] == "y"
+    x = np.ones((2, 3), np.float32)
+    np.testing.assert_array_equal(ort_run(got, {"x": x})[0], x + 1)
+
+
+def test_if_with_constant_condition_takes_the_else_branch(tmp_path):
+    r, got = _run(tmp_path, _if_model(False))
+    assert r.fired == {"constant-fold": 1, "if-inline": 1}
+    assert op_types(got) == ["Identity"] and list(got.graph.node[0].input) == ["x"]
+
+
+def test_nested_if_with_a_runtime_condition_moves_up_intact(tmp_path):
+    r, got = _run(tmp_path, _if_model(True, nested=True))
+    assert r.fired["if-inline"] == 1
+    assert op_types(got) == ["Add", "If"]  # the inner If reads the (moved) Add output and a real input
+    x = np.full((2, 3), 2.0, np.float32)
+    for flag in (True, False):
+        want = -(x + 1) if flag else x + 1
+        np.testing.assert_array_equal(ort_run(got, {"x": x, "flag": np.array(flag)})[0], want)
+
+
+def test_if_with_runtime_condition_is_kept(tmp_path):
+    m = _if_model(True)
+    m.graph.node[0].input[1] = "kin"  # Equal(k, kin) with kin a graph input
+    m.graph.input.append(oh.make_tensor_value_info("kin", onnx.TensorProto.INT64, []))
+    del m.graph.initializer[1]
+    r, got = _run(tmp_path, m)
+    assert r.fired == {} and op_types(got) == ["Equal", "If"]
+
+
+def test_random_and_large_results_are_not_folded(tmp_path):
+    nodes = [
+        oh.make_node("RandomUniform", [], ["r"], name="rand", shape=[2, 3], dtype=1),
+        oh.make_node("ConstantOfShape", ["big_shape"], ["big"], name="big",
+                     value=onnx.numpy_helper.from_array(np.array([1.0], np.float32))),
+        oh.make_node("ReduceSum", ["big"], ["s"], name="sum", keepdims=0),
+        oh.make_node("Add", ["r", "s"], ["y"], name="add"),
+    ]
+    m = make_model(nodes, [], [("y", [2, 3])], {"big_shape": np.array([512, 512], np.int64)})
+    r, got = _run(tmp_path, m)
+    assert r.fired == {}  # RandomUniform never; ConstantOfShape would be 262144 elements
+    assert op_types(got) == ["RandomUniform", "ConstantOfShape", "ReduceSum", "Add"]
+
+
+def test_no_fold_flag(tmp_path, cli):
+    src = save(_if_model(True), tmp_path / "in.onnx")
+    out = tmp_path / "out.onnx"
+    code, stdout, stderr = cli("optimize", src, out, "--no-builtin", "--no-fold", "--no-measure")
+    assert code == 0, stderr
+    assert op_types(onnx.load(str(out))) == ["Equal", "If"]
