@@ -135,8 +135,9 @@ class _Builder:
         self._bind_example_dims()
 
     def _primary_dtype(self) -> int:
+        floats = (FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
         for con in self.rule.where.values():
-            if con.dtype:
+            if con.dtype and con.dtype[0] in floats:
                 return con.dtype[0]
         return FLOAT
 
@@ -169,6 +170,8 @@ class _Builder:
             return self.done[name]
         con = self.rule.where.get(name)
         elem = _input_type(call, idx, self.opset, self.primary)
+        if con is not None and con.dtype and con.dtype[0] in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+            elem = con.dtype[0]  # e.g. token ids, or an int64 buffer read by a Slice
         shape = self._shape(name)
         fixed = self.rule.example_attrs.get(("", name))
         if fixed is not None and not self.mut.const_scale.get(name):

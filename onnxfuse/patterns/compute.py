@@ -83,6 +83,7 @@ FUNCTIONS: dict[str, Callable[..., object]] = {
     "inverse_perm": lambda p: [int(i) for i in np.argsort(np.asarray(p).reshape(-1))],
     "is_identity_perm": lambda p: [int(x) for x in np.asarray(p).reshape(-1)] == list(range(np.size(p))),
     "nan": lambda: math.nan,
+    "arange": lambda n: np.arange(int(n)),
     "all": lambda x: bool(np.all(x)),
     "any": lambda x: bool(np.any(x)),
 }

@@ -607,7 +607,7 @@ def _check_names(rule: Rule, values: set[str], compute_spans: dict[str, Span], c
         if rn.copy_attrs is not None and rn.copy_attrs not in lines and rn.call is not None:
             c.error(rn.span.shifted(rn.call.kw_offs["copy_attrs"]),
                     f"copy_attrs names {rn.copy_attrs!r}, which is not a match line")
-        for o in rn.outputs:
+        for k, o in enumerate(rn.outputs):
             if o == "_":
                 continue
             if o in produced:
@@ -616,8 +616,8 @@ def _check_names(rule: Rule, values: set[str], compute_spans: dict[str, Span], c
             if o not in lines:
                 if o in values or o in known:
                     c.error(rn.span, f"rewrite output {o!r} is an input value of the match, not a node")
-                else:
-                    temps[o] = rn.span
+                elif k == 0:
+                    temps[o] = rn.span  # a later output may be named only because the op needs it present
     for o in lines:
         if (o[0].isupper() or o == rule.root) and o not in produced:
             c.error(rule.line_spans[o], f"rewrite does not produce {o!r}, an output of the match",
