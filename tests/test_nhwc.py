@@ -80,3 +80,31 @@ def test_cuda_target_without_cuda_provider_holds_nhwc_back_when_validating(tmp_p
     assert r.fired == {} and r.validation == "not needed: nothing was rewritten"
     reason = {s.rule: s.reason for s in r.skipped}["conv-nhwc"]
     assert reason.startswith("com.microsoft.NhwcConv has no CPU kernel and no CUDA execution provider")
+
+
+def test_transposes_move_through_concat_pad_slice_reduce_and_cancel(tmp_path):
+    """TensorFlow-style: NHWC inputs are transposed to NCHW, concatenated on channels, padded, sliced on H,
+    summed over channels, and transposed back. Every Transpose moves down (axes remapped) and cancels."""
+    nodes = [
+        oh.make_node("Transpose", ["x"], ["a"], perm=[0, 3, 1, 2]),
+        oh.make_node("Transpose", ["y"], ["b"], perm=[0, 3, 1, 2]),
+        oh.make_node("Concat", ["a", "b"], ["c"], axis=1),
+        oh.make_node("Pad", ["c", "pads"], ["p"], mode="reflect"),
+        oh.make_node("Slice", ["p", "starts", "ends", "axes"], ["s"]),
+        oh.make_node("ReduceSum", ["s", "raxes"], ["m"], keepdims=1),
+        oh.make_node("Transpose", ["m"], ["out"], perm=[0, 2, 3, 1]),
+    ]
+    inits = {"pads": np.array([0, 0, 1, 2, 0, 0, 1, 2], np.int64), "starts": np.array([1], np.int64),
+             "ends": np.array([9], np.int64), "axes": np.array([2], np.int64), "raxes": np.array([1], np.int64)}
+    m = make_model(nodes, [("x", [1, 8, 8, 4]), ("y", [1, 8, 8, 4])], [("out", [1, 8, 12, 1])], inits, opset=18)
+    src = save(m, tmp_path / "tf.onnx")
+    out = str(tmp_path / "out.onnx")
+    r = optimize(src, out, OptimizeOptions(measure=False))
+    got = onnx.load(out)
+    assert "Transpose" not in op_types(got), op_types(got)
+    for rule in ("transpose-below-concat", "transpose-below-pad", "transpose-below-slice",
+                 "transpose-below-reducesum", "transpose-cancel"):
+        assert r.fired.get(rule) == 1, r.fired
+    rng = np.random.default_rng(0)
+    feeds = {k: rng.standard_normal((1, 8, 8, 4)).astype(np.float32) for k in ("x", "y")}
+    np.testing.assert_allclose(ort_run(got, feeds)[0], ort_run(onnx.load(src), feeds)[0], rtol=1e-5, atol=1e-5)
