@@ -119,3 +119,21 @@ def test_no_fold_flag(tmp_path, cli):
     code, stdout, stderr = cli("optimize", src, out, "--no-builtin", "--no-fold", "--no-measure")
     assert code == 0, stderr
     assert op_types(onnx.load(str(out))) == ["Equal", "If"]
+
+
+def test_duplicate_nodes_merge_but_random_ones_do_not(tmp_path):
+    nodes = [
+        oh.make_node("Sigmoid", ["x"], ["a"], name="sig_a"),
+        oh.make_node("Sigmoid", ["x"], ["b"], name="sig_b"),  # same op, input, attributes: merged into sig_a
+        oh.make_node("RandomUniformLike", ["x"], ["r1"], name="rand1"),
+        oh.make_node("RandomUniformLike", ["x"], ["r2"], name="rand2"),  # never merged: two draws
+        oh.make_node("Add", ["a", "b"], ["s"], name="add"),
+        oh.make_node("Sub", ["r1", "r2"], ["d"], name="sub"),
+        oh.make_node("Mul", ["s", "d"], ["y"], name="mul"),
+    ]
+    m = make_model(nodes, [("x", [2, 3])], [("y", [2, 3])])
+    r, got = _run(tmp_path, m, OptimizeOptions(builtin=False, measure=False, validate=False))
+    assert r.fired == {"merge-duplicates": 1}
+    assert op_types(got).count("Sigmoid") == 1 and op_types(got).count("RandomUniformLike") == 2
+    add = next(n for n in got.graph.node if n.op_type == "Add")
+    assert list(add.input) == ["a", "a"]

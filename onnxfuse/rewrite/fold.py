@@ -1,11 +1,12 @@
-"""Constant folding and If inlining, run before the pattern rules.
+"""Constant folding, If inlining and merging of duplicate nodes, run before the pattern rules.
 
 Exporters leave computations whose inputs are all known offline: shape arithmetic on static dims, Equal/Not on
 constants, and If nodes whose condition is such a constant (silero VAD checks its channel count and sample rate
 that way). A node whose inputs are all constant (or a Shape/Size of a statically shaped value) is evaluated
 with ONNX's reference evaluator and replaced by a Constant; an If with a constant condition is replaced by the
 nodes of the branch it takes. Both are exact; results over FOLD_MAX_ELEMENTS elements are left alone so that
-folding never grows the file.
+folding never grows the file. Two nodes computing the same op on the same inputs with the same attributes
+(exporters repeat rotary-embedding frequencies and shape computations) become one.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..ir import Graph, Model, Node, _export_node
-from .apply import Application, _drop_dead_constants
+from .apply import Application, _alias, _drop_dead_constants
 
 FOLD_MAX_ELEMENTS = 1 << 16
 NEVER_FOLD = frozenset({
@@ -40,6 +41,9 @@ def fold(model: Model, deny: set[tuple[str, str]] | None = None) -> list[Applica
                     apps.append(app)
                     changed = True
                     inlined = inlined or app.rule == "if-inline"
+            dupes = _merge_duplicates(graph, deny)
+            apps.extend(dupes)
+            changed = changed or bool(dupes)
         if inlined:
             _retype(model)  # values after an inlined If had no type (the If's outputs did not)
     return apps
@@ -71,6 +75,28 @@ def _merge_unknown_types(g: Graph, src: onnx.GraphProto) -> None:
             srcs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
             for sub, sub_src in zip(node.subgraphs.get(a.name, []), srcs, strict=False):
                 _merge_unknown_types(sub, sub_src)
+
+
+def _merge_duplicates(graph: Graph, deny: set[tuple[str, str]]) -> list[Application]:
+    """Nodes with the same op, inputs and attributes as an earlier one: readers use the earlier one's outputs."""
+    seen: dict[tuple, Node] = {}
+    apps: list[Application] = []
+    for node in graph.sorted_nodes():
+        if (not node.alive or node.subgraphs or node.op_type in NEVER_FOLD - {"Constant"} or not node.outputs
+                or ("merge-duplicates", node.outputs[0]) in deny):
+            continue
+        attrs = tuple(sorted((a.name, a.SerializeToString()) for a in node.proto.attribute))
+        key = (node.domain, node.op_type, tuple(node.proto.input), len(node.outputs), attrs)
+        first = seen.setdefault(key, node)
+        if first is node or any(graph.is_graph_output(o) for o in node.outputs):
+            continue
+        graph.remove_node(node)
+        for old, new in zip(node.outputs, first.outputs, strict=True):
+            if old:
+                _alias(graph, old, new, node.seq, node.name or old, "merge-duplicates")
+        apps.append(Application("merge-duplicates", graph.proto.name, node.outputs[0],
+                                (node.name or node.outputs[0],), (), ()))
+    return apps
 
 
 def _rule_of(node: Node) -> str:
