@@ -378,7 +378,7 @@ def _test_mutants(rule: Rule, inst: dict[str, Expr], rep: RuleReport) -> None:
             if bad is not None:
                 mutants.append((f"{name} as {onnx.TensorProto.DataType.Name(bad).lower()}", _Mutation(dtype=bad)))
     for name in inst:
-        if name != rule.root and name not in rule.exposed:
+        if name != rule.root and name not in rule.exposed and not (rule.where.get(name) and rule.where[name].shared):
             mutants.append((f"extra consumer on {name}", _Mutation(extra_output=name)))
     for label, mut in mutants:
         built = _valid_build(rule, inst, True, mut)

@@ -73,3 +73,40 @@ def test_packed_qkv_bias_is_query_key_value_in_order(tmp_path):
     prefix = "model.encoder.layer.0.attention.self."
     want = np.concatenate([orig[prefix + p + ".bias"] for p in ("query", "key", "value")])
     np.testing.assert_array_equal(b, want)
+
+
+@pytest.mark.parametrize("name", ["llama_ts17", "llama_dynamo18"])
+def test_llama_rotary_and_rmsnorm_fuse_with_equal_numerics(name, tmp_path):
+    """Rotary embeddings (q and k in each of 2 layers) -> RotaryEmbedding with the model's own cos/sin as the
+    cache (kept: shared by all layers); residual + RMSNorm -> SkipSimplifiedLayerNormalization."""
+    src = str(CORPUS / f"{name}.onnx")
+    out = str(tmp_path / "out.onnx")
+    r = optimize(src, out, OptimizeOptions(measure=False))
+    assert r.validation == "passed"
+    assert r.fired["rotary-embedding"] == 4 and r.fired["skip-rmsnorm"] == 4, r.fired
+    got = onnx.load(out)
+    ops = [n.op_type for n in got.graph.node]
+    assert ops.count("RotaryEmbedding") == 4 and ops.count("Cos") == 1 and ops.count("Sin") == 1
+    assert "Neg" not in ops  # every rotate_half is gone
+    feeds = _feeds(name, fully_masked=False)
+    np.testing.assert_allclose(ort_run(got, feeds)[0], ort_run(onnx.load(src), feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_shared_line_must_not_read_a_removed_line():
+    from onnxfuse.errors import OnnxfuseError
+    from onnxfuse.patterns.parser import parse_text
+
+    text = """rules:
+- id: r
+  match:
+    n: Neg(X)
+    s: Sigmoid(n)
+    Y: Mul(s, n)
+  where:
+    s: {shared: true}
+  rewrite:
+    Y: X
+"""
+    with pytest.raises(OnnxfuseError) as e:
+        parse_text(text, "f.yaml")
+    assert "f.yaml:5:16: error: shared line 's' reads line 'n', which is not shared" in str(e.value)

@@ -29,19 +29,25 @@ class Binding:
     matched: tuple[Node, ...] = ()
     dims: dict[str, int | str] = field(default_factory=dict)
     side: tuple[Node, ...] = ()  # outside readers that only feed the match (shape arithmetic): die with it
+    kept: tuple[Node, ...] = ()  # nodes of shared lines: checked, not removed
 
     def bind(self, name: str, value: str, node: Node | None = None) -> Binding:
         nodes = self.nodes if node is None else {**self.nodes, name: node}
-        return Binding({**self.values, name: value}, nodes, self.matched, self.dims)
+        return Binding({**self.values, name: value}, nodes, self.matched, self.dims, self.side, self.kept)
 
     def take(self, node: Node) -> Binding:
-        return Binding(self.values, self.nodes, self.matched + (node,), self.dims)
+        return Binding(self.values, self.nodes, self.matched + (node,), self.dims, self.side, self.kept)
 
     def with_dims(self, dims: dict[str, int | str]) -> Binding:
-        return Binding(self.values, self.nodes, self.matched, dims)
+        return Binding(self.values, self.nodes, self.matched, dims, self.side, self.kept)
 
     def with_side(self, side: tuple[Node, ...]) -> Binding:
-        return Binding(self.values, self.nodes, self.matched, self.dims, side)
+        return Binding(self.values, self.nodes, self.matched, self.dims, side, self.kept)
+
+    def keep_since(self, n: int) -> Binding:
+        """Move the nodes taken after the first `n` from `matched` to `kept` (a shared line's nodes)."""
+        return Binding(self.values, self.nodes, self.matched[:n], self.dims, self.side,
+                       self.kept + self.matched[n:])
 
 
 @dataclass(frozen=True)
@@ -140,8 +146,10 @@ class Matcher:
             if b2 is None:
                 return
             b = b2
+        shared = con is not None and con.shared
+        n0 = len(b.matched)
         for b2 in self._expr(self.rule.lines[name], value, b, None):
-            yield b2.bind(name, value, node)
+            yield (b2.keep_since(n0) if shared else b2).bind(name, value, node)
 
     def _expr(self, e: Expr, value: str, b: Binding, consumer: Node | None) -> Iterator[Binding]:
         if isinstance(e, Alt):

@@ -195,6 +195,12 @@ def _parse_rule(node: yaml.Node, c: _Collector, builtin: bool, order: int) -> Ru
         return None
     values = _value_names(lines)
     _check_match_names(lines, line_spans, c, where)
+    for name, con in where.items():
+        if con.shared:
+            for r in iter_refs(lines[name]):
+                if r.name in lines and not (where.get(r.name) and where[r.name].shared):
+                    c.error(line_spans[name].shifted(r.off), f"shared line {name!r} reads line {r.name!r}, which is "
+                            "not shared", f"mark {r.name!r} shared too: a kept node cannot read a removed one")
     compute = _parse_compute(fields["compute"][1], c) if "compute" in fields else {}
     compute_spans = ({k: c.span(vn, content=True) for k, _, vn in _mapping(fields["compute"][1], c, "'compute'") or []}
                      if "compute" in fields else {})
@@ -380,6 +386,13 @@ def _set_constraint(con: Constraint, key: str, v: object, c: _Collector, span: S
             bad = "'constant' must be true or false"
         else:
             con.constant = v
+    elif key == "shared":
+        if not isinstance(v, bool):
+            bad = "'shared' must be true or false"
+        elif not is_line:
+            bad = "'shared' applies to match lines only (a value entering the match is never removed)"
+        else:
+            con.shared = v
     elif key == "dtype":
         names = v if isinstance(v, list) else [v]
         unknown = [n for n in names if not isinstance(n, str) or n not in DTYPES]

@@ -43,6 +43,7 @@ class Constraint:
     rtol: float = 1e-5
     atol: float = 1e-6
     constant: bool | None = None
+    shared: bool = False  # match lines: checked, not removed, may have outside readers
     dtype: tuple[int, ...] | None = None
     rank: tuple[int, ...] | None = None
     shape: tuple[tuple[int | str, ...], ...] | None = None  # alternatives; str dims unify by name

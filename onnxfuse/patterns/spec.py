@@ -21,6 +21,8 @@ CONSTRAINT_KEYS: dict[str, dict[str, Any]] = {
     "rtol": {"type": "number", "minimum": 0, "description": "Relative tolerance for 'const' (default 1e-5)."},
     "atol": {"type": "number", "minimum": 0, "description": "Absolute tolerance for 'const' (default 1e-6)."},
     "constant": {"type": "boolean", "description": "Must be an initializer or a Constant node's output."},
+    "shared": {"type": "boolean", "description": "Match line only: the node is checked but kept (it may have "
+               "readers outside the match, e.g. rotary cos/sin computed once for all layers)."},
     "dtype": {"oneOf": [{"enum": _DTYPES}, {"type": "array", "items": {"enum": _DTYPES}}],
               "description": "Allowed element types."},
     "rank": {"oneOf": [{"type": "integer", "minimum": 0},
@@ -48,8 +50,10 @@ RULE_KEYS: dict[str, dict[str, Any]] = {
                 "description": "Conditions (compute expressions) that must all be true for the rule to apply."},
     "rewrite": {"type": "object", "additionalProperties": _EXPR,
                 "description": "Lines 'OUT[, OUT2]: domain.Op(inputs..., attr=expr, copy_attrs=line)'."},
-    "example": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "integer"}},
-                "description": "Shapes of input values for the generated self-test models (patterns test)."},
+    "example": {"type": "object", "additionalProperties": {"oneOf": [
+                    {"type": "array"}, {"type": "object", "properties": {"value": {}}, "required": ["value"]}]},
+                "description": "Shapes (or {value: ...} constants) of input values, and line.attr values, for the "
+                               "generated self-test models (patterns test)."},
     "targets": {"type": "array", "items": {"enum": ["cpu", "cuda"]},
                 "description": "Execution providers the rewrite's output can run on."},
     "opset": {"type": "object", "properties": {"min": {"type": "integer"}, "max": {"type": "integer"}},
