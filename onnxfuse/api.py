@@ -80,6 +80,7 @@ class OptimizeOptions:
     dry_run: bool = False
     measure: bool = True
     fold: bool = True  # constant folding and If inlining (exact; --no-fold turns it off)
+    pad_channels: bool = False  # also load patterns/optional/pad_channels.yaml
     measure_threads: int = 1
     measure_budget_s: float = 2.0  # timing per round (all variants together)
 
@@ -350,7 +351,8 @@ def optimize(input_path: str, output_path: str | None, opts: OptimizeOptions | N
         raise OnnxfuseError(f"--target {opts.target}: unknown target", hint="use cpu or cuda")
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    rules = load_rules(opts.patterns, opts.builtin, opts.only, opts.skip)
+    extra = [os.path.join(builtin_patterns_dir(), "optional", "pad_channels.yaml")] if opts.pad_channels else []
+    rules = load_rules(extra + list(opts.patterns), opts.builtin, opts.only, opts.skip)
     timings["patterns"] = time.perf_counter() - t0
     _check_paths(input_path, None if opts.dry_run else output_path, opts.force)
 

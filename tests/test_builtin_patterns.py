@@ -6,7 +6,7 @@ from onnxfuse.api import builtin_patterns_dir, load_rules
 from onnxfuse.patterns.parser import load_path
 from onnxfuse.selftest import check_rule
 
-RULES = load_path(builtin_patterns_dir(), builtin=True)
+RULES = load_path(builtin_patterns_dir(), builtin=True) + load_path(f"{builtin_patterns_dir()}/optional", builtin=True)
 
 
 @pytest.mark.parametrize("rule", RULES, ids=[r.id for r in RULES])

@@ -108,3 +108,27 @@ def test_transposes_move_through_concat_pad_slice_reduce_and_cancel(tmp_path):
     rng = np.random.default_rng(0)
     feeds = {k: rng.standard_normal((1, 8, 8, 4)).astype(np.float32) for k in ("x", "y")}
     np.testing.assert_allclose(ort_run(got, feeds)[0], ort_run(onnx.load(src), feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_pad_channels_is_exact_and_opt_in(tmp_path):
+    """Conv(3->6) -> Relu -> Conv(6->16): with --pad-channels the middle channels become 8 (zero filters, zero
+    weights in the next Conv); outputs equal. Without the flag nothing is padded."""
+    rng = np.random.default_rng(0)
+    inits = {"w1": rng.standard_normal((6, 3, 3, 3)).astype(np.float32),
+             "b1": rng.standard_normal(6).astype(np.float32),
+             "w2": rng.standard_normal((16, 6, 3, 3)).astype(np.float32)}
+    nodes = [oh.make_node("Conv", ["x", "w1", "b1"], ["a"], name="c1", pads=[1, 1, 1, 1]),
+             oh.make_node("Relu", ["a"], ["r"], name="relu"),
+             oh.make_node("Conv", ["r", "w2"], ["y"], name="c2", pads=[1, 1, 1, 1])]
+    src = save(make_model(nodes, [("x", [1, 3, 16, 16])], [("y", [1, 16, 16, 16])], inits), tmp_path / "p.onnx")
+    out = str(tmp_path / "out.onnx")
+    r = optimize(src, out, OptimizeOptions(measure=False, pad_channels=True))
+    assert r.fired["pad-channels-conv-relu-conv"] == 1
+    got = onnx.load(out)
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in got.graph.initializer}
+    convs = [n for n in got.graph.node if n.op_type in ("Conv", "FusedConv")]
+    assert weights[convs[0].input[1]].shape == (8, 3, 3, 3) and weights[convs[1].input[1]].shape == (16, 8, 3, 3)
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    np.testing.assert_allclose(ort_run(got, {"x": x})[0], ort_run(onnx.load(src), {"x": x})[0], rtol=1e-5, atol=1e-4)
+    r2 = optimize(src, str(tmp_path / "out2.onnx"), OptimizeOptions(measure=False))
+    assert not any(k.startswith("pad-channels") for k in r2.fired)
