@@ -23,6 +23,7 @@ from .patterns.parser import load_path
 from .patterns.rules import Rule
 from .rewrite.apply import Application
 from .rewrite.engine import EngineOptions, EngineResult, NearMiss, RuleSkip, near_misses, run
+from .specialize import specialize
 from .targets import kernel_issue, provider_registered
 
 MAX_ROLLBACKS = 16
@@ -81,6 +82,7 @@ class OptimizeOptions:
     measure: bool = True
     fold: bool = True  # constant folding and If inlining (exact; --no-fold turns it off)
     pad_channels: bool = False  # also load patterns/optional/pad_channels.yaml
+    static: bool = False  # fix dynamic input dims to the --shape values (the output accepts only those)
     measure_threads: int = 1
     measure_budget_s: float = 2.0  # timing per round (all variants together)
 
@@ -347,6 +349,18 @@ def _unvalidatable_ops(proto: onnx.ModelProto, provider: str) -> list[str]:
 
 def optimize(input_path: str, output_path: str | None, opts: OptimizeOptions | None = None) -> Result:
     opts = opts or OptimizeOptions()
+    if not opts.static:
+        return _optimize(input_path, input_path, output_path, opts)
+    _check_paths(input_path, None if opts.dry_run else output_path, opts.force)
+    tmp = tempfile.mkdtemp(prefix="onnxfuse-static-")
+    try:
+        return _optimize(input_path, specialize(input_path, opts.shapes, tmp), output_path, opts)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _optimize(shown_path: str, input_path: str, output_path: str | None, opts: OptimizeOptions) -> Result:
+    """`input_path` is what is optimized: the user's model, or its copy with static input shapes (--static)."""
     if opts.target not in ("cpu", "cuda"):
         raise OnnxfuseError(f"--target {opts.target}: unknown target", hint="use cpu or cuda")
     timings: dict[str, float] = {}
@@ -434,7 +448,7 @@ def optimize(input_path: str, output_path: str | None, opts: OptimizeOptions | N
         timings["write"] = time.perf_counter() - t0
     after = op_counts(proto)
     return Result(
-        input=input_path, output=None if opts.dry_run else output_path, target=opts.target,
+        input=shown_path, output=None if opts.dry_run else output_path, target=opts.target,
         nodes_before=sum(before.values()), nodes_after=sum(after.values()),
         ops_before=dict(before), ops_after=dict(after), applications=eng.applications, skipped=eng.skipped,
         rolled_back=rolled_back, checks=checks, validation=status, timings=timings, written=written,

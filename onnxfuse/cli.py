@@ -53,6 +53,8 @@ def optimize(
     rtol: Annotated[float | None, typer.Option("--rtol", help="Relative tolerance (default by dtype).")] = None,
     atol: Annotated[float | None, typer.Option("--atol", help="Absolute tolerance (default by dtype).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Allow OUTPUT to be the input file.")] = False,
+    static: Annotated[bool, typer.Option("--static", help="Fix the dynamic input dims to the --shape values "
+                                         "first (the output then accepts only those shapes).")] = False,
     pad_channels: Annotated[bool, typer.Option("--pad-channels", help="Pad Conv channels to a multiple of 8 with "
                                                "zero weights (exact); kept only where measured faster.")] = False,
     no_fold: Annotated[bool, typer.Option("--no-fold", help="Do not fold constants or inline If nodes whose "
@@ -76,7 +78,8 @@ def optimize(
     opts = OptimizeOptions(patterns=patterns or [], only=only or [], skip=skip or [], builtin=not no_builtin,
                            target=_target(target), validate=not no_validate, shapes=shape or [],
                            inputs_npz=inputs, rtol=rtol, atol=atol, force=force, dry_run=dry_run,
-                           measure=not no_measure, fold=not no_fold, pad_channels=pad_channels, measure_threads=threads, measure_budget_s=measure_budget)
+                           measure=not no_measure, fold=not no_fold, pad_channels=pad_channels, static=static,
+                           measure_threads=threads, measure_budget_s=measure_budget)
     if threads < 1 or measure_budget <= 0:
         raise OnnxfuseError("--threads must be >= 1 and --measure-budget > 0")
     if (bench_after or html) and dry_run:

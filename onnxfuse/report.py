@@ -86,7 +86,8 @@ def print_measure(m, console: Console) -> None:
                   "[green]kept[/green]" if g.kept else "[red]dropped[/red]")
     console.print(t)
     if m.final is not None:
-        what = "original (nothing kept: the rewrites made it slower)" if m.dropped_everything else "kept rewrites"
+        what = ("no rewrite group kept (none made it faster; exact folding, if any, stays)" if m.dropped_everything
+                else "kept rewrites")
         console.print(f"measure: {what}; candidate / original latency {m.final} -> {m.final.verdict}")
 
 

@@ -137,3 +137,40 @@ def test_duplicate_nodes_merge_but_random_ones_do_not(tmp_path):
     assert op_types(got).count("Sigmoid") == 1 and op_types(got).count("RandomUniformLike") == 2
     add = next(n for n in got.graph.node if n.op_type == "Add")
     assert list(add.input) == ["a", "a"]
+
+
+def _shape_if_model():
+    """y = If(Shape(x)[1] == 8) then Relu(x) else Neg(x), with x [batch, n]: the condition is dynamic."""
+    then_g = oh.make_graph([oh.make_node("Relu", ["x"], ["t"], name="relu")], "then", [],
+                           [oh.make_tensor_value_info("t", onnx.TensorProto.FLOAT, None)])
+    else_g = oh.make_graph([oh.make_node("Neg", ["x"], ["e"], name="neg")], "else", [],
+                           [oh.make_tensor_value_info("e", onnx.TensorProto.FLOAT, None)])
+    nodes = [oh.make_node("Shape", ["x"], ["s"], name="shape"),
+             oh.make_node("Gather", ["s", "one"], ["n"], name="gather", axis=0),
+             oh.make_node("Equal", ["n", "eight"], ["c"], name="eq"),
+             oh.make_node("If", ["c"], ["y"], name="if", then_branch=then_g, else_branch=else_g)]
+    return make_model(nodes, [("x", ["batch", "n"])], [("y", ["batch", "n"])],
+                      {"one": np.array(1, np.int64), "eight": np.array(8, np.int64)})
+
+
+def test_static_fixes_input_dims_and_lets_shape_tests_fold(tmp_path, cli):
+    src = save(_shape_if_model(), tmp_path / "in.onnx")
+    r, got = _run(tmp_path, _shape_if_model())
+    assert "if-inline" not in r.fired and "If" in op_types(got)  # dynamic: the If must stay
+    out = tmp_path / "static.onnx"
+    code, stdout, stderr = cli("optimize", src, out, "--no-builtin", "--no-measure", "--static", "--shape", "x:2x8")
+    assert code == 0, stderr
+    got = onnx.load(str(out))
+    assert op_types(got) == ["Relu"]
+    assert [d.dim_value for d in got.graph.input[0].type.tensor_type.shape.dim] == [2, 8]
+    x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
+    np.testing.assert_array_equal(ort_run(got, {"x": x})[0], np.maximum(x, 0))
+
+
+def test_static_without_every_dim_is_a_clear_error(tmp_path, cli):
+    src = save(_shape_if_model(), tmp_path / "in.onnx")
+    out = tmp_path / "static.onnx"
+    code, stdout, stderr = cli("optimize", src, out, "--static", "--shape", "batch=2")
+    assert code == 1 and not out.exists()
+    assert "--static needs a value for every dynamic input dim; missing: x[1] (n)" in stderr
+    assert "Traceback" not in stderr

@@ -29,6 +29,20 @@ def fold(model: Model, deny: set[tuple[str, str]] | None = None) -> list[Applica
     """Fold to a fixed point in every graph; returns one Application per folded node or inlined If."""
     deny = deny or set()
     apps: list[Application] = []
+    for _ in range(MAX_RETYPES + 1):
+        before = len(apps)
+        inlined = _fold_pass(model, deny, apps)
+        if len(apps) == before or not _retype(model, always=inlined):
+            break  # nothing new, or the new types make nothing more static
+    return apps
+
+
+MAX_RETYPES = 3
+
+
+def _fold_pass(model: Model, deny: set[tuple[str, str]], apps: list[Application]) -> bool:
+    """Fold to a fixed point with the current types; True if an If was inlined."""
+    any_inlined = False
     changed = True
     while changed:
         changed = inlined = False
@@ -44,27 +58,37 @@ def fold(model: Model, deny: set[tuple[str, str]] | None = None) -> list[Applica
             dupes = _merge_duplicates(graph, deny)
             apps.extend(dupes)
             changed = changed or bool(dupes)
+        any_inlined = any_inlined or inlined
         if inlined:
-            _retype(model)  # values after an inlined If had no type (the If's outputs did not)
-    return apps
+            _retype(model, always=True)  # values after an inlined If had no type (the If's outputs did not)
+    return any_inlined
 
 
-def _retype(model: Model) -> None:
-    """Shape inference on the current model; fills in types that were unknown."""
+def _retype(model: Model, always: bool = False) -> bool:
+    """Shape inference on the current (folded) model. Returns True if some value gained static dims."""
     from ..loader import _infer_types
 
     inferred = _infer_types(model.export())
-    if inferred is not None:
-        _merge_unknown_types(model.graph, inferred.graph)
+    if inferred is None:
+        return False
+    return _merge_better_types(model.graph, inferred.graph) or always
 
 
-def _merge_unknown_types(g: Graph, src: onnx.GraphProto) -> None:
+def _static_dims(t: object) -> int:
+    shape = getattr(t, "shape", None)
+    return -1 if shape is None else sum(isinstance(d, int) for d in shape)
+
+
+def _merge_better_types(g: Graph, src: onnx.GraphProto) -> bool:
+    """Take inferred types that are new or have more static dims than what the graph has."""
     from ..ir import _type_from_proto
 
+    gained = False
     for vi in list(src.value_info) + list(src.output) + list(src.input):
         t = _type_from_proto(vi.type)
         old = g.types.get(vi.name)
-        if t is not None and t.shape is not None and (old is None or old.shape is None):
+        if t is not None and t.shape is not None and (old is None or _static_dims(t) > _static_dims(old)):
+            gained = gained or _static_dims(t) > max(_static_dims(old), 0)
             g.types[vi.name] = t
     with_subgraphs = {n.outputs[0]: n for n in g.live_nodes() if n.subgraphs and n.outputs}
     for sn in src.node:
@@ -74,7 +98,8 @@ def _merge_unknown_types(g: Graph, src: onnx.GraphProto) -> None:
         for a in sn.attribute:
             srcs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
             for sub, sub_src in zip(node.subgraphs.get(a.name, []), srcs, strict=False):
-                _merge_unknown_types(sub, sub_src)
+                gained = _merge_better_types(sub, sub_src) or gained
+    return gained
 
 
 def _merge_duplicates(graph: Graph, deny: set[tuple[str, str]]) -> list[Application]:
