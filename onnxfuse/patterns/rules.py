@@ -117,6 +117,14 @@ class Rule:
         names |= {n for e in exprs for n, _, _ in e.names}
         return names
 
+    def required_ops(self) -> frozenset[tuple[str, str]]:
+        """Ops every match contains: the calls of lines that have no alternatives at their top."""
+        cached = self.__dict__.get("_required_ops")
+        if cached is None:
+            cached = frozenset((e.domain, e.op) for n, e in self.lines.items() if isinstance(e, Call) and self.head(n) == n)
+            self.__dict__["_required_ops"] = cached
+        return cached
+
     def root_ops(self) -> set[tuple[str, str]]:
         expr = self.lines[self.root]
         options = expr.options if hasattr(expr, "options") else [expr]

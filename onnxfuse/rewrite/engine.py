@@ -121,7 +121,10 @@ def run(model: Model, rules: list[Rule], options: EngineOptions) -> EngineResult
             if dirty is not None and id(graph) not in dirty:
                 continue  # already at its fixed point
             index = _candidates(graph, None if dirty is None else _downstream(graph, dirty[id(graph)], depth))
+            present = {(n.domain, n.op_type) for n in graph.live_nodes()}
             for rule in active:
+                if not rule.required_ops() <= present:
+                    continue  # an op every match needs is not in this graph
                 matcher = Matcher(rule, graph)
                 for op in sorted(rule.root_ops()):
                     for node in index.get(op, ()):

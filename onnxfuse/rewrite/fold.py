@@ -32,8 +32,9 @@ def fold(model: Model, deny: set[tuple[str, str]] | None = None) -> list[Applica
     for _ in range(MAX_RETYPES + 1):
         before = len(apps)
         inlined = _fold_pass(model, deny, apps)
-        if len(apps) == before or not _retype(model, always=inlined):
-            break  # nothing new, or the new types make nothing more static
+        folded = any(a.rule == "constant-fold" for a in apps[before:])
+        if not folded or not _retype(model, always=inlined):
+            break  # nothing became constant (merging duplicates changes no shape), or no type gained
     return apps
 
 
