@@ -110,3 +110,23 @@ def test_shared_line_must_not_read_a_removed_line():
     with pytest.raises(OnnxfuseError) as e:
         parse_text(text, "f.yaml")
     assert "f.yaml:5:16: error: shared line 's' reads line 'n', which is not shared" in str(e.value)
+
+
+def test_classic_bert_row_mask_is_expanded_and_exact(tmp_path):
+    """models/transformer_small.onnx: the additive mask is (1 - mask) * -10000 of shape [b, 1, 1, s]; it is
+    expanded to every query row for Attention's attention_bias, so even a non-binary mask value gives the
+    original's result."""
+    src = str(CORPUS.parent / "transformer_small.onnx")
+    out = str(tmp_path / "out.onnx")
+    r = optimize(src, out, OptimizeOptions(measure=False))
+    assert r.fired.get("self-attention-row-mask") == 1, r.fired
+    got = onnx.load(out)
+    assert [n.op_type for n in got.graph.node].count("Attention") == 1
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 100, (2, 12)).astype(np.int64)
+    mask = np.ones((2, 12), np.int64)
+    mask[0, 8:] = 0
+    mask[1, :] = 0  # fully masked
+    mask[1, 3] = 2  # not a 0/1 value: still exact
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    np.testing.assert_allclose(ort_run(got, feeds)[0], ort_run(onnx.load(src), feeds)[0], rtol=1e-4, atol=1e-4)
