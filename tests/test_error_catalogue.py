@@ -61,6 +61,8 @@ def _pattern(tmp, text):
 
 
 GOOD_RULE = "rules:\n- id: r\n  match:\n    Y: Relu(X)\n  rewrite:\n    Y: Relu(X)\n"
+SHARED_BAD = ("rules:\n- id: r\n  match:\n    n: Neg(X)\n    s: Sigmoid(n)\n    Y: Mul(s, n)\n"
+              "  where:\n    s: {shared: true}\n  rewrite:\n    Y: X\n")
 
 # (case id, builds argv after `optimize` from tmp_path, stderr fragment, exit code)
 CASES = [
@@ -114,6 +116,10 @@ CASES = [
     ("unknown flag", lambda t: [CNN, OUT, "--fast"], "No such option: --fast", 2),
     ("bad flag value", lambda t: [CNN, OUT, "--target", "tpu"], "unknown target", 1),
     ("unknown rule id", lambda t: [CNN, OUT, "--skip", "nope"], "--skip nope: no rule with that id", 1),
+    ("--static without every dim", lambda t: [CNN, OUT, "--static"],
+     "--static needs a value for every dynamic input dim; missing: x[0] (batch)", 1),
+    ("pattern shared line reads a removed one", lambda t: [CNN, OUT, *_pattern(t, SHARED_BAD)],
+     "shared line 's' reads line 'n', which is not shared", 1),
 ]
 
 
