@@ -158,3 +158,43 @@ rules:
     assert op_types(got) == ["Clip"] and list(got.graph.node[0].input) == ["x", "", "c"]
     x = np.array([-1, 0.2, 0.7, 3], np.float32)
     np.testing.assert_array_equal(ort_run(got, {"x": x})[0], np.minimum(x, 0.5))
+
+
+STAGE_RULES = """
+rules:
+- id: big
+  doc: Relu(Abs(Exp(x))) = Exp(x).
+  match:
+    Y: Relu(Abs(Exp(X)))
+  rewrite:
+    Y: Exp(X)
+- id: small
+  doc: Abs(Exp(x)) = Exp(x).
+  match:
+    Y: Abs(Exp(X))
+  rewrite:
+    Y: Exp(X)
+- id: drop-identity
+  doc: Identity(x) = x.
+  match:
+    Y: Identity(X)
+  rewrite:
+    Y: X
+  STAGE
+"""
+
+
+def test_early_stage_canonicalises_before_fusion_rules(tmp_path):
+    """x -> Exp -> Abs -> Identity -> Relu. With the Identity removal in the early stage, the biggest rule sees
+    Relu(Abs(Exp)) and leaves a single Exp; in the main stage, the smaller rule would fire first."""
+    nodes = [oh.make_node("Exp", ["x"], ["e"], name="exp"), oh.make_node("Abs", ["e"], ["a"], name="abs"),
+             oh.make_node("Identity", ["a"], ["i"], name="id"), oh.make_node("Relu", ["i"], ["y"], name="relu")]
+    src = save(make_model(nodes, [("x", [2, 3])], [("y", [2, 3])]), tmp_path / "s.onnx")
+    results = {}
+    for stage in ("stage: early", "stage: main"):
+        out = str(tmp_path / f"{stage[7:]}.onnx")
+        rules = _rules(tmp_path, STAGE_RULES.replace("STAGE", stage))
+        optimize(src, out, OptimizeOptions(patterns=rules, builtin=False, measure=False, fold=False))
+        results[stage] = sorted(op_types(onnx.load(out)))
+    assert results["stage: early"] == ["Exp"]
+    assert results["stage: main"] == ["Exp", "Relu"]

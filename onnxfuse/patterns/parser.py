@@ -208,12 +208,15 @@ def _parse_rule(node: yaml.Node, c: _Collector, builtin: bool, order: int) -> Ru
     require = _parse_require(fields["require"][1], c) if "require" in fields else []
     example, example_attrs = _parse_example(fields["example"][1], c, values, lines) if "example" in fields else ({}, {})
     targets = _parse_targets(fields["targets"][1], c) if "targets" in fields else TARGETS
+    stage = _plain(fields["stage"][1]) if "stage" in fields else "main"
+    if stage not in ("early", "main"):
+        c.error(c.span(fields["stage"][1]), f"unknown stage {stage!r}", "stages are: early, main")
     omin, omax = _parse_opset(fields["opset"][1], c) if "opset" in fields else (1, 10_000)
     rule = Rule(
         id=rule_id, doc=doc or "", file=c.file, span=c.span(fields["id"][1]), lines=lines,
         line_spans=line_spans, where=where, compute=compute, rewrite=rewrite, targets=targets,
         opset_min=omin, opset_max=omax, order=order, builtin=builtin, require=[r for r, _ in require],
-        example=example, example_attrs=example_attrs, outputs_of=outputs_of,
+        example=example, example_attrs=example_attrs, outputs_of=outputs_of, early=stage == "early",
     )
     rule_require_spans = [sp for _, sp in require]
     if len(c.diags) == n_before:

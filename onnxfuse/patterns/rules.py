@@ -81,6 +81,7 @@ class Rule:
     example_attrs: dict[tuple[str, str], object] = field(default_factory=dict)  # (line, attr) -> value
     outputs_of: dict[str, tuple[str, int]] = field(default_factory=dict)  # multi-output line names
     targets: tuple[str, ...] = TARGETS
+    early: bool = False  # stage: early (canonicalisation before the fusion rules)
     opset_min: int = 1
     opset_max: int = 10_000
     order: int = 0

@@ -54,6 +54,8 @@ RULE_KEYS: dict[str, dict[str, Any]] = {
                     {"type": "array"}, {"type": "object", "properties": {"value": {}}, "required": ["value"]}]},
                 "description": "Shapes (or {value: ...} constants) of input values, and line.attr values, for the "
                                "generated self-test models (patterns test)."},
+    "stage": {"enum": ["early", "main"], "description": "early: a canonicalisation that runs to its fixed point "
+              "before the fusion rules (so they see one form); default main."},
     "targets": {"type": "array", "items": {"enum": ["cpu", "cuda"]},
                 "description": "Execution providers the rewrite's output can run on."},
     "opset": {"type": "object", "properties": {"min": {"type": "integer"}, "max": {"type": "integer"}},

@@ -217,12 +217,17 @@ def _infer_temp_types(graph: Graph, protos: list[onnx.NodeProto], temps: set[str
     later rules can check their dtype/shape). Contrib ops have no ONNX schema: their outputs stay untyped."""
     produced = {o for p in protos for o in p.output}
     inputs = []
+    inits = []
     for name in dict.fromkeys(i for p in protos for i in p.input if i and i not in produced):
         t = graph.type_of(name)
         if t is None or t.shape is None:
             return
-        inputs.append(onnx.helper.make_tensor_value_info(name, t.elem_type, list(t.shape)))
-    g = onnx.helper.make_graph(list(protos), "temps", inputs, [])
+        value = graph.const_value(name) if t.shape and all(isinstance(d, int) for d in t.shape) else None
+        if value is not None and value.size <= 64:  # small constants (axes, shapes): inference reads them
+            inits.append(numpy_helper.from_array(np.asarray(value), name))
+        else:
+            inputs.append(onnx.helper.make_tensor_value_info(name, t.elem_type, list(t.shape)))
+    g = onnx.helper.make_graph(list(protos), "temps", inputs, [], inits)
     opsets = [onnx.helper.make_opsetid(d or "", v) for d, v in graph.model.opsets.items()]
     try:
         inferred = onnx.shape_inference.infer_shapes(onnx.helper.make_model(g, opset_imports=opsets))

@@ -112,6 +112,21 @@ def run(model: Model, rules: list[Rule], options: EngineOptions) -> EngineResult
             active.append(rule)
     apps: list[Application] = fold(model, options.deny) if options.fold else []
     sweeps = 0
+    for stage in ([r for r in active if r.early], [r for r in active if not r.early]):
+        n, stopped = _sweep(model, stage, options, apps)
+        sweeps += n
+        if stopped:
+            return EngineResult(apps, skipped, sweeps)
+    if options.fold and apps:
+        apps.extend(fold(model, options.deny))  # rules may have made more values constant
+    return EngineResult(apps, skipped, sweeps)
+
+
+def _sweep(model: Model, active: list[Rule], options: EngineOptions, apps: list[Application]) -> tuple[int, bool]:
+    """Apply `active` (in order) to a fixed point. Returns (sweeps, stopped at options.max_rewrites)."""
+    if not active:
+        return 0, False
+    sweeps = 0
     depth = max((r.size for r in active), default=1) + 1
     dirty: dict[int, set[str]] | None = None  # values changed by the previous sweep, per graph; None: all
     for sweeps in range(1, MAX_SWEEPS + 1):  # noqa: B007
@@ -142,15 +157,13 @@ def run(model: Model, rules: list[Rule], options: EngineOptions) -> EngineResult
                         touched.setdefault(id(graph), set()).update(values)
                         changed = True
                         if options.max_rewrites is not None and len(apps) >= options.max_rewrites:
-                            return EngineResult(apps, skipped, sweeps)
+                            return sweeps, True
         for graph in model.graphs():
             touched.setdefault(id(graph), set()).update(remove_dead_created_nodes(graph))
         if not changed:
             break
         dirty = touched
-    if options.fold and apps:
-        apps.extend(fold(model, options.deny))  # rules may have made more values constant
-    return EngineResult(apps, skipped, sweeps)
+    return sweeps, False
 
 
 def remove_dead_created_nodes(graph: Graph) -> set[str]:
