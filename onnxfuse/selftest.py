@@ -108,6 +108,8 @@ def _input_type(call: Call, idx: int, opset: int, primary: int) -> int:
         return primary
     if "tensor(int64)" in allowed:
         return onnx.TensorProto.INT64
+    if len(allowed) == 1:  # e.g. Where's bool condition
+        return getattr(onnx.TensorProto, allowed[0][len("tensor("):-1].upper(), primary)
     return primary
 
 

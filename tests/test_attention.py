@@ -47,6 +47,8 @@ def test_attention_fuses_with_equal_numerics(name, tmp_path):
     got = onnx.load(out)
     ops = [n.op_type for n in got.graph.node]
     assert ops.count("Attention") == 2 and "Softmax" not in ops
+    # the NaN guard stays only where the exported mask uses -inf (TorchScript SDPA); finfo.min masks drop it
+    assert ops.count("IsNaN") == (2 if name in ("bert_ts17", "gpt2_ts17") else 0), ops.count("IsNaN")
     if name.startswith("bert"):  # word + token type + position embeddings and their LayerNorm
         assert ops.count("EmbedLayerNormalization") == 1 and r.fired["embed-layernorm"] == 1
     att = next(n for n in got.graph.node if n.op_type == "Attention")
