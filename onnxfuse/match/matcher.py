@@ -123,14 +123,11 @@ class Matcher:
             if idx >= len(node.outputs) or node.outputs[idx] != value:
                 self._fail(b, node.name, f"{value!r} is not output {idx} of {node.op_type} (line {name!r})")
                 return
-            con = self.rule.where.get(name)
-            if con is not None:
-                b2 = self._check_value(name, value, con, b, node)
-                if b2 is None:
-                    return
-                b = b2
-            for b2 in self._line(head, node.outputs[0], b):
-                yield b2.bind(name, value, node)
+            b2 = self._constrain(name, value, b, node)
+            if b2 is None:
+                return
+            for b3 in self._line(head, node.outputs[0], b2):
+                yield b3.bind(name, value, node)
             return
         con = self.rule.where.get(name)
         if con is not None:
@@ -142,7 +139,7 @@ class Matcher:
                 if not _same_attr(actual, wanted):
                     self._fail(b, node.name, f"{node.op_type} {k}={actual!r}, rule needs {wanted!r}")
                     return
-            b2 = self._check_value(name, value, con, b, node)
+            b2 = self._constrain(name, value, b, node)
             if b2 is None:
                 return
             b = b2
@@ -182,13 +179,9 @@ class Matcher:
             else:
                 self._fail(b, consumer.name if consumer else "?", f"input {name} is absent")
             return
-        con = self.rule.where.get(name)
-        if con is not None:
-            b2 = self._check_value(name, value, con, b, consumer)
-            if b2 is None:
-                return
-            b = b2
-        yield b.bind(name, value)
+        b2 = self._constrain(name, value, b, consumer)
+        if b2 is not None:
+            yield b2.bind(name, value)
 
     def _call(self, call: Call, value: str, b: Binding) -> Iterator[Binding]:
         g = self.graph
@@ -236,6 +229,11 @@ class Matcher:
             yield from self._args(args, values, i + 1, b2, node)
 
     # ----- constraints -----------------------------------------------------------------------------------
+    def _constrain(self, name: str, value: str, b: Binding, consumer: Node | None) -> Binding | None:
+        """`b` with the `where` constraints of `name` checked on `value` (None when they fail)."""
+        con = self.rule.where.get(name)
+        return b if con is None else self._check_value(name, value, con, b, consumer)
+
     def _check_value(self, name: str, value: str, con: Constraint, b: Binding,
                      consumer: Node | None) -> Binding | None:
         g = self.graph

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -118,13 +119,10 @@ class Rule:
         names |= {n for e in exprs for n, _, _ in e.names}
         return names
 
+    @functools.cached_property
     def required_ops(self) -> frozenset[tuple[str, str]]:
         """Ops every match contains: the calls of lines that have no alternatives at their top."""
-        cached = self.__dict__.get("_required_ops")
-        if cached is None:
-            cached = frozenset((e.domain, e.op) for n, e in self.lines.items() if isinstance(e, Call) and self.head(n) == n)
-            self.__dict__["_required_ops"] = cached
-        return cached
+        return frozenset((e.domain, e.op) for n, e in self.lines.items() if isinstance(e, Call) and self.head(n) == n)
 
     def root_ops(self) -> set[tuple[str, str]]:
         expr = self.lines[self.root]

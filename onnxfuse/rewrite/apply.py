@@ -205,7 +205,7 @@ def apply_match(rule: Rule, graph: Graph, b: Binding) -> Application:
             graph.model.opsets[rn.call.domain] = 1
     if any(o.startswith(MS_DOMAIN) for o in ops):
         graph.model.opsets.setdefault(MS_DOMAIN, 1)
-    _drop_dead_constants(graph, [i for n in b.matched + b.side for i in n.inputs])
+    _drop_dead_producers(graph, [i for n in b.matched + b.side for i in n.inputs])
     if temps:
         _infer_temp_types(graph, [graph.producer[t].proto for t in temps.values() if t in graph.producer],
                           set(temps.values()))
@@ -259,7 +259,7 @@ def _alias(graph: Graph, old: str, new: str, seq: tuple[int, ...], prefix: str, 
     return None
 
 
-def _drop_dead_constants(graph: Graph, names: list[str]) -> None:
+def _drop_dead_producers(graph: Graph, names: list[str]) -> None:
     """Remove the producers of `names` that fed only the removed nodes (Constants, and shape arithmetic
     that fed the match), recursively; mark initializers as touched so unused ones are dropped on export."""
     graph.model.touched_values.update(n for n in names if n)

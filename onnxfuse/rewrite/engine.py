@@ -138,7 +138,7 @@ def _sweep(model: Model, active: list[Rule], options: EngineOptions, apps: list[
             index = _candidates(graph, None if dirty is None else _downstream(graph, dirty[id(graph)], depth))
             present = {(n.domain, n.op_type) for n in graph.live_nodes()}
             for rule in active:
-                if not rule.required_ops() <= present:
+                if not rule.required_ops <= present:
                     continue  # an op every match needs is not in this graph
                 matcher = Matcher(rule, graph)
                 for op in sorted(rule.root_ops()):

@@ -16,7 +16,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..ir import Graph, Model, Node, _export_node
-from .apply import Application, _alias, _drop_dead_constants
+from .apply import Application, _alias, _drop_dead_producers
 
 FOLD_MAX_ELEMENTS = 1 << 16
 NEVER_FOLD = frozenset({
@@ -24,26 +24,24 @@ NEVER_FOLD = frozenset({
     "Multinomial", "Bernoulli", "Dropout", "SequenceConstruct", "SequenceEmpty", "SequenceInsert", "Optional",
 })
 
+NEVER_MERGE = NEVER_FOLD - {"Constant"}  # equal Constants are merged; nothing random ever is
+MAX_RETYPES = 3  # shape inference passes after folding made more values constant
+
 
 def fold(model: Model, deny: set[tuple[str, str]] | None = None) -> list[Application]:
     """Fold to a fixed point in every graph; returns one Application per folded node or inlined If."""
     deny = deny or set()
     apps: list[Application] = []
     for _ in range(MAX_RETYPES + 1):
-        before = len(apps)
-        inlined = _fold_pass(model, deny, apps)
-        folded = any(a.rule == "constant-fold" for a in apps[before:])
-        if not folded or not _retype(model, always=inlined):
-            break  # nothing became constant (merging duplicates changes no shape), or no type gained
+        if not _fold_pass(model, deny, apps) or not _retype(model):
+            break  # nothing became constant since the last typing (merges change no shape), or no type gained
     return apps
 
 
-MAX_RETYPES = 3
-
-
 def _fold_pass(model: Model, deny: set[tuple[str, str]], apps: list[Application]) -> bool:
-    """Fold to a fixed point with the current types; True if an If was inlined."""
-    any_inlined = False
+    """Fold to a fixed point with the current types (re-typed after each round that inlined an If, whose
+    outputs had no type). True if constants were folded after the last typing: types may now be stale."""
+    stale = False
     changed = True
     while changed:
         changed = inlined = False
@@ -56,23 +54,24 @@ def _fold_pass(model: Model, deny: set[tuple[str, str]], apps: list[Application]
                     apps.append(app)
                     changed = True
                     inlined = inlined or app.rule == "if-inline"
+                    stale = stale or app.rule == "constant-fold"
             dupes = _merge_duplicates(graph, deny)
             apps.extend(dupes)
             changed = changed or bool(dupes)
-        any_inlined = any_inlined or inlined
         if inlined:
-            _retype(model, always=True)  # values after an inlined If had no type (the If's outputs did not)
-    return any_inlined
+            _retype(model)
+            stale = False
+    return stale
 
 
-def _retype(model: Model, always: bool = False) -> bool:
+def _retype(model: Model) -> bool:
     """Shape inference on the current (folded) model. Returns True if some value gained static dims."""
     from ..loader import _infer_types
 
     inferred = _infer_types(model.export())
     if inferred is None:
         return False
-    return _merge_better_types(model.graph, inferred.graph) or always
+    return _merge_better_types(model.graph, inferred.graph)
 
 
 def _static_dims(t: object) -> int:
@@ -108,7 +107,7 @@ def _merge_duplicates(graph: Graph, deny: set[tuple[str, str]]) -> list[Applicat
     seen: dict[tuple, Node] = {}
     apps: list[Application] = []
     for node in graph.sorted_nodes():
-        if (not node.alive or node.subgraphs or node.op_type in NEVER_FOLD - {"Constant"} or not node.outputs
+        if (not node.alive or node.subgraphs or node.op_type in NEVER_MERGE or not node.outputs
                 or ("merge-duplicates", node.outputs[0]) in deny):
             continue
         attrs = tuple(sorted((a.name, a.SerializeToString()) for a in node.proto.attribute))
@@ -186,7 +185,7 @@ def _fold_node(graph: Graph, node: Node) -> Application | None:
         new = graph.add_node(proto, node.seq + (k,))
         new.provenance = ("constant-fold", replaced)
         created.append(name)
-    _drop_dead_constants(graph, node.inputs)
+    _drop_dead_producers(graph, node.inputs)
     return Application("constant-fold", graph.proto.name, node.outputs[0], tuple(replaced), tuple(created),
                        ("Constant",))
 
@@ -274,7 +273,7 @@ def _inline_if(graph: Graph, node: Node) -> Application | None:
         return None  # a nested subgraph reads a branch output by name: renaming it would break that
     replaced = [node.name or node.outputs[0]]
     graph.remove_node(node)
-    _drop_dead_constants(graph, [node.proto.input[0]])
+    _drop_dead_producers(graph, [node.proto.input[0]])
     for name, t in branch.initializers.items():
         graph.new_initializers[name] = t
     for name, t in branch.new_initializers.items():
