@@ -8,7 +8,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -140,7 +140,8 @@ def _measure_json(m: MeasureReport | None) -> dict | None:
     return {
         "provider": m.provider, "threads": m.threads, "rounds": m.rounds, "seconds": m.seconds, "note": m.note,
         "final_ratio": None if m.final is None else asdict(m.final),
-        "final_verdict": None if m.final is None else m.final.verdict,
+        "final_verdict": None if m.final is None else m.final.verdict_beyond(m.floor),
+        "noise_floor": m.floor,
         "dropped_everything": m.dropped_everything,
         "groups": [{"group": g.group, "rules": g.rules, "rewrites": g.rewrites, "kept": g.kept, "gain": g.gain,
                     "with_over_without": None if g.effect is None else asdict(g.effect)} for g in m.groups],
@@ -313,6 +314,38 @@ class _Validator:
                 self.feeds, self._reference = _retry_larger(ref, self.proto)
         return self._reference
 
+    def branch_values(self, proto: onnx.ModelProto, info: LoadInfo) -> dict[str, bool]:
+        """The condition of each top-level If (keyed by its first output) on the validation inputs and on the
+        timing inputs (batch 1), where both agree: the branch that validation checks and timing measures. Run on
+        the original at ORT_DISABLE_ALL with the conditions as extra outputs; {} when the model has none."""
+        g = proto.graph
+        fixed = {i.name for i in g.input} | {t.name for t in g.initializer}
+        ifs = [n for n in g.node if n.op_type == "If" and n.domain in ("", "ai.onnx") and n.output
+               and n.input[0] not in fixed]
+        if not ifs:
+            return {}
+        _ = self.reference  # settles the inputs
+        probe = onnx.ModelProto()
+        probe.CopyFrom(proto)
+        outputs = {o.name for o in probe.graph.output}
+        conds = list(dict.fromkeys(n.input[0] for n in ifs))
+        probe.graph.output.extend(onnx.helper.make_tensor_value_info(c, onnx.TensorProto.BOOL, None)
+                                  for c in conds if c not in outputs)
+        cand = _Candidate(probe, info)
+        try:
+            sess = V.make_session(cand.source, "disable", self.provider)
+            runs = [V.run(sess, feeds) for feeds in (self.feeds, _timing_feeds(self))]
+        except (OnnxfuseError, InputSpecError):
+            return {}
+        finally:
+            cand.close()
+        values: dict[str, bool] = {}
+        for n in ifs:
+            seen = {bool(r[n.input[0]].reshape(-1)[0]) for r in runs if n.input[0] in r and r[n.input[0]].size == 1}
+            if len(seen) == 1:
+                values[n.output[0]] = seen.pop()
+        return values
+
     def reference_at(self, level: str) -> dict:
         if level not in self._references:
             sess = V.make_session(self.input_path, level, self.provider)
@@ -320,10 +353,11 @@ class _Validator:
         return self._references[level]
 
 
-def _build(input_path: str, rules: list[Rule], target: str, deny: set[tuple[str, str]],
-           max_rewrites: int | None = None, fold: bool = True) -> tuple[Model, LoadInfo, EngineResult]:
+def _build(input_path: str, rules: list[Rule], base: EngineOptions, deny: set[tuple[str, str]],
+           max_rewrites: int | None = None) -> tuple[Model, LoadInfo, EngineResult]:
+    """Load and rewrite again (deterministic): `base` gives the target, folding and probed branches."""
     model, info = load_model(input_path)
-    result = run(model, rules, EngineOptions(target=target, deny=set(deny), max_rewrites=max_rewrites, fold=fold))
+    result = run(model, rules, replace(base, deny=set(deny), max_rewrites=max_rewrites))
     return model, info, result
 
 
@@ -396,7 +430,9 @@ def _optimize(shown_path: str, input_path: str, output_path: str | None, opts: O
                 held_back.append(RuleSkip(r.id, f"{', '.join(ops)} has no CPU kernel and no CUDA execution provider "
                                                 "is installed to validate it (--no-validate applies it unchecked)"))
         rules = [r for r in rules if r.id not in {h.rule for h in held_back}]
-    eng = run(model, rules, EngineOptions(target=opts.target, fold=opts.fold))
+    hot = validator.branch_values(model.proto, info) if validator is not None and opts.fold else {}
+    base = EngineOptions(target=opts.target, fold=opts.fold, hot=hot)
+    eng = run(model, rules, replace(base))
     eng.skipped.extend(held_back)
     proto = model.export()
     timings["rewrite"] = time.perf_counter() - t0
@@ -419,11 +455,10 @@ def _optimize(shown_path: str, input_path: str, output_path: str | None, opts: O
                 if len(rolled_back) >= MAX_ROLLBACKS:
                     raise OnnxfuseError(f"validation still fails after rolling back {MAX_ROLLBACKS} rewrites: "
                                         f"{verdict.reason}; nothing written")
-                culprit = _bisect(input_path, rules, opts.target, deny, len(eng.applications), validator,
-                                  fold=opts.fold)
+                culprit = _bisect(input_path, rules, base, deny, len(eng.applications), validator)
                 rolled_back.append(Rollback(culprit.rule, culprit.root, verdict.reason))
                 deny.add(culprit.key)
-                model, info, eng = _build(input_path, rules, opts.target, deny, fold=opts.fold)
+                model, info, eng = _build(input_path, rules, base, deny)
                 proto = model.export()
                 verdict = validator.check(proto, info)
             if not verdict.ok:
@@ -436,7 +471,7 @@ def _optimize(shown_path: str, input_path: str, output_path: str | None, opts: O
     measured: MeasureReport | None = None
     if opts.measure and eng.applications:
         t0 = time.perf_counter()
-        measured, model, info, eng, proto = _measure(input_path, rules, opts, deny, model, info, eng, proto,
+        measured, model, info, eng, proto = _measure(input_path, rules, opts, base, deny, model, info, eng, proto,
                                                      validator)
         timings["measure"] = time.perf_counter() - t0
 
@@ -456,7 +491,8 @@ def _optimize(shown_path: str, input_path: str, output_path: str | None, opts: O
     )
 
 
-def _measure(input_path: str, rules: list[Rule], opts: OptimizeOptions, deny: set[tuple[str, str]], model: Model,
+def _measure(input_path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions,
+             deny: set[tuple[str, str]], model: Model,
              info: LoadInfo, eng: EngineResult, proto: onnx.ModelProto, validator: _Validator):
     """Time groups of rewrites on the target and keep only those that help (see measure.py)."""
     if opts.target == "cuda" and not provider_registered("cuda"):
@@ -474,22 +510,21 @@ def _measure(input_path: str, rules: list[Rule], opts: OptimizeOptions, deny: se
     allowed = {a.rule for a in eng.applications if a.rule in by_id}  # folding is exact: always on
     earlier: list = []  # groups dropped in the first pass
     for pass_no in range(2):
-        report = _select_groups(input_path, by_id, allowed, eng, opts, deny, feeds, time_fn)
+        report = _select_groups(input_path, by_id, allowed, eng, opts, base, deny, feeds, time_fn)
         kept = set() if report.dropped_everything else allowed - set(report.dropped_rules)
         report.groups = report.groups + earlier
         if kept == allowed:
             break
         # Rules the dropped ones had shadowed (e.g. FusedMatMul inside an Attention that did not pay) fire
         # once those are gone: time them too, in one more pass.
-        model, info, eng = _build(input_path, [r for r in rules if r.id not in allowed - kept], opts.target, deny,
-                                  fold=opts.fold)
+        model, info, eng = _build(input_path, [r for r in rules if r.id not in allowed - kept], base, deny)
         shadowed = {a.rule for a in eng.applications if a.rule in by_id} - allowed
         if pass_no == 1 or not shadowed:
             break
         earlier = [g for g in report.groups if not g.kept]
         allowed = kept | shadowed
     model, info, eng = _build(input_path, [by_id[r] for r in sorted(kept, key=lambda r: by_id[r].order)],
-                              opts.target, deny, fold=opts.fold)
+                              base, deny)
     proto = model.export()
     if opts.validate and eng.applications:
         verdict = validator.check(proto, info)
@@ -499,7 +534,7 @@ def _measure(input_path: str, rules: list[Rule], opts: OptimizeOptions, deny: se
 
 
 def _select_groups(input_path: str, by_id: dict[str, Rule], allowed: set[str], eng: EngineResult,
-                   opts: OptimizeOptions, deny: set[tuple[str, str]], feeds: dict, time_fn) -> MeasureReport:
+                   opts: OptimizeOptions, base: EngineOptions, deny: set[tuple[str, str]], feeds: dict, time_fn) -> MeasureReport:
     """Group the applied rewrites of the `allowed` rules by the fused ops they create and time the groups;
     candidates are built from allowed rules only, so a dropped group never lets another rule in unmeasured."""
     ops_by_rule: dict[str, set[str]] = {}
@@ -517,7 +552,7 @@ def _select_groups(input_path: str, by_id: dict[str, Rule], allowed: set[str], e
         key = frozenset(dropped)
         if key not in cache:
             use = [r for rid, r in by_id.items() if rid in allowed and rid not in dropped]
-            m, i, _ = _build(input_path, use, opts.target, deny, fold=opts.fold)
+            m, i, _ = _build(input_path, use, base, deny)
             cand = _Candidate(m.export(), i)
             candidates.append(cand)
             cache[key] = cand.source
@@ -547,18 +582,18 @@ def _timing_feeds(validator: _Validator) -> dict:
         return validator.feeds
 
 
-def _bisect(input_path: str, rules: list[Rule], target: str, deny: set[tuple[str, str]], n: int,
-            validator: _Validator, fold: bool = True) -> Application:
+def _bisect(input_path: str, rules: list[Rule], base: EngineOptions, deny: set[tuple[str, str]], n: int,
+            validator: _Validator) -> Application:
     """Smallest prefix of the (deterministic) rewrite sequence that fails: its last rewrite is the culprit."""
     lo, hi = 0, n  # prefix lo passes (the original), prefix hi fails
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        model, info, _ = _build(input_path, rules, target, deny, max_rewrites=mid, fold=fold)
+        model, info, _ = _build(input_path, rules, base, deny, max_rewrites=mid)
         if validator.check(model.export(), info).ok:
             lo = mid
         else:
             hi = mid
-    _, _, eng = _build(input_path, rules, target, deny, max_rewrites=hi, fold=fold)
+    _, _, eng = _build(input_path, rules, base, deny, max_rewrites=hi)
     return eng.applications[hi - 1]
 
 
@@ -577,7 +612,7 @@ def explain(input_path: str, patterns: list[str] | None = None, target: str = "c
     rules = load_rules(patterns, builtin, only=None)
     if rule is not None and rule not in {r.id for r in rules}:
         raise OnnxfuseError(f"--rule {rule}: no rule with that id", hint="see `onnxfuse patterns list`")
-    model, _, eng = _build(input_path, rules, target, set())
+    model, _, eng = _build(input_path, rules, EngineOptions(target=target), set())
     asked = [r for r in rules if rule is None or r.id == rule]
     misses = near_misses(model, asked, target, min_progress=1 if rule else 2)
     from .layout import alignment_report, vector_width

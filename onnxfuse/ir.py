@@ -146,6 +146,7 @@ class Graph:
         self.consumers: dict[str, list[Node]] = {}
         self.nodes: list[Node] = []
         self.new_initializers: dict[str, onnx.TensorProto] = {}
+        self.frozen = False  # kept verbatim: passes (model.graphs()) never visit it or its subgraphs
         for i, np_ in enumerate(proto.node):
             self._index(Node(np_, self, (i,)))
         model.names.update(self.initializers)
@@ -206,6 +207,9 @@ class Graph:
         return used - defined
 
     def all_graphs(self) -> Iterator[Graph]:
+        """This graph and its nested subgraphs, frozen ones (and what they hold) left out."""
+        if self.frozen:
+            return
         yield self
         for n in self.nodes:
             if n.alive:
@@ -236,9 +240,21 @@ class Graph:
             g = g.parent
         return None
 
+    def _owner(self, name: str) -> Graph:
+        """The graph (this one or an enclosing one) that defines `name`."""
+        g: Graph | None = self
+        while g is not None:
+            if name in g.producer or name in g.initializers or name in g.new_initializers or name in g.input_names:
+                return g
+            g = g.parent
+        return self
+
     def is_constant(self, name: str) -> bool:
         """True for initializers (not overridable graph inputs), outputs of Constant nodes, and Identity of
-        those (exporters route shared weights through Identity)."""
+        those (exporters route shared weights through Identity), here or in an enclosing graph."""
+        owner = self._owner(name) if name else self
+        if owner is not self:
+            return owner.is_constant(name)
         for _ in range(16):
             if not name:
                 return False
@@ -268,6 +284,9 @@ class Graph:
         """The value of a constant, read lazily (external data included); None when not constant."""
         if not self.is_constant(name):
             return None
+        owner = self._owner(name)
+        if owner is not self:
+            return owner.const_value(name)
         cache = self.model.value_cache
         key = (id(self), name)
         if key in cache:

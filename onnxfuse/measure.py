@@ -6,6 +6,10 @@ current candidate F, F without each group, and the original, interleaved in one 
 The group whose removal makes F significantly faster is dropped; rounds repeat until no removal helps. If the
 result is still significantly slower than the original, nothing is kept.
 
+Two sessions of one model can differ by a few percent for as long as they live (memory placement), which paired
+ratios cannot see. So F is timed in two sessions: their mean is the reference, and the ratio between them is
+the round's noise floor: a change counts only beyond it (plus SIGNIFICANT).
+
 Statistics: per round of interleaved runs, the paired ratio t(variant) / t(reference); its median and a
 bootstrap 95% confidence interval (seeded, so a given set of timings always gives the same verdict).
 """
@@ -23,6 +27,7 @@ Source = str | bytes
 TimeFn = Callable[[dict[str, Source], dict[str, np.ndarray]], dict[str, list[float]]]
 
 SIGNIFICANT = 0.005  # a ratio's whole CI must clear 1 -/+ this to count as a change
+CONTROL = "current (second session)"
 
 
 @dataclass(frozen=True)
@@ -33,9 +38,13 @@ class Ratio:
 
     @property
     def verdict(self) -> str:
-        if self.high < 1 - SIGNIFICANT:
+        return self.verdict_beyond(0.0)
+
+    def verdict_beyond(self, floor: float) -> str:
+        """faster/slower only if the whole CI clears 1 by SIGNIFICANT plus `floor` (an A/A difference)."""
+        if self.high < 1 - SIGNIFICANT - floor:
             return "faster"
-        if self.low > 1 + SIGNIFICANT:
+        if self.low > 1 + SIGNIFICANT + floor:
             return "slower"
         return "no significant change"
 
@@ -75,6 +84,7 @@ class MeasureReport:
     seconds: float = 0.0
     note: str = ""
     strategy: str = ""  # "backward" (drop what costs) or "forward" (add what helps, after backward failed)
+    floor: float = 0.0  # largest A/A difference between two sessions of one candidate, over the rounds
 
     @property
     def dropped_rules(self) -> list[str]:
@@ -106,20 +116,30 @@ def select(
     def rules_without(kept: set[str]) -> set[str]:
         return all_rules - {r for g in kept for r in groups[g]}
 
+    def timed(sources: dict[str, Source]) -> tuple[dict[str, list[float]], list[float], float]:
+        """Times `sources` plus a second session of "current"; returns the times, the reference (mean of the
+        two "current" sessions per run) and this round's noise floor."""
+        times = time_fn({**sources, CONTROL: sources["current"]}, feeds)
+        ref = [(a + b) / 2 for a, b in zip(times["current"], times[CONTROL], strict=True)]
+        floor = abs(paired_ratio(times[CONTROL], times["current"]).median - 1)
+        report.floor = max(report.floor, floor)
+        report.final = paired_ratio(ref, times["original"])
+        return times, ref, floor
+
     def step(kept: set[str], trials: list[str], adding: bool) -> str | None:
         """One interleaved round: the current set, each trial set, the original. Returns the best helpful
         trial (a group to add when adding, to remove otherwise)."""
         sources: dict[str, Source] = {"original": original, "current": build(rules_without(kept))}
         for g in trials:
             sources[g] = build(rules_without(kept | {g} if adding else kept - {g}))
-        times = time_fn(sources, feeds)
+        times, ref, floor = timed(sources)
         report.rounds += 1
-        report.final = paired_ratio(times["current"], times["original"])
         best: tuple[float, str] | None = None
         for g in trials:
-            with_g, without_g = (times[g], times["current"]) if adding else (times["current"], times[g])
+            with_g, without_g = (times[g], ref) if adding else (ref, times[g])
             effects[g].effect = paired_ratio(with_g, without_g)
-            helps = effects[g].effect.verdict == "faster" if adding else effects[g].effect.verdict == "slower"
+            verdict = effects[g].effect.verdict_beyond(floor)
+            helps = verdict == "faster" if adding else verdict == "slower"
             if helps:
                 score = effects[g].effect.median if adding else -effects[g].effect.median
                 if best is None or score < best[0]:
@@ -132,7 +152,7 @@ def select(
         if worst is None:
             break
         kept.discard(worst)
-    if report.final is not None and report.final.verdict == "slower":
+    if report.final is not None and report.final.verdict_beyond(report.floor) == "slower":
         report.strategy = "forward"
         kept = set()
         while True:
@@ -141,13 +161,12 @@ def select(
                 break
             kept.add(best)
             if kept == set(effects):
-                last = time_fn({"original": original, "current": build(rules_without(kept))}, feeds)
-                report.final = paired_ratio(last["current"], last["original"])
+                timed({"original": original, "current": build(rules_without(kept))})
                 break
     for g, e in effects.items():
         e.kept = g in kept
     report.dropped_everything = not kept
-    if report.final is not None and report.final.verdict == "slower" and kept:
+    if report.final is not None and report.final.verdict_beyond(report.floor) == "slower" and kept:
         for e in effects.values():
             e.kept = False
         report.dropped_everything = True

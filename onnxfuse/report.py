@@ -88,7 +88,9 @@ def print_measure(m, console: Console) -> None:
     if m.final is not None:
         what = ("no rewrite group kept (none made it faster; exact folding, if any, stays)" if m.dropped_everything
                 else "kept rewrites")
-        console.print(f"measure: {what}; candidate / original latency {m.final} -> {m.final.verdict}")
+        console.print(f"measure: {what}; candidate / original latency {m.final} -> "
+                      f"{m.final.verdict_beyond(m.floor)} (noise floor: two sessions of one candidate differ by up "
+                      f"to {m.floor:.1%})")
 
 
 def print_near_misses(misses: list[NearMiss], console: Console) -> None:

@@ -174,3 +174,31 @@ def test_static_without_every_dim_is_a_clear_error(tmp_path, cli):
     assert code == 1 and not out.exists()
     assert "--static needs a value for every dynamic input dim; missing: x[1] (n)" in stderr
     assert "Traceback" not in stderr
+
+
+def test_identity_readers_read_its_input_but_a_graph_output_identity_stays(tmp_path):
+    nodes = [oh.make_node("Identity", ["x"], ["a"], name="id_inner"),
+             oh.make_node("Relu", ["a"], ["r"], name="relu"),
+             oh.make_node("Identity", ["r"], ["y"], name="id_out")]
+    m = make_model(nodes, [("x", [2, 3])], [("y", [2, 3])])
+    r, got = _run(tmp_path, m)
+    assert r.fired == {"identity-drop": 1}
+    assert [(n.op_type, list(n.input)) for n in got.graph.node] == [("Relu", ["x"]), ("Identity", ["r"])]
+
+
+def test_outer_constants_fold_inside_a_branch(tmp_path):
+    """A branch reading constants of the enclosing graph folds like the enclosing graph would."""
+    then_g = oh.make_graph([oh.make_node("Add", ["k", "k"], ["kk"], name="add_k"),
+                            oh.make_node("Mul", ["x", "kk"], ["t"], name="mul")], "then", [],
+                           [oh.make_tensor_value_info("t", onnx.TensorProto.FLOAT, [2, 3])])
+    else_g = oh.make_graph([oh.make_node("Neg", ["x"], ["e"], name="neg")], "else", [],
+                           [oh.make_tensor_value_info("e", onnx.TensorProto.FLOAT, [2, 3])])
+    nodes = [oh.make_node("Constant", [], ["k"], name="k", value=onnx.numpy_helper.from_array(np.float32(1.5))),
+             oh.make_node("If", ["c"], ["y"], name="if", then_branch=then_g, else_branch=else_g)]
+    m = make_model(nodes, [("x", [2, 3]), ("c", [], onnx.TensorProto.BOOL)], [("y", [2, 3])])
+    r, got = _run(tmp_path, m)
+    assert r.fired == {"constant-fold": 1}
+    branch = next(a.g for a in got.graph.node[-1].attribute if a.name == "then_branch")
+    assert [n.op_type for n in branch.node] == ["Constant", "Mul"]
+    x = np.ones((2, 3), np.float32)
+    np.testing.assert_array_equal(ort_run(got, {"x": x, "c": np.array(True)})[0], x * 3)

@@ -288,7 +288,7 @@ def _check_op(call: Call, c: _Collector, span: Span, match_side: bool) -> None:
     if n_args > s.max_inputs or n_required < s.min_inputs and n_args < s.min_inputs:
         expected = f"{s.min_inputs}" if s.min_inputs == s.max_inputs else f"{s.min_inputs} to {s.max_inputs}"
         c.error(where, f"{call.qualified} takes {expected} inputs, got {n_args}")
-    attr_names = all_attr_names(call.domain, call.op) if match_side else frozenset(s.attrs)
+    attr_names = all_attr_names(call.domain, call.op)  # a rule's opset range picks the version
     for k, v in call.kwargs.items():
         if k == "copy_attrs" and not match_side:
             continue

@@ -128,7 +128,7 @@ def _to_attribute(name: str, value: object, spec: AttrSpec | None) -> onnx.Attri
 
 def _attributes(rn: RewriteNode, rule: Rule, graph: Graph, b: Binding,
                 computed: dict[str, object]) -> list[onnx.AttributeProto]:
-    spec = op_spec(rn.call.domain, rn.call.op)
+    spec = op_spec(rn.call.domain, rn.call.op, graph.model.opset)
     attrs: dict[str, onnx.AttributeProto] = {}
     if rn.copy_attrs is not None:
         for a in b.nodes[rn.copy_attrs].proto.attribute:

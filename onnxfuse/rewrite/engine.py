@@ -11,7 +11,8 @@ from ..patterns.compute import ComputeError
 from ..patterns.rules import Rule
 from ..targets import kernel_issue
 from .apply import Application, apply_match, compute_constants
-from .fold import fold
+from .fold import fold, refold
+from .version import version_ifs
 
 MAX_SWEEPS = 32
 
@@ -38,6 +39,7 @@ class EngineOptions:
     deny: set[tuple[str, str]] = field(default_factory=set)  # (rule id, root value) never applied
     fold: bool = True  # constant folding and If inlining before (and after) the rules
     max_rewrites: int | None = None  # stop after this many (used by bisection)
+    hot: dict[str, bool] = field(default_factory=dict)  # If output -> condition on representative inputs
 
 
 @dataclass
@@ -111,6 +113,11 @@ def run(model: Model, rules: list[Rule], options: EngineOptions) -> EngineResult
         else:
             active.append(rule)
     apps: list[Application] = fold(model, options.deny) if options.fold else []
+    if options.fold and options.hot:
+        versioned = version_ifs(model, options.hot, options.deny, lambda m: refold(m, options.deny))
+        if versioned:
+            apps.extend(versioned)
+            apps.extend(refold(model, options.deny))
     sweeps = 0
     for stage in ([r for r in active if r.early], [r for r in active if not r.early]):
         n, stopped = _sweep(model, stage, options, apps)

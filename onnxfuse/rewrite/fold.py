@@ -6,7 +6,8 @@ that way). A node whose inputs are all constant (or a Shape/Size of a statically
 with ONNX's reference evaluator and replaced by a Constant; an If with a constant condition is replaced by the
 nodes of the branch it takes. Both are exact; results over FOLD_MAX_ELEMENTS elements are left alone so that
 folding never grows the file. Two nodes computing the same op on the same inputs with the same attributes
-(exporters repeat rotary-embedding frequencies and shape computations) become one.
+(exporters repeat rotary-embedding frequencies and shape computations) become one, and readers of an Identity
+read its input.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ def fold(model: Model, deny: set[tuple[str, str]] | None = None) -> list[Applica
     return apps
 
 
+def refold(model: Model, deny: set[tuple[str, str]] | None = None) -> list[Application]:
+    """Fold after a structural change that left values untyped (new subgraphs): infer types first."""
+    _retype(model)
+    return fold(model, deny)
+
+
 def _fold_pass(model: Model, deny: set[tuple[str, str]], apps: list[Application]) -> bool:
     """Fold to a fixed point with the current types (re-typed after each round that inlined an If, whose
     outputs had no type). True if constants were folded after the last typing: types may now be stale."""
@@ -55,7 +62,7 @@ def _fold_pass(model: Model, deny: set[tuple[str, str]], apps: list[Application]
                     changed = True
                     inlined = inlined or app.rule == "if-inline"
                     stale = stale or app.rule == "constant-fold"
-            dupes = _merge_duplicates(graph, deny)
+            dupes = _merge_duplicates(graph, deny) + _drop_identities(graph, deny)
             apps.extend(dupes)
             changed = changed or bool(dupes)
         if inlined:
@@ -121,6 +128,24 @@ def _merge_duplicates(graph: Graph, deny: set[tuple[str, str]]) -> list[Applicat
                 _alias(graph, old, new, node.seq, node.name or old, "merge-duplicates")
         apps.append(Application("merge-duplicates", graph.proto.name, node.outputs[0],
                                 (node.name or node.outputs[0],), (), ()))
+    return apps
+
+
+def _drop_identities(graph: Graph, deny: set[tuple[str, str]]) -> list[Application]:
+    """Readers of an Identity read its input instead (inlined If branches leave them). One that names a graph
+    output, or is read by name inside a subgraph, stays."""
+    apps: list[Application] = []
+    for node in graph.sorted_nodes():
+        if not node.alive or node.op_type != "Identity" or node.domain != "" or not node.outputs:
+            continue
+        out, src = node.outputs[0], node.proto.input[0]
+        readers = graph.consumers.get(out, [])
+        if (not src or graph.is_graph_output(out) or ("identity-drop", out) in deny
+                or any(out in r.implicit_inputs for r in readers)):
+            continue
+        graph.remove_node(node)
+        _alias(graph, out, src, node.seq, node.name or out, "identity-drop")
+        apps.append(Application("identity-drop", graph.proto.name, out, (node.name or out,), (), ()))
     return apps
 
 

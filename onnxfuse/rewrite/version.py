@@ -1,0 +1,192 @@
+"""Versioning: specialize what follows a run-time If for the branch the model's inputs take.
+
+Exporters turn `x.squeeze(-1)` on a dynamic dim into If(dim == 1, Squeeze, Identity); everything after it then
+re-tests the rank or dims of the If's output with more Ifs (silero VAD: seven Ifs on one path). Folding cannot
+remove them: the first condition is only known at run time. Here the nodes downstream of such an If (its
+"tail") move into both of its branches. In each branch the If's output is that branch's own value, so its rank
+and dims are known and the later tests fold away there. Only the branch the representative inputs take (the
+"hot" one, probed with onnxruntime) is specialized; the other keeps the original tail verbatim and is frozen
+(no pass touches it). So the result is exact for every input, shape or value, and an input that takes the cold
+branch runs exactly the original nodes. Applied only where a trial shows fewer If nodes on the hot path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..ir import Graph, Model, Node, TensorType, _export_node
+from ..match.matcher import SHAPE_ARITHMETIC
+from .apply import Application
+
+RULE = "if-version"
+BRANCHES = ("then_branch", "else_branch")
+# Ops a shape test is computed with, besides the shape arithmetic the matcher knows.
+SHAPE_TEST_OPS = SHAPE_ARITHMETIC | {"Not", "And", "Or", "Xor", "Greater", "Less", "GreaterOrEqual",
+                                     "LessOrEqual", "Max", "Min", "Neg", "Abs"}
+MAX_SLICE = 256  # nodes walked back from one condition
+SMALL_CONSTANT = 256  # outer constants up to this many elements are copied into the hot branch
+
+
+def candidates(graph: Graph, hot: dict[str, bool], deny: set[tuple[str, str]]) -> list[Node]:
+    """Top-level Ifs with a run-time condition whose value is known for the representative inputs, and whose
+    tail holds an If that tests the shape of a tail value."""
+    out = []
+    for node in graph.sorted_nodes():
+        if (node.op_type != "If" or node.domain != "" or not node.outputs or node.outputs[0] not in hot
+                or (RULE, node.outputs[0]) in deny or graph.const_value(node.proto.input[0]) is not None
+                or set(node.subgraphs) != set(BRANCHES)):
+            continue
+        tail = _tail(graph, node)
+        ids = {id(n) for n in tail}
+        feeds_outputs = any(graph.is_graph_output(o) for n in tail for o in n.outputs)
+        if feeds_outputs and any(m.op_type == "If" and _tests_shape(graph, m, ids) for m in tail):
+            out.append(node)
+    return out
+
+
+def version_ifs(model: Model, hot: dict[str, bool], deny: set[tuple[str, str]], fold_fn) -> list[Application]:
+    """Version every candidate If (in graph order) where a trial on a copy, folded with `fold_fn`, leaves fewer
+    If nodes on the hot path."""
+    apps: list[Application] = []
+    for node in candidates(model.graph, hot, deny):
+        if not node.alive:
+            continue  # it was in the tail of an If versioned before it
+        if _pays(model, node.outputs[0], hot, fold_fn):
+            apps.append(_version(model.graph, node, _tail(model.graph, node), hot[node.outputs[0]]))
+    return apps
+
+
+def _pays(model: Model, root: str, hot: dict[str, bool], fold_fn) -> bool:
+    trial = Model(model.export(), model.base_dir)
+    node = trial.graph.producer.get(root)
+    if node is None:
+        return False
+    hot_name = BRANCHES[0] if hot[root] else BRANCHES[1]
+    tail = _tail(trial.graph, node)
+    before = _ifs_in(node.subgraphs[hot_name][0].live_nodes()) + _ifs_in(tail)
+    new = _version(trial.graph, node, tail, hot[root])
+    fold_fn(trial)
+    versioned = trial.graph.producer.get(new.root)
+    if versioned is None or versioned.op_type != "If":
+        return False
+    return _ifs_in(versioned.subgraphs[hot_name][0].live_nodes()) < before
+
+
+def _ifs_in(nodes) -> int:
+    """If nodes among `nodes` and inside their subgraphs (any branch may run)."""
+    return sum(int(n.op_type == "If") + _ifs_in(m for subs in n.subgraphs.values() for s in subs
+                                                 for m in s.live_nodes())
+               for n in nodes)
+
+
+def _tail(graph: Graph, node: Node) -> list[Node]:
+    """Every node that reads the If's outputs, directly, through other tail nodes, or inside a subgraph."""
+    seen: dict[int, Node] = {}
+    todo = [o for o in node.outputs if o]
+    while todo:
+        for reader in graph.consumers.get(todo.pop(), ()):
+            if reader.alive and id(reader) not in seen and reader is not node:
+                seen[id(reader)] = reader
+                todo.extend(o for o in reader.outputs if o)
+    return [n for n in graph.sorted_nodes() if id(n) in seen]
+
+
+def _tests_shape(graph: Graph, node: Node, tail: set[int]) -> bool:
+    """The condition of If `node` is computed, within the tail, only from the shapes of tail values."""
+    found = False
+    todo, seen = [node.proto.input[0]], set()
+    while todo:
+        p = graph.producer.get(todo.pop())
+        if p is None or id(p) not in tail or id(p) in seen:
+            continue
+        seen.add(id(p))
+        if len(seen) > MAX_SLICE or p.domain != "" or p.op_type not in SHAPE_TEST_OPS | {"Size"}:
+            return False
+        if p.op_type in ("Shape", "Size"):
+            found = True
+            continue
+        todo.extend(i for i in p.proto.input if i)
+    return found
+
+
+def _version(graph: Graph, node: Node, tail: list[Node], hot_value: bool) -> Application:
+    model = graph.model
+    hot_name = BRANCHES[0] if hot_value else BRANCHES[1]
+    tail_values = [o for n in tail for o in n.outputs if o]
+    produced = set(tail_values) | {o for o in node.outputs if o}
+    outs = list(dict.fromkeys(o for o in graph.output_names if o in produced))
+    branches: dict[str, onnx.GraphProto] = {}
+    for which in BRANCHES:
+        tag = "hot" if which == hot_name else "cold"
+        proto = node.subgraphs[which][0].export()
+        ren = {o: b.name for o, b in zip(node.outputs, proto.output, strict=False) if o}
+        ren.update({v: model.fresh_name(f"{v}/{tag}") for v in tail_values})
+        for n in tail:
+            p = onnx.NodeProto()
+            p.CopyFrom(_export_node(n))
+            p.name = model.fresh_name(f"{n.name or n.outputs[0]}/{tag}")
+            proto.node.append(p)
+        if tag == "hot":  # shape inference in a subgraph cannot read outer constants: give it local copies
+            consts = _small_outer_constants(graph, proto.node, produced)
+            ren.update({name: model.fresh_name(f"{name}/{tag}") for name in consts})
+            body = list(proto.node)
+            del proto.node[:]
+            proto.node.extend([onnx.helper.make_node("Constant", [], [ren[k]], name=ren[k],
+                                                     value=numpy_helper.from_array(v)) for k, v in consts.items()])
+            proto.node.extend(body)
+        for p in proto.node:
+            _rename(p, ren)
+        del proto.output[:]
+        proto.output.extend(_value_info(ren[o], graph.type_of(o)) for o in outs)
+        proto.value_info.extend(_value_info(ren[v], graph.type_of(v)) for v in tail_values if graph.type_of(v))
+        proto.name = f"{node.name or node.outputs[0]}/{which}"
+        branches[which] = proto
+    replaced = [n.name or n.outputs[0] for n in [node] + tail]
+    new = onnx.helper.make_node("If", [node.proto.input[0]], outs,
+                                name=model.fresh_name(f"{node.name or node.outputs[0]}/versioned"), **branches)
+    for n in [node] + tail:
+        graph.remove_node(n)
+    added = graph.add_node(new, node.seq)
+    added.provenance = (RULE, replaced)
+    added.subgraphs[BRANCHES[1] if hot_value else BRANCHES[0]][0].frozen = True
+    return Application(RULE, graph.proto.name, outs[0] if outs else node.outputs[0], tuple(replaced),
+                       (new.name,), ("If",))
+
+
+def _small_outer_constants(graph: Graph, nodes, produced: set[str]) -> dict[str, np.ndarray]:
+    """Outer constants (axes, pads, shapes: up to SMALL_CONSTANT elements) the branch's nodes read, by name."""
+    out: dict[str, np.ndarray] = {}
+    for n in nodes:
+        for name in n.input:
+            if not name or name in produced or name in out or not graph.is_constant(name):
+                continue
+            t = graph.type_of(name)
+            if t is None or t.shape is None or not all(isinstance(d, int) for d in t.shape):
+                continue
+            if int(np.prod(t.shape)) <= SMALL_CONSTANT:
+                value = graph.const_value(name)
+                if value is not None:
+                    out[name] = value
+    return out
+
+
+def _rename(p: onnx.NodeProto, ren: dict[str, str]) -> None:
+    """Rename inputs and outputs, and outer references inside its subgraphs (ONNX names are never shadowed)."""
+    for i, name in enumerate(p.input):
+        p.input[i] = ren.get(name, name)
+    for i, name in enumerate(p.output):
+        p.output[i] = ren.get(name, name)
+    for a in p.attribute:
+        for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+            for n in g.node:
+                _rename(n, ren)
+            for o in g.output:
+                o.name = ren.get(o.name, o.name)
+
+
+def _value_info(name: str, t: TensorType | None) -> onnx.ValueInfoProto:
+    if t is None:
+        return onnx.helper.make_empty_tensor_value_info(name)
+    return onnx.helper.make_tensor_value_info(name, t.elem_type, None if t.shape is None else list(t.shape))

@@ -1,0 +1,99 @@
+"""Versioning: the nodes after a run-time If move into its branches, the hot one is specialized, the cold one
+stays the original; exact for inputs taking either branch."""
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import pytest
+from conftest import make_model, ort_run, save
+
+from onnxfuse.api import OptimizeOptions, optimize
+
+F = onnx.TensorProto.FLOAT
+
+
+def _branch(nodes, out, name):
+    return oh.make_graph(nodes, name, [], [oh.make_tensor_value_info(out, F, None)])
+
+
+def _squeeze_if_model(data_test: bool = False) -> onnx.ModelProto:
+    """TorchScript's dynamic x.squeeze(-1), then a rank test of its result (as silero VAD does):
+    y = If(x.shape[-1] == 1, Squeeze(x, -1), x); z = If(rank(y) != 2, Unsqueeze(y, 0), y);
+    out = Flatten(Relu(z) * 2).
+    With data_test the second If tests a data value (sum(y) > 0) instead: nothing to specialize."""
+    nodes = [
+        oh.make_node("Shape", ["x"], ["s"], name="shape"),
+        oh.make_node("Gather", ["s", "minus1"], ["last"], name="last_dim", axis=0),
+        oh.make_node("Equal", ["last", "one"], ["c"], name="is_one"),
+        oh.make_node("If", ["c"], ["y"], name="squeeze_if",
+                     then_branch=_branch([oh.make_node("Squeeze", ["x", "axis_m1"], ["sq"], name="sq")], "sq", "t"),
+                     else_branch=_branch([oh.make_node("Identity", ["x"], ["idn"], name="idn")], "idn", "e")),
+    ]
+    if data_test:
+        nodes += [oh.make_node("ReduceSum", ["y"], ["total"], name="total", keepdims=0),
+                  oh.make_node("Greater", ["total", "zero_f"], ["c2"], name="positive")]
+    else:
+        nodes += [oh.make_node("Shape", ["y"], ["ys"], name="yshape"),
+                  oh.make_node("Size", ["ys"], ["rank"], name="rank"),
+                  oh.make_node("Equal", ["rank", "two"], ["is2"], name="is2"),
+                  oh.make_node("Not", ["is2"], ["c2"], name="not2")]
+    nodes += [
+        oh.make_node("If", ["c2"], ["z"], name="rank_if",
+                     then_branch=_branch([oh.make_node("Unsqueeze", ["y", "axis_0"], ["us"], name="us")], "us", "t2"),
+                     else_branch=_branch([oh.make_node("Identity", ["y"], ["idn2"], name="idn2")], "idn2", "e2")),
+        oh.make_node("Relu", ["z"], ["r"], name="relu"),
+        oh.make_node("Mul", ["r", "two_f"], ["m"], name="mul"),
+        oh.make_node("Flatten", ["m"], ["out"], name="flatten", axis=1),
+    ]
+    inits = {"minus1": np.array([-1], np.int64), "one": np.array([1], np.int64), "two": np.array(2, np.int64),
+             "axis_m1": np.array([-1], np.int64), "axis_0": np.array([0], np.int64),
+             "two_f": np.array(2.0, np.float32), "zero_f": np.array(0.0, np.float32)}
+    return make_model(nodes, [("x", ["b", 4, "n"])], [("out", [None, None])], inits, opset=15)
+
+
+def _ifs(graph: onnx.GraphProto) -> int:
+    total = 0
+    for n in graph.node:
+        total += n.op_type == "If"
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                total += _ifs(a.g)
+    return total
+
+
+def _optimize(tmp_path, model, shape: str):
+    src = save(model, tmp_path / "in.onnx")
+    out = str(tmp_path / "out.onnx")
+    r = optimize(src, out, OptimizeOptions(builtin=False, measure=False, shapes=[shape]))
+    return src, r, onnx.load(out)
+
+
+@pytest.mark.parametrize("hot_n", [1, 5])
+def test_tail_moves_into_the_if_and_the_hot_branch_loses_its_shape_tests(tmp_path, hot_n):
+    src, r, got = _optimize(tmp_path, _squeeze_if_model(), f"x:2x4x{hot_n}")
+    assert r.fired.get("if-version") == 1
+    top = [n for n in got.graph.node if n.op_type == "If"]
+    assert len(top) == 1 and list(top[0].output) == ["out"]
+    branches = {a.name: a.g for a in top[0].attribute}
+    hot, cold = ("then_branch", "else_branch") if hot_n == 1 else ("else_branch", "then_branch")
+    assert _ifs(branches[hot]) == 0  # the rank test folded away where the rank is known
+    assert _ifs(branches[cold]) == 1  # the other branch is the original tail, untouched
+    for n in (1, 5, 7):  # inputs taking the hot and the cold branch alike give the original's outputs
+        x = np.random.default_rng(n).standard_normal((2, 4, n)).astype(np.float32)
+        want, = ort_run(onnx.load(src), {"x": x})
+        have, = ort_run(got, {"x": x})
+        assert have.shape == want.shape
+        np.testing.assert_array_equal(have, want)
+
+
+def test_data_dependent_conditions_are_not_versioned(tmp_path):
+    _, r, got = _optimize(tmp_path, _squeeze_if_model(data_test=True), "x:2x4x1")
+    assert "if-version" not in r.fired
+    assert [n.name for n in got.graph.node if n.op_type == "If"] == ["squeeze_if", "rank_if"]
+
+
+def test_no_versioning_without_fold(tmp_path):
+    src = save(_squeeze_if_model(), tmp_path / "in.onnx")
+    r = optimize(src, str(tmp_path / "out.onnx"),
+                 OptimizeOptions(builtin=False, measure=False, fold=False, shapes=["x:2x4x1"]))
+    assert "if-version" not in r.fired
