@@ -315,20 +315,19 @@ class _Validator:
         return self._reference
 
     def branch_values(self, proto: onnx.ModelProto, info: LoadInfo) -> dict[str, bool]:
-        """The condition of each top-level If (keyed by its first output) on the validation inputs and on the
-        timing inputs (batch 1), where both agree: the branch that validation checks and timing measures. Run on
-        the original at ORT_DISABLE_ALL with the conditions as extra outputs; {} when the model has none."""
+        """The condition of each top-level If (by the condition's value name) on the validation inputs and on
+        the timing inputs (batch 1), where both agree: the branch that validation checks and timing measures.
+        Run on the original at ORT_DISABLE_ALL with the conditions as extra outputs; {} when it has none."""
         g = proto.graph
         fixed = {i.name for i in g.input} | {t.name for t in g.initializer}
-        ifs = [n for n in g.node if n.op_type == "If" and n.domain in ("", "ai.onnx") and n.output
-               and n.input[0] not in fixed]
-        if not ifs:
+        conds = list(dict.fromkeys(n.input[0] for n in g.node if n.op_type == "If" and n.domain in ("", "ai.onnx")
+                                   and n.input and n.input[0] not in fixed))
+        if not conds:
             return {}
         _ = self.reference  # settles the inputs
         probe = onnx.ModelProto()
         probe.CopyFrom(proto)
         outputs = {o.name for o in probe.graph.output}
-        conds = list(dict.fromkeys(n.input[0] for n in ifs))
         probe.graph.output.extend(onnx.helper.make_tensor_value_info(c, onnx.TensorProto.BOOL, None)
                                   for c in conds if c not in outputs)
         cand = _Candidate(probe, info)
@@ -340,10 +339,10 @@ class _Validator:
         finally:
             cand.close()
         values: dict[str, bool] = {}
-        for n in ifs:
-            seen = {bool(r[n.input[0]].reshape(-1)[0]) for r in runs if n.input[0] in r and r[n.input[0]].size == 1}
+        for c in conds:
+            seen = {bool(r[c].reshape(-1)[0]) for r in runs if c in r and r[c].size == 1}
             if len(seen) == 1:
-                values[n.output[0]] = seen.pop()
+                values[c] = seen.pop()
         return values
 
     def reference_at(self, level: str) -> dict:

@@ -51,6 +51,15 @@ def _default(x, fallback):
     return fallback if x is None else x
 
 
+def _broadcasts_into(small, big) -> bool:
+    """Broadcasting dims `small` against `big` (-1: unknown) leaves `big` as it is."""
+    small = [int(d) for d in np.asarray(small).reshape(-1)]
+    big = [int(d) for d in np.asarray(big).reshape(-1)]
+    if len(small) > len(big):
+        return False
+    return all(s == 1 or (s >= 0 and s == b) for s, b in zip(small, big[len(big) - len(small):], strict=True))
+
+
 FUNCTIONS: dict[str, Callable[..., object]] = {
     "sqrt": np.sqrt,
     "exp": np.exp,
@@ -80,6 +89,7 @@ FUNCTIONS: dict[str, Callable[..., object]] = {
     "len": len,
     "isqrt": lambda x: 1.0 / math.sqrt(float(x)),
     "compose_perm": lambda first, then: [int(np.asarray(first).reshape(-1)[i]) for i in np.asarray(then).reshape(-1)],
+    "broadcasts_into": _broadcasts_into,
     "unknown_dims": lambda dims: sum(1 for d in np.asarray(dims).reshape(-1) if int(d) < 0),
     "norm_axes": lambda a, rank: sorted(int(x) % int(rank) for x in np.asarray(a).reshape(-1)),
     "inverse_perm": lambda p: [int(i) for i in np.argsort(np.asarray(p).reshape(-1))],

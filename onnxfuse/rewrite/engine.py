@@ -39,7 +39,7 @@ class EngineOptions:
     deny: set[tuple[str, str]] = field(default_factory=set)  # (rule id, root value) never applied
     fold: bool = True  # constant folding and If inlining before (and after) the rules
     max_rewrites: int | None = None  # stop after this many (used by bisection)
-    hot: dict[str, bool] = field(default_factory=dict)  # If output -> condition on representative inputs
+    hot: dict[str, bool] = field(default_factory=dict)  # If condition name -> its value on representative inputs
 
 
 @dataclass

@@ -30,11 +30,11 @@ SMALL_CONSTANT = 256  # outer constants up to this many elements are copied into
 
 
 def candidates(graph: Graph, hot: dict[str, bool], deny: set[tuple[str, str]]) -> list[Node]:
-    """Top-level Ifs with a run-time condition whose value is known for the representative inputs, and whose
-    tail holds an If that tests the shape of a tail value."""
+    """Top-level Ifs with a run-time condition whose value is known for the representative inputs (`hot`:
+    condition value name -> value), and whose tail holds an If that tests the shape of a tail value."""
     out = []
     for node in graph.sorted_nodes():
-        if (node.op_type != "If" or node.domain != "" or not node.outputs or node.outputs[0] not in hot
+        if (node.op_type != "If" or node.domain != "" or not node.outputs or node.proto.input[0] not in hot
                 or (RULE, node.outputs[0]) in deny or graph.const_value(node.proto.input[0]) is not None
                 or set(node.subgraphs) != set(BRANCHES)):
             continue
@@ -53,20 +53,21 @@ def version_ifs(model: Model, hot: dict[str, bool], deny: set[tuple[str, str]], 
     for node in candidates(model.graph, hot, deny):
         if not node.alive:
             continue  # it was in the tail of an If versioned before it
-        if _pays(model, node.outputs[0], hot, fold_fn):
-            apps.append(_version(model.graph, node, _tail(model.graph, node), hot[node.outputs[0]]))
+        value = hot[node.proto.input[0]]
+        if _pays(model, node.outputs[0], value, fold_fn):
+            apps.append(_version(model.graph, node, _tail(model.graph, node), value))
     return apps
 
 
-def _pays(model: Model, root: str, hot: dict[str, bool], fold_fn) -> bool:
+def _pays(model: Model, root: str, hot_value: bool, fold_fn) -> bool:
     trial = Model(model.export(), model.base_dir)
     node = trial.graph.producer.get(root)
     if node is None:
         return False
-    hot_name = BRANCHES[0] if hot[root] else BRANCHES[1]
+    hot_name = BRANCHES[0] if hot_value else BRANCHES[1]
     tail = _tail(trial.graph, node)
     before = _ifs_in(node.subgraphs[hot_name][0].live_nodes()) + _ifs_in(tail)
-    new = _version(trial.graph, node, tail, hot[root])
+    new = _version(trial.graph, node, tail, hot_value)
     fold_fn(trial)
     versioned = trial.graph.producer.get(new.root)
     if versioned is None or versioned.op_type != "If":
