@@ -110,6 +110,36 @@ def test_transposes_move_through_concat_pad_slice_reduce_and_cancel(tmp_path):
     np.testing.assert_allclose(ort_run(got, feeds)[0], ort_run(onnx.load(src), feeds)[0], rtol=1e-5, atol=1e-5)
 
 
+def test_transposes_move_through_batchnorm_resize_split_and_cancel(tmp_path):
+    """TensorFlow-style: NHWC input to NCHW, BatchNormalization on channels, Resize by scales, Split on
+    channels, each half back to NHWC. The BatchNorm becomes x·k + c along the last axis, the Resize gets its
+    scales in NHWC order, the Split its axis: no Transpose is left, outputs equal."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        oh.make_node("Transpose", ["x"], ["a"], perm=[0, 3, 1, 2]),
+        oh.make_node("BatchNormalization", ["a", "s", "b", "mean", "var"], ["n"], epsilon=1e-3),
+        oh.make_node("Resize", ["n", "", "scales"], ["r"], mode="linear"),
+        oh.make_node("Split", ["r", "sizes"], ["h0", "h1"], axis=1),
+        oh.make_node("Transpose", ["h0"], ["y0"], perm=[0, 2, 3, 1]),
+        oh.make_node("Transpose", ["h1"], ["y1"], perm=[0, 2, 3, 1]),
+    ]
+    inits = {"s": rng.uniform(0.5, 2, 4).astype(np.float32), "b": rng.standard_normal(4).astype(np.float32),
+             "mean": rng.standard_normal(4).astype(np.float32), "var": rng.uniform(0.5, 2, 4).astype(np.float32),
+             "scales": np.array([1, 1, 2, 2], np.float32), "sizes": np.array([1, 3], np.int64)}
+    m = make_model(nodes, [("x", [1, 6, 6, 4])], [("y0", [1, 12, 12, 1]), ("y1", [1, 12, 12, 3])], inits)
+    src = save(m, tmp_path / "tf.onnx")
+    out = str(tmp_path / "out.onnx")
+    r = optimize(src, out, OptimizeOptions(measure=False))
+    got = onnx.load(out)
+    assert "Transpose" not in op_types(got), op_types(got)
+    for rule in ("transpose-below-batchnorm-affine", "transpose-below-resize", "transpose-below-split"):
+        assert r.fired.get(rule) == 1, r.fired
+    assert r.fired.get("transpose-cancel") == 2
+    x = rng.standard_normal((1, 6, 6, 4)).astype(np.float32)
+    for have, want in zip(ort_run(got, {"x": x}), ort_run(onnx.load(src), {"x": x}), strict=True):
+        np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-5)
+
+
 def test_pad_channels_is_exact_and_opt_in(tmp_path):
     """Conv(3->6) -> Relu -> Conv(6->16): with --pad-channels the middle channels become 8 (zero filters, zero
     weights in the next Conv); outputs equal. Without the flag nothing is padded."""

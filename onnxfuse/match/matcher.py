@@ -143,10 +143,22 @@ class Matcher:
             if b2 is None:
                 return
             b = b2
+        names = self.rule.outputs_named(name)
+        if len(names) > 1 and len(node.outputs) != len(names):
+            self._fail(b, node.name, f"{node.op_type} has {len(node.outputs)} outputs, line {name!r} names "
+                                     f"{len(names)}")
+            return
         shared = con is not None and con.shared
         n0 = len(b.matched)
         for b2 in self._expr(self.rule.lines[name], value, b, None):
-            yield (b2.keep_since(n0) if shared else b2).bind(name, value, node)
+            b3: Binding | None = (b2.keep_since(n0) if shared else b2).bind(name, value, node)
+            for other, out in zip(names[1:], node.outputs[1:], strict=True):  # the line's other outputs
+                if b3 is None or other in b3.values:
+                    continue
+                b3 = self._constrain(other, out, b3, node)
+                b3 = None if b3 is None else b3.bind(other, out, node)
+            if b3 is not None:
+                yield b3
 
     def _expr(self, e: Expr, value: str, b: Binding, consumer: Node | None) -> Iterator[Binding]:
         if isinstance(e, Alt):
@@ -324,15 +336,14 @@ class Matcher:
     # ----- whole-match checks ----------------------------------------------------------------------------
     def _final(self, b: Binding) -> Binding | None:
         g = self.graph
-        line_of = {id(n): name for name, n in b.nodes.items()}
+        line_of = {id(n): self.rule.head(name) for name, n in b.nodes.items()}
+        exposed = {b.values[n] for n in self.exposed if n in b.values}  # outputs the rewrite re-creates
         taken = {id(n) for n in b.matched}
         side: dict[int, Node] = {}
         for node in b.matched:
             line = line_of.get(id(node))
-            for idx, out in enumerate(node.outputs):
-                if not out:
-                    continue
-                if idx == 0 and line is not None and line in self.exposed:
+            for out in node.outputs:
+                if not out or out in exposed:
                     continue
                 label = f"{node.op_type} {node.name!r}" + (f" (line {line})" if line else "")
                 if g.is_graph_output(out):

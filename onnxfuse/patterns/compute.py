@@ -90,6 +90,7 @@ FUNCTIONS: dict[str, Callable[..., object]] = {
     "isqrt": lambda x: 1.0 / math.sqrt(float(x)),
     "compose_perm": lambda first, then: [int(np.asarray(first).reshape(-1)[i]) for i in np.asarray(then).reshape(-1)],
     "broadcasts_into": _broadcasts_into,
+    "take": lambda x, idx: np.take(np.asarray(x), np.asarray(idx, dtype=np.int64)),
     "unknown_dims": lambda dims: sum(1 for d in np.asarray(dims).reshape(-1) if int(d) < 0),
     "norm_axes": lambda a, rank: sorted(int(x) % int(rank) for x in np.asarray(a).reshape(-1)),
     "inverse_perm": lambda p: [int(i) for i in np.argsort(np.asarray(p).reshape(-1))],

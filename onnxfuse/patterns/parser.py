@@ -320,7 +320,7 @@ def _check_match_names(lines: dict[str, Expr], spans: dict[str, Span], c: _Colle
                         "interior nodes need their own match line; values entering the match are UPPERCASE")
     root = next(reversed(lines))
     reach: set[str] = set()
-    todo = [root]
+    todo = [n for n, e in lines.items() if e is lines[root]]  # every name of a multi-output root line
     while todo:
         n = todo.pop()
         if n in reach:

@@ -90,7 +90,8 @@ class Rule:
 
     @property
     def root(self) -> str:
-        return next(reversed(self.lines))
+        """The last match line (the first name of its node when that node has several outputs)."""
+        return self.head(next(reversed(self.lines)))
 
     @property
     def size(self) -> int:
@@ -99,6 +100,11 @@ class Rule:
     def head(self, name: str) -> str:
         """The line holding the expression: `name` itself, or the first name of its multi-output line."""
         return self.outputs_of.get(name, (name, 0))[0]
+
+    def outputs_named(self, head: str) -> list[str]:
+        """Every name of a multi-output line, in output order ([head] for a single-output line)."""
+        named = sorted((i, n) for n, (h, i) in self.outputs_of.items() if h == head)
+        return [n for _, n in named] or [head]
 
     def line_names(self) -> list[str]:
         """Match lines, one name per node (the first name of a multi-output line)."""
