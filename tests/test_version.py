@@ -97,3 +97,15 @@ def test_no_versioning_without_fold(tmp_path):
     r = optimize(src, str(tmp_path / "out.onnx"),
                  OptimizeOptions(builtin=False, measure=False, fold=False, shapes=["x:2x4x1"]))
     assert "if-version" not in r.fired
+
+
+def test_a_rolled_back_versioning_stays_off(tmp_path):
+    """Bisection denies a rewrite by (rule, root value): the root is the replaced If's first output."""
+    from onnxfuse.loader import load_model
+    from onnxfuse.rewrite.engine import EngineOptions, run
+
+    src = save(_squeeze_if_model(), tmp_path / "in.onnx")
+    for deny, versioned in ((set(), True), ({("if-version", "y")}, False)):
+        model, _ = load_model(src)
+        eng = run(model, [], EngineOptions(hot={"c": True}, deny=deny))
+        assert any(a.rule == "if-version" and a.root == "y" for a in eng.applications) is versioned

@@ -55,7 +55,7 @@ def version_ifs(model: Model, hot: dict[str, bool], deny: set[tuple[str, str]], 
             continue  # it was in the tail of an If versioned before it
         value = hot[node.proto.input[0]]
         if _pays(model, node.outputs[0], value, fold_fn):
-            apps.append(_version(model.graph, node, _tail(model.graph, node), value))
+            apps.append(_version(model.graph, node, _tail(model.graph, node), value)[0])
     return apps
 
 
@@ -67,12 +67,9 @@ def _pays(model: Model, root: str, hot_value: bool, fold_fn) -> bool:
     hot_name = BRANCHES[0] if hot_value else BRANCHES[1]
     tail = _tail(trial.graph, node)
     before = _ifs_in(node.subgraphs[hot_name][0].live_nodes()) + _ifs_in(tail)
-    new = _version(trial.graph, node, tail, hot_value)
+    _, versioned = _version(trial.graph, node, tail, hot_value)
     fold_fn(trial)
-    versioned = trial.graph.producer.get(new.root)
-    if versioned is None or versioned.op_type != "If":
-        return False
-    return _ifs_in(versioned.subgraphs[hot_name][0].live_nodes()) < before
+    return versioned.alive and _ifs_in(versioned.subgraphs[hot_name][0].live_nodes()) < before
 
 
 def _ifs_in(nodes) -> int:
@@ -112,7 +109,9 @@ def _tests_shape(graph: Graph, node: Node, tail: set[int]) -> bool:
     return found
 
 
-def _version(graph: Graph, node: Node, tail: list[Node], hot_value: bool) -> Application:
+def _version(graph: Graph, node: Node, tail: list[Node], hot_value: bool) -> tuple[Application, Node]:
+    """Replace `node` and its tail by one If whose branches hold the tail; the cold branch is frozen. The
+    Application's root is the replaced If's first output (stable across runs, so it can be rolled back)."""
     model = graph.model
     hot_name = BRANCHES[0] if hot_value else BRANCHES[1]
     tail_values = [o for n in tail for o in n.outputs if o]
@@ -152,8 +151,7 @@ def _version(graph: Graph, node: Node, tail: list[Node], hot_value: bool) -> App
     added = graph.add_node(new, node.seq)
     added.provenance = (RULE, replaced)
     added.subgraphs[BRANCHES[1] if hot_value else BRANCHES[0]][0].frozen = True
-    return Application(RULE, graph.proto.name, outs[0] if outs else node.outputs[0], tuple(replaced),
-                       (new.name,), ("If",))
+    return Application(RULE, graph.proto.name, node.outputs[0], tuple(replaced), (new.name,), ("If",)), added
 
 
 def _small_outer_constants(graph: Graph, nodes, produced: set[str]) -> dict[str, np.ndarray]:
