@@ -109,3 +109,35 @@ def test_a_rolled_back_versioning_stays_off(tmp_path):
         model, _ = load_model(src)
         eng = run(model, [], EngineOptions(hot={"c": True}, deny=deny))
         assert any(a.rule == "if-version" and a.root == "y" for a in eng.applications) is versioned
+
+
+def _squeeze_gemm_model() -> onnx.ModelProto:
+    """Like _squeeze_if_model, but the tail ends in a Gemm, which needs rank 2: with the Identity branch (rank 3,
+    then unsqueezed to rank 4) the original can only fail."""
+    model = _squeeze_if_model()
+    g = model.graph
+    del g.node[-3:]  # Relu, Mul, Flatten
+    g.node.append(oh.make_node("Gemm", ["z", "w"], ["out"], name="gemm"))
+    g.initializer.append(onnx.numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3), "w"))
+    del g.output[:]
+    g.output.append(oh.make_tensor_value_info("out", F, ["b", 3]))
+    return model
+
+
+def test_a_squeeze_guard_whose_other_branch_can_only_fail_is_dropped(tmp_path):
+    """With the If's else branch, strict shape inference proves the Gemm cannot run: every input the original
+    runs takes the then branch, so the guard goes and no If is left. Where the original fails, so does ours."""
+    src, r, got = _optimize(tmp_path, _squeeze_gemm_model(), "x:2x4x1")
+    assert r.fired.get("if-version") == 1 and r.fired.get("if-squeeze-unguard") == 1
+    assert _ifs(got.graph) == 0
+    x = np.random.default_rng(0).standard_normal((3, 4, 1)).astype(np.float32)
+    np.testing.assert_array_equal(ort_run(got, {"x": x})[0], ort_run(onnx.load(src), {"x": x})[0])
+    bad = np.zeros((3, 4, 5), np.float32)
+    for model in (onnx.load(src), got):
+        with pytest.raises(Exception):  # noqa: B017 (onnxruntime raises its own exception types)
+            ort_run(model, {"x": bad})
+
+
+def test_a_guard_whose_other_branch_can_run_stays(tmp_path):
+    _, r, got = _optimize(tmp_path, _squeeze_if_model(), "x:2x4x1")
+    assert "if-squeeze-unguard" not in r.fired and _ifs(got.graph) == 2  # the versioned If; cold branch's own

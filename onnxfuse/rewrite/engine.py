@@ -12,7 +12,7 @@ from ..patterns.rules import Rule
 from ..targets import kernel_issue
 from .apply import Application, apply_match, compute_constants
 from .fold import fold, refold
-from .version import version_ifs
+from .version import unguard, version_ifs
 
 MAX_SWEEPS = 32
 
@@ -114,10 +114,17 @@ def run(model: Model, rules: list[Rule], options: EngineOptions) -> EngineResult
             active.append(rule)
     apps: list[Application] = fold(model, options.deny) if options.fold else []
     if options.fold and options.hot:
-        versioned = version_ifs(model, options.hot, options.deny, lambda m: refold(m, options.deny))
+        def refolded(m: Model) -> list[Application]:
+            return refold(m, options.deny)
+
+        versioned, guards = version_ifs(model, options.hot, options.deny, refolded)
         if versioned:
             apps.extend(versioned)
-            apps.extend(refold(model, options.deny))
+            apps.extend(refolded(model))
+            unguarded = unguard(model, guards, refolded)
+            if unguarded:
+                apps.extend(unguarded)
+                apps.extend(refolded(model))
     sweeps = 0
     for stage in ([r for r in active if r.early], [r for r in active if not r.early]):
         n, stopped = _sweep(model, stage, options, apps)

@@ -285,7 +285,12 @@ def _inline_if(graph: Graph, node: Node) -> Application | None:
     cond = _known_value(graph, node, 0)
     if cond is None or cond.size != 1:
         return None
-    branch_name = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"
+    return inline_branch(graph, node, bool(cond.reshape(-1)[0]))
+
+
+def inline_branch(graph: Graph, node: Node, take: bool, rule: str = "if-inline") -> Application | None:
+    """Replace an If by the nodes of one branch (then_branch when `take`); None when it cannot be done."""
+    branch_name = "then_branch" if take else "else_branch"
     subs = node.subgraphs.get(branch_name)
     if not subs:
         return None
@@ -319,7 +324,7 @@ def _inline_if(graph: Graph, node: Node) -> Application | None:
                 proto.output[i] = outputs[name]
                 produced.add(name)
         new = graph.add_node(proto, node.seq + (k,))
-        new.provenance = ("if-inline", replaced)
+        new.provenance = (rule, replaced)
         created.append(proto.name)
         ops.append(proto.op_type)
     for k, (branch_out, if_out) in enumerate(outputs.items()):
@@ -327,8 +332,8 @@ def _inline_if(graph: Graph, node: Node) -> Application | None:
             name = graph.fresh_name(f"{node.name or if_out}/{branch_name}")
             proto = onnx.helper.make_node("Identity", [branch_out], [if_out], name=name)
             new = graph.add_node(proto, node.seq + (len(created) + k,))
-            new.provenance = ("if-inline", replaced)
+            new.provenance = (rule, replaced)
             created.append(name)
             ops.append("Identity")
-    return Application("if-inline", graph.proto.name, node.outputs[0], tuple(replaced), tuple(created),
+    return Application(rule, graph.proto.name, node.outputs[0], tuple(replaced), tuple(created),
                        tuple(dict.fromkeys(ops)))

@@ -19,8 +19,10 @@ from onnx import numpy_helper
 from ..ir import Graph, Model, Node, TensorType, _export_node
 from ..match.matcher import SHAPE_ARITHMETIC
 from .apply import Application
+from .fold import inline_branch
 
 RULE = "if-version"
+UNGUARD_RULE = "if-squeeze-unguard"  # the squeeze guard is dropped: its other branch can only fail
 BRANCHES = ("then_branch", "else_branch")
 # Ops a shape test is computed with, besides the shape arithmetic the matcher knows.
 SHAPE_TEST_OPS = SHAPE_ARITHMETIC | {"Not", "And", "Or", "Xor", "Greater", "Less", "GreaterOrEqual",
@@ -46,17 +48,94 @@ def candidates(graph: Graph, hot: dict[str, bool], deny: set[tuple[str, str]]) -
     return out
 
 
-def version_ifs(model: Model, hot: dict[str, bool], deny: set[tuple[str, str]], fold_fn) -> list[Application]:
+def version_ifs(model: Model, hot: dict[str, bool], deny: set[tuple[str, str]],
+                fold_fn) -> tuple[list[Application], list[str]]:
     """Version every candidate If (in graph order) where a trial on a copy, folded with `fold_fn`, leaves fewer
-    If nodes on the hot path."""
+    If nodes on the hot path. Also returns the versioned Ifs (first outputs) that are squeeze guards."""
     apps: list[Application] = []
+    guards: list[str] = []
     for node in candidates(model.graph, hot, deny):
         if not node.alive:
             continue  # it was in the tail of an If versioned before it
         value = hot[node.proto.input[0]]
-        if _pays(model, node.outputs[0], value, fold_fn):
-            apps.append(_version(model.graph, node, _tail(model.graph, node), value)[0])
+        if not _pays(model, node.outputs[0], value, fold_fn):
+            continue
+        guard = value and _is_squeeze_guard(model.graph, node)
+        app, added = _version(model.graph, node, _tail(model.graph, node), value)
+        apps.append(app)
+        if guard:
+            guards.append(added.outputs[0])
+    return apps, guards
+
+
+def unguard(model: Model, guards: list[str], fold_fn) -> list[Application]:
+    """Replace each versioned squeeze guard (by its first output) by its then branch where only that branch
+    can run (see _only_hot_branch_runs). Call after folding the versioned model, so the branch is final."""
+    apps: list[Application] = []
+    for out in guards:
+        node = model.graph.producer.get(out)
+        if node is None or node.op_type != "If" or not _only_hot_branch_runs(model, out, fold_fn):
+            continue
+        done = inline_branch(model.graph, node, True, UNGUARD_RULE)
+        if done is not None:
+            apps.append(done)
     return apps
+
+
+def _is_squeeze_guard(graph: Graph, node: Node) -> bool:
+    """TorchScript's x.squeeze(a) on a dynamic dim: If(Shape(x)[a] == 1, Squeeze(x, a), x). Its then branch
+    fails (Squeeze of a dim that is not 1) exactly when the condition is false."""
+    eq = graph.producer.get(node.proto.input[0])
+    if eq is None or eq.op_type != "Equal" or eq.domain != "" or len(eq.inputs) != 2:
+        return False
+    for dim, one in (eq.inputs, eq.inputs[::-1]):
+        k = graph.const_value(one)
+        g = graph.producer.get(dim)
+        if k is None or k.size != 1 or int(k.reshape(-1)[0]) != 1 or g is None or g.op_type != "Gather":
+            continue
+        idx = graph.const_value(g.inputs[1]) if len(g.inputs) > 1 else None
+        shape = graph.producer.get(g.inputs[0])
+        if (idx is None or idx.size != 1 or g.attr("axis") not in (None,) and g.attr("axis").i != 0
+                or shape is None or shape.op_type != "Shape" or shape.attr("start") or shape.attr("end")):
+            continue
+        return _squeezes(node.subgraphs[BRANCHES[0]][0], shape.inputs[0], int(idx.reshape(-1)[0]))
+    return False
+
+
+def _squeezes(branch: Graph, x: str, axis: int) -> bool:
+    """The branch is exactly Squeeze(x, [axis]) (axes compared after normalizing by x's rank)."""
+    live = [n for n in branch.live_nodes() if n.op_type != "Constant"]
+    if len(live) != 1 or live[0].op_type != "Squeeze" or live[0].inputs[0] != x:
+        return False
+    sq = live[0]
+    if branch.output_names != [sq.outputs[0]]:
+        return False
+    axes = branch.const_value(sq.inputs[1]) if len(sq.inputs) > 1 else None
+    if axes is None and sq.attr("axes") is not None:
+        axes = np.asarray(list(sq.attr("axes").ints))
+    t = branch.type_of(x)
+    if axes is None or axes.size != 1 or t is None or t.rank is None:
+        return False
+    return int(axes.reshape(-1)[0]) % t.rank == axis % t.rank
+
+
+def _only_hot_branch_runs(model: Model, out: str, fold_fn) -> bool:
+    """With the then branch taken, the model passes strict shape inference; with the else branch taken (and
+    folded: its rank tests resolve), it fails it: the nodes after the If cannot run on that branch's output
+    (silero: an LSTM input of rank 4). Then every input either takes the then branch or fails anyway."""
+    def infers(take: bool) -> bool:
+        trial = Model(model.export(), model.base_dir)
+        node = trial.graph.producer.get(out)
+        if node is None or inline_branch(trial.graph, node, take) is None:
+            return False
+        fold_fn(trial)
+        try:
+            onnx.shape_inference.infer_shapes(trial.export(), check_type=True, strict_mode=True, data_prop=True)
+        except Exception:  # onnx raises several error types for a contradiction
+            return False
+        return True
+
+    return infers(True) and not infers(False)
 
 
 def _pays(model: Model, root: str, hot_value: bool, fold_fn) -> bool:
