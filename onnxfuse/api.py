@@ -142,6 +142,7 @@ def _measure_json(m: MeasureReport | None) -> dict | None:
         "final_ratio": None if m.final is None else asdict(m.final),
         "final_verdict": None if m.final is None else m.final.verdict_beyond(m.floor),
         "noise_floor": m.floor,
+        "denied": [list(k) for k in sorted(m.denied)],
         "dropped_everything": m.dropped_everything,
         "groups": [{"group": g.group, "rules": g.rules, "rewrites": g.rewrites, "kept": g.kept, "gain": g.gain,
                     "with_over_without": None if g.effect is None else asdict(g.effect)} for g in m.groups],
@@ -511,6 +512,7 @@ def _measure(input_path: str, rules: list[Rule], opts: OptimizeOptions, base: En
     for pass_no in range(2):
         report = _select_groups(input_path, by_id, allowed, eng, opts, base, deny, feeds, time_fn)
         kept = set() if report.dropped_everything else allowed - set(report.dropped_rules)
+        deny = deny | report.denied  # rewrites left out of groups kept only in part (by region)
         report.groups = report.groups + earlier
         if kept == allowed:
             break
@@ -544,21 +546,26 @@ def _select_groups(input_path: str, by_id: dict[str, Rule], allowed: set[str], e
     for rule_id, ops in ops_by_rule.items():
         groups.setdefault(group_key(tuple(ops)), []).append(rule_id)
     rewrites = dict(Counter(a.rule for a in eng.applications if a.rule in allowed))
+    members = {g: [a.key for a in eng.applications if a.rule in rules] for g, rules in groups.items()}
     candidates: list[_Candidate] = []
-    cache: dict[frozenset[str], Source] = {}
+    cache: dict[tuple[frozenset[str], frozenset[tuple[str, str]]], Source] = {}
 
-    def build(dropped: set[str]) -> Source:
-        key = frozenset(dropped)
+    def build_denying(dropped: set[str], denied: frozenset[tuple[str, str]]) -> Source:
+        key = (frozenset(dropped), denied)
         if key not in cache:
             use = [r for rid, r in by_id.items() if rid in allowed and rid not in dropped]
-            m, i, _ = _build(input_path, use, base, deny)
+            m, i, _ = _build(input_path, use, base, deny | denied)
             cand = _Candidate(m.export(), i)
             candidates.append(cand)
             cache[key] = cand.source
         return cache[key]
 
+    def build(dropped: set[str]) -> Source:
+        return build_denying(dropped, frozenset())
+
     try:
-        return select(groups, rewrites, build, input_path, feeds, time_fn, opts.target, opts.measure_threads)
+        return select(groups, rewrites, build, input_path, feeds, time_fn, opts.target, opts.measure_threads,
+                      members, build_denying)
     finally:
         for c in candidates:
             c.close()

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 Source = str | bytes
+Key = tuple[str, str]  # one applied rewrite: (rule id, root value)
 # times sessions for the given sources; returns per-label lists of seconds, one entry per interleaved round
 TimeFn = Callable[[dict[str, Source], dict[str, np.ndarray]], dict[str, list[float]]]
 
@@ -85,10 +86,13 @@ class MeasureReport:
     note: str = ""
     strategy: str = ""  # "backward" (drop what costs) or "forward" (add what helps, after backward failed)
     floor: float = 0.0  # largest A/A difference between two sessions of one candidate, over the rounds
+    denied: set[Key] = field(default_factory=set)  # rewrites left out of groups kept only in part (by region)
 
     @property
     def dropped_rules(self) -> list[str]:
-        return sorted(r for g in self.groups if not g.kept for r in g.rules)
+        """Rules of dropped groups, except those a group kept in part (by region) still needs."""
+        needed = {r for g in self.groups if g.kept for r in g.rules}
+        return sorted({r for g in self.groups if not g.kept for r in g.rules} - needed)
 
 
 def group_key(ops: tuple[str, ...]) -> str:
@@ -104,9 +108,14 @@ def select(
     time_fn: TimeFn,
     provider: str,
     threads: int,
+    members: dict[str, list[Key]] | None = None,
+    build_denying: Callable[[set[str], frozenset[Key]], Source] | None = None,
 ) -> MeasureReport:
     """Backward elimination of rewrite groups; if the result is still slower than the original, forward
-    selection from nothing. `build(dropped_rules)` returns a candidate model without those rules."""
+    selection from nothing. `build(dropped_rules)` returns a candidate model without those rules. With
+    `members` (each group's rewrites, in graph order) and `build_denying` (a candidate that also leaves out the
+    given rewrites), a dropped group of several rewrites gets one more chance by region: its first and its
+    second half are timed alone, and a half that is faster beyond the noise floor is kept."""
     t0 = time.perf_counter()
     report = MeasureReport(provider, threads, 0, strategy="backward")
     effects = {g: GroupEffect(g, sorted(rules), sum(rewrites.get(r, 0) for r in rules), True)
@@ -165,14 +174,60 @@ def select(
                 break
     for g, e in effects.items():
         e.kept = g in kept
-    report.dropped_everything = not kept
-    if report.final is not None and report.final.verdict_beyond(report.floor) == "slower" and kept:
-        for e in effects.values():
+    partial: set[str] = set()
+    if members and build_denying:
+        partial = _regions(report, effects, groups, kept, members, build_denying, rules_without, timed, original)
+    report.dropped_everything = not kept and not partial
+    if report.final is not None and report.final.verdict_beyond(report.floor) == "slower" and (kept or partial):
+        for e in list(effects.values()) + report.groups:
             e.kept = False
+        report.denied = set()
         report.dropped_everything = True
-    report.groups = list(effects.values())
+    report.groups = list(effects.values()) + report.groups
     report.seconds = time.perf_counter() - t0
     return report
+
+
+MAX_REGION_GROUPS = 4  # dropped groups given a second chance by region (one timing round each)
+
+
+def _regions(report: MeasureReport, effects: dict[str, GroupEffect], groups: dict[str, list[str]],
+             kept: set[str], members: dict[str, list[Key]], build_denying, rules_without, timed,
+             original: Source) -> set[str]:
+    """Split each dropped group of several rewrites in two halves (graph order) and keep a half that pays.
+    Returns the groups kept in part."""
+    denied: frozenset[Key] = frozenset()
+    partial: set[str] = set()
+    tried = [g for g in sorted(effects) if g not in kept and len(members.get(g, ())) >= 2][:MAX_REGION_GROUPS]
+    for g in tried:
+        keys = members[g]
+        halves = [keys[: len(keys) // 2], keys[len(keys) // 2:]]
+        base_drop = rules_without(kept | partial)
+        sources: dict[str, Source] = {"original": original, "current": build_denying(base_drop, denied)}
+        labels = []
+        spans = [(1, len(halves[0])), (len(halves[0]) + 1, len(keys))]
+        for k, half in enumerate(halves):
+            other = frozenset(halves[1 - k])
+            label = f"{g} [rewrites {spans[k][0]}-{spans[k][1]} of {len(keys)}]"
+            sources[label] = build_denying(base_drop - set(groups[g]), denied | other)
+            labels.append((label, half, other))
+        times, ref, floor = timed(sources)
+        report.rounds += 1
+        best: tuple[float, str, list[Key], frozenset[Key]] | None = None
+        for label, half, other in labels:
+            effect = paired_ratio(times[label], ref)
+            row = GroupEffect(label, effects[g].rules, len(half), False, effect)
+            report.groups.append(row)
+            if effect.verdict_beyond(floor) == "faster" and (best is None or effect.median < best[0]):
+                best = (effect.median, label, half, other)
+        if best is not None:
+            next(r for r in report.groups if r.group == best[1]).kept = True
+            partial.add(g)
+            denied = denied | best[3]
+    if partial:
+        report.denied = set(denied)
+        timed({"original": original, "current": build_denying(rules_without(kept | partial), denied)})
+    return partial
 
 
 def make_time_fn(provider: str, threads: int, budget_s: float, min_runs: int = 30) -> TimeFn:

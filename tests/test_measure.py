@@ -144,3 +144,41 @@ def test_a_slow_session_of_the_candidate_does_not_drop_neutral_groups():
     rep = select(GROUPS, REWRITES, _build, (), {}, biased_timer(costly), "cpu", 1)
     assert {g.group: g.kept for g in rep.groups} == {"Gelu": True, "SkipLayerNormalization": False,
                                                      "FusedMatMul": True}
+
+
+def test_a_dropped_group_keeps_the_half_that_pays():
+    """Four Attention rewrites: the first two save 4% each, the last two cost 6% each. As a group they cost
+    4% and are dropped; timed by region, the first half is kept and the second left out."""
+    groups = {"Attention": ["self-attention"], "Gelu": ["erf-gelu"]}
+    keys = [("self-attention", f"layer{i}") for i in range(4)]
+    gain = {"layer0": -0.04, "layer1": -0.04, "layer2": 0.06, "layer3": 0.06}
+
+    def build(dropped):
+        return build_denying(dropped, frozenset())
+
+    def build_denying(dropped, denied):
+        return (frozenset(dropped), frozenset(denied))
+
+    rng = np.random.default_rng(0)
+
+    def time_fn(sources, feeds):
+        out = {}
+        for label, src in sources.items():
+            if src == "orig":
+                cost = 1.0
+            else:
+                dropped, denied = src
+                cost = 1.0 + (-0.02 if "erf-gelu" not in dropped else 0.0)
+                if "self-attention" not in dropped:
+                    cost += sum(gain[k[1]] for k in keys if k not in denied)
+            out[label] = list(cost * (1 + 0.002 * rng.standard_normal(60)))
+        return out
+
+    rep = select(groups, {"self-attention": 4, "erf-gelu": 1}, build, "orig", {}, time_fn, "cpu", 1,
+                 members={"Attention": keys, "Gelu": []}, build_denying=build_denying)
+    rows = {g.group: g.kept for g in rep.groups}
+    assert rows["Attention"] is False and rows["Gelu"] is True
+    assert rows["Attention [rewrites 1-2 of 4]"] is True and rows["Attention [rewrites 3-4 of 4]"] is False
+    assert rep.denied == set(keys[2:])
+    assert rep.dropped_rules == []  # the rule stays: only its last two rewrites are left out
+    assert rep.final.median < 0.95 and not rep.dropped_everything
