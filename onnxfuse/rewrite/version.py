@@ -8,6 +8,10 @@ and dims are known and the later tests fold away there. Only the branch the repr
 "hot" one, probed with onnxruntime) is specialized; the other keeps the original tail verbatim and is frozen
 (no pass touches it). So the result is exact for every input, shape or value, and an input that takes the cold
 branch runs exactly the original nodes. Applied only where a trial shows fewer If nodes on the hot path.
+
+When the If is TorchScript's squeeze guard and strict shape inference proves that the tail cannot run on the
+un-squeezed value (the cold branch can only fail), the guard goes too (unguard): every input the original runs
+takes the hot branch. That keeps the rewrite contract (same outputs wherever the original runs).
 """
 
 from __future__ import annotations
@@ -95,7 +99,8 @@ def _is_squeeze_guard(graph: Graph, node: Node) -> bool:
             continue
         idx = graph.const_value(g.inputs[1]) if len(g.inputs) > 1 else None
         shape = graph.producer.get(g.inputs[0])
-        if (idx is None or idx.size != 1 or g.attr("axis") not in (None,) and g.attr("axis").i != 0
+        axis = g.attr("axis")
+        if (idx is None or idx.size != 1 or (axis is not None and axis.i != 0)
                 or shape is None or shape.op_type != "Shape" or shape.attr("start") or shape.attr("end")):
             continue
         return _squeezes(node.subgraphs[BRANCHES[0]][0], shape.inputs[0], int(idx.reshape(-1)[0]))
