@@ -189,6 +189,7 @@ def select(
 
 
 MAX_REGION_GROUPS = 4  # dropped groups given a second chance by region (one timing round each)
+REGION_MAX_COST = 1.05  # a group that costs more than 5% as a whole is not split: halves rarely pay then
 
 
 def _regions(report: MeasureReport, effects: dict[str, GroupEffect], groups: dict[str, list[str]],
@@ -198,7 +199,8 @@ def _regions(report: MeasureReport, effects: dict[str, GroupEffect], groups: dic
     Returns the groups kept in part."""
     denied: frozenset[Key] = frozenset()
     partial: set[str] = set()
-    tried = [g for g in sorted(effects) if g not in kept and len(members.get(g, ())) >= 2][:MAX_REGION_GROUPS]
+    tried = [g for g in sorted(effects) if g not in kept and len(members.get(g, ())) >= 2
+             and (effects[g].effect is None or effects[g].effect.median < REGION_MAX_COST)][:MAX_REGION_GROUPS]
     for g in tried:
         keys = members[g]
         halves = [keys[: len(keys) // 2], keys[len(keys) // 2:]]
