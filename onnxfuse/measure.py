@@ -137,22 +137,41 @@ def select(
 
     def step(kept: set[str], trials: list[str], adding: bool) -> str | None:
         """One interleaved round: the current set, each trial set, the original. Returns the best helpful
-        trial (a group to add when adding, to remove otherwise)."""
+        trial (a group to add when adding, to remove otherwise). A trial whose median effect is beyond
+        SIGNIFICANT but hidden by the round's noise floor is timed once more in fresh sessions, against the
+        second session of the current set alone: it counts if that round is clear without a floor."""
         sources: dict[str, Source] = {"original": original, "current": build(rules_without(kept))}
         for g in trials:
             sources[g] = build(rules_without(kept | {g} if adding else kept - {g}))
         times, ref, floor = timed(sources)
         report.rounds += 1
+
+        def helps(r: Ratio, floor: float) -> bool:
+            return r.verdict_beyond(floor) == ("faster" if adding else "slower")
+
         best: tuple[float, str] | None = None
+        unsure: list[str] = []
         for g in trials:
             with_g, without_g = (times[g], ref) if adding else (ref, times[g])
             effects[g].effect = paired_ratio(with_g, without_g)
-            verdict = effects[g].effect.verdict_beyond(floor)
-            helps = verdict == "faster" if adding else verdict == "slower"
-            if helps:
+            if helps(effects[g].effect, floor):
                 score = effects[g].effect.median if adding else -effects[g].effect.median
                 if best is None or score < best[0]:
                     best = (score, g)
+            elif abs(effects[g].effect.median - 1) > SIGNIFICANT and (effects[g].effect.median < 1) == adding:
+                unsure.append(g)
+        if best is None and unsure:
+            times2, _, _ = timed({"original": original, "current": sources["current"],
+                                  **{g: sources[g] for g in unsure}})
+            report.rounds += 1
+            for g in unsure:
+                with_g, without_g = (times2[g], times2[CONTROL]) if adding else (times2[CONTROL], times2[g])
+                again = paired_ratio(with_g, without_g)
+                if helps(again, 0.0):
+                    effects[g].effect = again
+                    score = again.median if adding else -again.median
+                    if best is None or score < best[0]:
+                        best = (score, g)
         return None if best is None else best[1]
 
     kept = set(effects)
