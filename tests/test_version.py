@@ -141,3 +141,61 @@ def test_a_squeeze_guard_whose_other_branch_can_only_fail_is_dropped(tmp_path):
 def test_a_guard_whose_other_branch_can_run_stays(tmp_path):
     _, r, got = _optimize(tmp_path, _squeeze_if_model(), "x:2x4x1")
     assert "if-squeeze-unguard" not in r.fired and _ifs(got.graph) == 2  # the versioned If; cold branch's own
+
+
+def _random_tail_model(seed: int) -> onnx.ModelProto:
+    """The squeeze guard, then a random chain of elementwise ops before the rank test and after it; some
+    values of the chain also become graph outputs."""
+    rng = np.random.default_rng(seed)
+    model = _squeeze_if_model()
+    g = model.graph
+    nodes = list(g.node)[:4]  # shape, last_dim, is_one, squeeze_if -> y
+    cur, k, outputs = "y", 0, []
+
+    def chain(n: int) -> None:
+        nonlocal cur, k
+        for _ in range(n):
+            op = ["Relu", "Neg", "Abs", "Sigmoid", "MulC"][int(rng.integers(5))]
+            out = f"e{k}"
+            k += 1
+            nodes.append(oh.make_node("Mul", [cur, "two_f"], [out]) if op == "MulC" else oh.make_node(op, [cur], [out]))
+            cur = out
+            if rng.random() < 0.3:  # also a graph output, flattened (a top-level output needs a rank)
+                nodes.append(oh.make_node("Flatten", [out], [f"{out}_flat"], axis=1))
+                outputs.append(f"{out}_flat")
+
+    chain(int(rng.integers(0, 3)))
+    nodes += [oh.make_node("Shape", [cur], ["ys"]), oh.make_node("Size", ["ys"], ["rank"]),
+              oh.make_node("Equal", ["rank", "two"], ["is2"]), oh.make_node("Not", ["is2"], ["c2"]),
+              oh.make_node("If", ["c2"], ["z"], name="rank_if",
+                           then_branch=_branch([oh.make_node("Unsqueeze", [cur, "axis_0"], ["us"])], "us", "t2"),
+                           else_branch=_branch([oh.make_node("Identity", [cur], ["idn2"])], "idn2", "e2"))]
+    cur = "z"
+    chain(int(rng.integers(1, 4)))
+    nodes.append(oh.make_node("Flatten", [cur], ["out"], axis=1))
+    del g.node[:]
+    g.node.extend(nodes)
+    del g.output[:]
+    g.output.extend(oh.make_tensor_value_info(o, F, [None, None]) for o in ["out", *outputs])
+    return model
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_versioning_random_tails_stay_exact_and_idempotent(tmp_path, seed):
+    model = _random_tail_model(seed)
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception:
+        pytest.skip("the generated model is not valid ONNX")
+    src, r, got = _optimize(tmp_path, model, "x:2x4x1")
+    assert r.fired.get("if-version") == 1, r.fired
+    assert _ifs(got.graph) < _ifs(model.graph) + 2  # hot path lost its rank test
+    for n in (1, 3):
+        x = np.random.default_rng(n).standard_normal((2, 4, n)).astype(np.float32)
+        for have, want in zip(ort_run(got, {"x": x}), ort_run(onnx.load(src), {"x": x}), strict=True):
+            assert have.shape == want.shape
+            np.testing.assert_array_equal(have, want)
+    again = tmp_path / "again.onnx"
+    r2 = optimize(str(tmp_path / "out.onnx"), str(again), OptimizeOptions(builtin=False, measure=False,
+                                                                          shapes=["x:2x4x1"]))
+    assert "if-version" not in r2.fired
