@@ -16,6 +16,8 @@ takes the hot branch. That keeps the rewrite contract (same outputs wherever the
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 import numpy as np
 import onnx
 from onnx import numpy_helper
@@ -32,6 +34,7 @@ BRANCHES = ("then_branch", "else_branch")
 SHAPE_TEST_OPS = SHAPE_ARITHMETIC | {"Not", "And", "Or", "Xor", "Greater", "Less", "GreaterOrEqual",
                                      "LessOrEqual", "Max", "Min", "Neg", "Abs"}
 MAX_SLICE = 256  # nodes walked back from one condition
+FoldFn = Callable[[Model], list[Application]]
 SMALL_CONSTANT = 256  # outer constants up to this many elements are copied into the hot branch
 
 
@@ -53,7 +56,7 @@ def candidates(graph: Graph, hot: dict[str, bool], deny: set[tuple[str, str]]) -
 
 
 def version_ifs(model: Model, hot: dict[str, bool], deny: set[tuple[str, str]],
-                fold_fn) -> tuple[list[Application], list[str]]:
+                fold_fn: FoldFn) -> tuple[list[Application], list[str]]:
     """Version every candidate If (in graph order) where a trial on a copy, folded with `fold_fn`, leaves fewer
     If nodes on the hot path. Also returns the versioned Ifs (first outputs) that are squeeze guards."""
     apps: list[Application] = []
@@ -72,7 +75,7 @@ def version_ifs(model: Model, hot: dict[str, bool], deny: set[tuple[str, str]],
     return apps, guards
 
 
-def unguard(model: Model, guards: list[str], fold_fn) -> list[Application]:
+def unguard(model: Model, guards: list[str], fold_fn: FoldFn) -> list[Application]:
     """Replace each versioned squeeze guard (by its first output) by its then branch where only that branch
     can run (see _only_hot_branch_runs). Call after folding the versioned model, so the branch is final."""
     apps: list[Application] = []
@@ -124,7 +127,7 @@ def _squeezes(branch: Graph, x: str, axis: int) -> bool:
     return int(axes.reshape(-1)[0]) % t.rank == axis % t.rank
 
 
-def _only_hot_branch_runs(model: Model, out: str, fold_fn) -> bool:
+def _only_hot_branch_runs(model: Model, out: str, fold_fn: FoldFn) -> bool:
     """With the then branch taken, the model passes strict shape inference; with the else branch taken (and
     folded: its rank tests resolve), it fails it: the nodes after the If cannot run on that branch's output
     (silero: an LSTM input of rank 4). Then every input either takes the then branch or fails anyway."""
@@ -143,7 +146,7 @@ def _only_hot_branch_runs(model: Model, out: str, fold_fn) -> bool:
     return infers(True) and not infers(False)
 
 
-def _pays(model: Model, root: str, hot_value: bool, fold_fn) -> bool:
+def _pays(model: Model, root: str, hot_value: bool, fold_fn: FoldFn) -> bool:
     trial = Model(model.export(), model.base_dir)
     node = trial.graph.producer.get(root)
     if node is None:
@@ -156,7 +159,7 @@ def _pays(model: Model, root: str, hot_value: bool, fold_fn) -> bool:
     return versioned.alive and _ifs_in(versioned.subgraphs[hot_name][0].live_nodes()) < before
 
 
-def _ifs_in(nodes) -> int:
+def _ifs_in(nodes: Iterable[Node]) -> int:
     """If nodes among `nodes` and inside their subgraphs (any branch may run)."""
     return sum(int(n.op_type == "If") + _ifs_in(m for subs in n.subgraphs.values() for s in subs
                                                  for m in s.live_nodes())
@@ -238,7 +241,7 @@ def _version(graph: Graph, node: Node, tail: list[Node], hot_value: bool) -> tup
     return Application(RULE, graph.proto.name, node.outputs[0], tuple(replaced), (new.name,), ("If",)), added
 
 
-def _small_outer_constants(graph: Graph, nodes, produced: set[str]) -> dict[str, np.ndarray]:
+def _small_outer_constants(graph: Graph, nodes: Iterable[onnx.NodeProto], produced: set[str]) -> dict[str, np.ndarray]:
     """Outer constants (axes, pads, shapes: up to SMALL_CONSTANT elements) the branch's nodes read, by name."""
     out: dict[str, np.ndarray] = {}
     for n in nodes:
