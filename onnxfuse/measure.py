@@ -211,9 +211,13 @@ MAX_REGION_GROUPS = 4  # dropped groups given a second chance by region (one tim
 REGION_MAX_COST = 1.05  # a group that costs more than 5% as a whole is not split: halves rarely pay then
 
 
+Timed = Callable[[dict[str, Source]], tuple[dict[str, list[float]], list[float], float]]
+
+
 def _regions(report: MeasureReport, effects: dict[str, GroupEffect], groups: dict[str, list[str]],
-             kept: set[str], members: dict[str, list[Key]], build_denying, rules_without, timed,
-             original: Source) -> set[str]:
+             kept: set[str], members: dict[str, list[Key]],
+             build_denying: Callable[[set[str], frozenset[Key]], Source],
+             rules_without: Callable[[set[str]], set[str]], timed: Timed, original: Source) -> set[str]:
     """Split each dropped group of several rewrites in two halves (graph order) and keep a half that pays.
     Returns the groups kept in part."""
     denied: frozenset[Key] = frozenset()
