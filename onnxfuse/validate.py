@@ -397,6 +397,8 @@ def _resolve_one(info: InputInfo, bindings: dict[str, int]) -> list[int]:
 
 _PASS_THROUGH = {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Transpose", "Expand"}
 _SHAPE_PRESERVING = {"Cast", "Identity", "DequantizeLinear"}
+# com.microsoft.EmbedLayerNormalization: (ids input, table input) for input_ids, segment_ids and position_ids
+_EMBED_TABLES = ((0, 2), (1, 4), (8, 3))
 
 
 @dataclass
@@ -460,6 +462,12 @@ def gather_bound(index: _GraphIndex, name: str) -> int | None:
                     axis = _gather_axis(node, len(shape))
                     if 0 <= axis < len(shape):
                         bounds.append(shape[axis])
+            elif node.op_type == "EmbedLayerNormalization" and node.domain == "com.microsoft":
+                for ids, table in _EMBED_TABLES:  # ids indexing a fused embedding table
+                    if len(node.input) > max(ids, table) and node.input[ids] == value:
+                        shape = index.static_shape(node.input[table])
+                        if shape:
+                            bounds.append(shape[0])
             elif node.op_type in _PASS_THROUGH and node.input and node.input[0] == value:
                 stack.extend(o for o in node.output if o)
     return min(bounds) if bounds else None

@@ -185,6 +185,21 @@ def test_smallest_gather_bound_wins() -> None:
     assert ids.min() >= 0 and ids.max() < 5
 
 
+def test_ids_read_by_a_fused_embedding_stay_inside_its_tables() -> None:
+    """An optimized BERT reads its ids in com.microsoft.EmbedLayerNormalization, not in Gathers: the word and
+    segment tables (inputs 2 and 4) still bound the synthesized ids, so the model runs."""
+    tables = [numpy_helper.from_array(np.zeros(shape, np.float32), name) for name, shape in
+              (("word", (30, 4)), ("pos", (64, 4)), ("seg", (2, 4)), ("gamma", (4,)), ("beta", (4,)))]
+    node = helper.make_node("EmbedLayerNormalization", ["ids", "segs", "word", "pos", "seg", "gamma", "beta"],
+                            ["y", "mask_index"], domain="com.microsoft")
+    model = _model([node], [helper.make_tensor_value_info("ids", TensorProto.INT32, [2, 16]),
+                            helper.make_tensor_value_info("segs", TensorProto.INT32, [2, 16])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], tables)
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    feeds = make_inputs(model)
+    assert feeds["ids"].max() < 30 and feeds["segs"].max() < 2
+
+
 def test_gather_axis_one_bound() -> None:
     table = numpy_helper.from_array(np.zeros((200, 3), dtype=np.float32), "table")
     nodes = [helper.make_node("Gather", ["table", "idx"], ["y"], axis=1)]
