@@ -282,11 +282,11 @@ class Graph:
 
     def const_value(self, name: str) -> np.ndarray | None:
         """The value of a constant, read lazily (external data included); None when not constant."""
-        if not self.is_constant(name):
-            return None
-        owner = self._owner(name)
+        owner = self._owner(name) if name else self
         if owner is not self:
             return owner.const_value(name)
+        if not self.is_constant(name):
+            return None
         cache = self.model.value_cache
         key = (id(self), name)
         if key in cache:

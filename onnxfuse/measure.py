@@ -146,32 +146,33 @@ def select(
         times, ref, floor = timed(sources)
         report.rounds += 1
 
-        def helps(r: Ratio, floor: float) -> bool:
-            return r.verdict_beyond(floor) == ("faster" if adding else "slower")
-
         best: tuple[float, str] | None = None
+
+        def effect(g: str, times: dict[str, list[float]], ref: list[float]) -> Ratio:
+            return paired_ratio(times[g], ref) if adding else paired_ratio(ref, times[g])
+
+        def consider(g: str, r: Ratio, floor: float) -> bool:
+            """True if g's effect `r` helps beyond `floor`; then it is recorded (the best one kept)."""
+            nonlocal best
+            if r.verdict_beyond(floor) != ("faster" if adding else "slower"):
+                return False
+            effects[g].effect = r
+            score = r.median if adding else -r.median
+            if best is None or score < best[0]:
+                best = (score, g)
+            return True
+
         unsure: list[str] = []
         for g in trials:
-            with_g, without_g = (times[g], ref) if adding else (ref, times[g])
-            effects[g].effect = paired_ratio(with_g, without_g)
-            if helps(effects[g].effect, floor):
-                score = effects[g].effect.median if adding else -effects[g].effect.median
-                if best is None or score < best[0]:
-                    best = (score, g)
-            elif abs(effects[g].effect.median - 1) > SIGNIFICANT and (effects[g].effect.median < 1) == adding:
+            r = effects[g].effect = effect(g, times, ref)
+            if not consider(g, r, floor) and abs(r.median - 1) > SIGNIFICANT and (r.median < 1) == adding:
                 unsure.append(g)
         if best is None and unsure:
             times2, _, _ = timed({"original": original, "current": sources["current"],
                                   **{g: sources[g] for g in unsure}})
             report.rounds += 1
             for g in unsure:
-                with_g, without_g = (times2[g], times2[CONTROL]) if adding else (times2[CONTROL], times2[g])
-                again = paired_ratio(with_g, without_g)
-                if helps(again, 0.0):
-                    effects[g].effect = again
-                    score = again.median if adding else -again.median
-                    if best is None or score < best[0]:
-                        best = (score, g)
+                consider(g, effect(g, times2, times2[CONTROL]), 0.0)
         return None if best is None else best[1]
 
     kept = set(effects)

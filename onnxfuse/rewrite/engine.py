@@ -11,8 +11,8 @@ from ..patterns.compute import ComputeError
 from ..patterns.rules import Rule
 from ..targets import kernel_issue
 from .apply import Application, apply_match, compute_constants
-from .fold import fold, refold
-from .version import unguard, version_ifs
+from .fold import fold
+from .version import specialize_hot_branches
 
 MAX_SWEEPS = 32
 
@@ -114,17 +114,7 @@ def run(model: Model, rules: list[Rule], options: EngineOptions) -> EngineResult
             active.append(rule)
     apps: list[Application] = fold(model, options.deny) if options.fold else []
     if options.fold and options.hot:
-        def refolded(m: Model) -> list[Application]:
-            return refold(m, options.deny)
-
-        versioned, guards = version_ifs(model, options.hot, options.deny, refolded)
-        if versioned:
-            apps.extend(versioned)
-            apps.extend(refolded(model))
-            unguarded = unguard(model, guards, refolded)
-            if unguarded:
-                apps.extend(unguarded)
-                apps.extend(refolded(model))
+        apps.extend(specialize_hot_branches(model, options.hot, options.deny))
     sweeps = 0
     for stage in ([r for r in active if r.early], [r for r in active if not r.early]):
         n, stopped = _sweep(model, stage, options, apps)

@@ -135,8 +135,8 @@ def _drop_identities(graph: Graph, deny: set[tuple[str, str]]) -> list[Applicati
     """Readers of an Identity read its input instead (inlined If branches leave them). One that names a graph
     output, or is read by name inside a subgraph, stays."""
     apps: list[Application] = []
-    for node in graph.sorted_nodes():
-        if not node.alive or node.op_type != "Identity" or node.domain != "" or not node.outputs:
+    for node in [n for n in graph.nodes if n.alive and n.op_type == "Identity"]:  # order does not matter
+        if not node.alive or node.domain != "" or not node.outputs:
             continue
         out, src = node.outputs[0], node.proto.input[0]
         readers = graph.consumers.get(out, [])

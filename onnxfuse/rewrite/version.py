@@ -25,7 +25,7 @@ from onnx import numpy_helper
 from ..ir import Graph, Model, Node, TensorType, _export_node
 from ..match.matcher import SHAPE_ARITHMETIC
 from .apply import Application
-from .fold import inline_branch
+from .fold import inline_branch, refold
 
 RULE = "if-version"
 UNGUARD_RULE = "if-squeeze-unguard"  # the squeeze guard is dropped: its other branch can only fail
@@ -53,6 +53,23 @@ def candidates(graph: Graph, hot: dict[str, bool], deny: set[tuple[str, str]]) -
         if feeds_outputs and any(m.op_type == "If" and _tests_shape(graph, m, ids) for m in tail):
             out.append(node)
     return out
+
+
+def specialize_hot_branches(model: Model, hot: dict[str, bool], deny: set[tuple[str, str]]) -> list[Application]:
+    """Version the candidate Ifs, fold the result, then drop the squeeze guards whose other branch can only
+    fail (and fold again). Returns every Application, folding included."""
+    def refolded(m: Model) -> list[Application]:
+        return refold(m, deny)
+
+    apps, guards = version_ifs(model, hot, deny, refolded)
+    if not apps:
+        return []
+    apps.extend(refolded(model))
+    unguarded = unguard(model, guards, refolded)
+    if unguarded:
+        apps.extend(unguarded)
+        apps.extend(refolded(model))
+    return apps
 
 
 def version_ifs(model: Model, hot: dict[str, bool], deny: set[tuple[str, str]],
