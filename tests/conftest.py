@@ -9,12 +9,23 @@ import onnx
 import onnx.helper as oh
 import onnxruntime as ort
 import pytest
+from hypothesis import HealthCheck, Phase, settings
 from onnx import TensorProto, numpy_helper
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models")
 SHARED_MODELS = os.path.join(os.path.dirname(ROOT), "shared", "models")
 ort.set_default_logger_severity(3)
+
+# Property tests are deterministic in the suite: the same examples every run (derandomized), no example
+# database carried between runs, and no shrinking (a failure is reproducible as it is). Fresh seeds belong in
+# benchmarks/fuzz_long.py. ONNXFUSE_FUZZ_EXAMPLES sets how many examples (default 30).
+settings.register_profile(
+    "ci", derandomize=True, database=None, deadline=None, print_blob=True,
+    max_examples=int(os.environ.get("ONNXFUSE_FUZZ_EXAMPLES", "30")),
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large])
+settings.load_profile("ci")
 
 
 def make_model(nodes, inputs, outputs, inits=(), opset=17, name="g") -> onnx.ModelProto:

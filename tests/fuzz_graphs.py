@@ -99,9 +99,10 @@ def gelu_block(g: G) -> None:
     g.cur = g.binop("Mul", g.binop("Mul", x, g.scalar(0.5)), p)
 
 
-def layernorm_block(g: G, opset: int) -> None:
-    x = g.cur
-    k = 6 if g.rank4 else 8  # the last axis
+def layernorm(g: G, x: str, opset: int, exponent: str | None = None, mul_square: bool = False,
+              gamma_shape: tuple[int, ...] = (), beta: bool = False, swap=lambda: False) -> str:
+    """LayerNorm over the last axis written out: (x - mean) / sqrt(mean(d^exponent) + eps) * gamma (+ beta).
+    `exponent` names a constant (or None with `mul_square` for d * d); `swap()` picks commutative orders."""
     axes_attr = opset < 18
 
     def mean(v: str) -> str:
@@ -109,16 +110,38 @@ def layernorm_block(g: G, opset: int) -> None:
             return g.node("ReduceMean", [v], axes=[-1], keepdims=1)
         return g.node("ReduceMean", [v, g.const([-1], np.int64)], keepdims=1)
 
+    def binop(op: str, a: str, b: str) -> str:
+        return g.node(op, [b, a] if swap() else [a, b])
+
     d = g.node("Sub", [x, mean(x)])
-    sq = g.node("Pow", [d, g.scalar(2.0)]) if g.draw(st.booleans()) else g.node("Mul", [d, d])
-    std = g.node("Sqrt", [g.binop("Add", mean(sq), g.scalar(1e-5))])
+    sq = g.node("Mul", [d, d]) if mul_square else g.node("Pow", [d, exponent])
+    std = g.node("Sqrt", [binop("Add", mean(sq), g.const(1e-5))])
     g.maybe_leak(std)
     n = g.node("Div", [d, std])
-    shape = g.draw(st.sampled_from([[k], [1, k], [1]]))  # gamma over the last axis, or broadcast
-    y = g.binop("Mul", n, g.const(np.linspace(0.5, 1.5, int(np.prod(shape))).reshape(shape)))
-    if g.draw(st.booleans()):
-        y = g.binop("Add", y, g.const(np.linspace(-1, 1, int(np.prod(shape))).reshape(shape)))
-    g.cur = y
+    size = int(np.prod(gamma_shape))
+    y = binop("Mul", n, g.const(np.linspace(0.5, 1.5, size).reshape(gamma_shape)))
+    if beta:
+        y = binop("Add", y, g.const(np.linspace(-1, 1, size).reshape(gamma_shape)))
+    return y
+
+
+def layernorm_block(g: G, opset: int) -> None:
+    k = 6 if g.rank4 else 8  # the last axis
+    square = g.draw(st.booleans())
+    exponent = None if square else g.scalar(2.0)  # sometimes off: a near miss the rule must not take
+    shape = g.draw(st.sampled_from([(k,), (1, k), (1,)]))  # gamma over the last axis, or broadcast
+    g.cur = layernorm(g, g.cur, opset, exponent, square, shape, g.draw(st.booleans()),
+                      swap=lambda: g.draw(st.booleans()))
+
+
+def layernorm_chain(second_exponent: float, opset: int = 17) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Two LayerNorms in a row, the second squaring with Pow(d, second_exponent): a fixed regression case
+    (exponent 1.0 made the original ill-conditioned)."""
+    g = G(draw=None, rank4=False)
+    g.maybe_leak = lambda value: None
+    y = layernorm(g, "x", opset, g.const(2.0), gamma_shape=(8,), beta=True)
+    y = layernorm(g, y, opset, g.const(second_exponent), gamma_shape=(8,), beta=True)
+    return _finish(g, [y], [2, 5, 8], opset, np.random.default_rng(7))
 
 
 def silu_block(g: G) -> None:
@@ -164,7 +187,13 @@ def random_model(draw) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
             m(g)
     g.outputs.append(g.cur)
     shape = [draw(st.sampled_from([1, 2])), g.channels, 6, 6] if rank4 else [draw(st.sampled_from([1, 2])), 5, 8]
-    outputs = list(dict.fromkeys(g.outputs))
+    return _finish(g, g.outputs, shape, opset, np.random.default_rng(draw(st.integers(0, 2**16))))
+
+
+def _finish(g: G, outputs: list[str], shape: list[int], opset: int,
+            rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The model (output types from shape inference) and a normal random feed for its input x."""
+    outputs = list(dict.fromkeys(outputs))
     graph = oh.make_graph(g.nodes, "fuzz", [oh.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                           [oh.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], g.inits)
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)], ir_version=8)
@@ -173,5 +202,4 @@ def random_model(draw) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
         o.type.CopyFrom(io.type)
         if not o.type.tensor_type.HasField("shape"):
             o.type.tensor_type.shape.SetInParent()
-    feeds = {"x": np.random.default_rng(draw(st.integers(0, 2**16))).standard_normal(shape).astype(np.float32)}
-    return model, feeds
+    return model, {"x": rng.standard_normal(shape).astype(np.float32)}
