@@ -16,9 +16,10 @@ import onnx
 
 from . import validate as V
 from .errors import InputSpecError, ModelError, OnnxfuseError
+from .inputs import InputPlan, Profile, at_batch, discover, discover_profiles, parse_profiles
 from .ir import Model, iter_nodes
 from .loader import LoadInfo, _all_tensors, load_model, save_model
-from .measure import MeasureReport, Source, group_key, make_time_fn, select
+from .measure import MeasureReport, Source, group_key, make_time_fn, select, weighted_time_fn
 from .patterns.parser import load_path
 from .patterns.rules import Rule
 from .rewrite.apply import Application
@@ -26,7 +27,8 @@ from .rewrite.engine import EngineOptions, EngineResult, NearMiss, RuleSkip, nea
 from .specialize import specialize
 from .targets import kernel_issue, provider_registered
 
-MAX_ROLLBACKS = 16
+MAX_ROLLBACKS = 16  # rewrites found by bisection (each costs about log2(rewrites) validations)
+MAX_NAMED_ROLLBACKS = 256  # in all, rewrites whose node onnxruntime names included (one validation each)
 MEASURE_MAX_BYTES = 512 * 2**20
 
 
@@ -83,6 +85,7 @@ class OptimizeOptions:
     fold: bool = True  # constant folding and If inlining (exact; --no-fold turns it off)
     pad_channels: bool = False  # also load patterns/optional/pad_channels.yaml
     static: bool = False  # fix dynamic input dims to the --shape values (the output accepts only those)
+    profiles: list[str] = field(default_factory=list)  # --profile NAME:DIM=V,...[@WEIGHT] (inputs.py)
     measure_threads: int = 1
     measure_budget_s: float = 2.0  # timing per round (all variants together)
 
@@ -92,6 +95,7 @@ class Rollback:
     rule: str
     root: str
     reason: str
+    node: str = ""  # the node onnxruntime (or onnx.checker) named, created by this rewrite; "" if found by bisection
 
 
 @dataclass
@@ -112,6 +116,11 @@ class Result:
     written: list[str]
     sweeps: int
     measure: MeasureReport | None = None
+    repairs: list[str] = field(default_factory=list)  # harmless defects repaired on load (repair.py)
+    load_notes: list[str] = field(default_factory=list)  # what loading noticed and kept
+    inputs: InputPlan | None = None  # the shapes validation and measuring ran on, and why (first profile)
+    profiles: list[tuple[str, float, InputPlan]] = field(default_factory=list)  # every profile validated
+    peak_rss_bytes: int = 0  # of this process, at the end
 
     @property
     def fired(self) -> dict[str, int]:
@@ -131,6 +140,10 @@ class Result:
                            "outputs": [_check_json(c) for c in self.checks]},
             "timings_s": self.timings, "written": self.written, "sweeps": self.sweeps,
             "measure": _measure_json(self.measure),
+            "inputs": self.inputs.to_json() if self.inputs is not None else None,
+            "profiles": [{"name": n, "weight": w, "inputs": p.to_json()} for n, w, p in self.profiles],
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "load": {"repairs": self.repairs, "notes": self.load_notes},
         }
 
 
@@ -226,98 +239,124 @@ class _Verdict:
     checks: list[V.OutputCheck]
     reason: str
     notes: list[str] = field(default_factory=list)
+    node: str = ""  # the node the failure names (onnxruntime's or onnx.checker's message), if any
 
 
-def _retry_larger(session, proto: onnx.ModelProto) -> tuple[dict, dict]:
-    """The default dims did not run (e.g. an audio model needs a longer sequence): grow the non-batch
-    symbolic dims. Raises the first error if no size works."""
-    names = {d.dim_param for i in proto.graph.input for d in i.type.tensor_type.shape.dim
-             if d.dim_param and not V.is_batch_name(d.dim_param)}
-    first: Exception | None = None
-    for size in (128, 512, 2048):
-        spec = V.ShapeSpec(tensors={}, dims={n: size for n in names})
-        feeds = V.make_inputs(proto, spec)
-        try:
-            return feeds, V.run(session, feeds)
-        except InputSpecError as e:
-            first = first or e
-    assert first is not None
-    raise first
+@dataclass
+class _ProfileRun:
+    """One shape profile the validator checks: its inputs and the original's outputs on them."""
+
+    profile: Profile
+    plan: InputPlan
+    reference: dict  # at ORT_DISABLE_ALL
+    at_all: dict | None = None  # at ORT_ENABLE_ALL, computed when needed
 
 
 class _Validator:
-    """Reference outputs from the original at ORT_DISABLE_ALL; candidates checked at DISABLE_ALL and ALL."""
+    """Reference outputs from the original at ORT_DISABLE_ALL; candidates checked at DISABLE_ALL and ALL, on the
+    inputs of every shape profile (one unless the user gave --profile or the model is a KV-cache decoder)."""
 
     def __init__(self, input_path: str, proto: onnx.ModelProto, opts: OptimizeOptions, provider: str) -> None:
         self.provider = provider
         self.input_path = input_path
-        self._references: dict[str, dict] = {}
         self.user_inputs = bool(opts.shapes or opts.inputs_npz)
-        shapes = V.parse_shape_specs(opts.shapes) if opts.shapes else None
-        self.feeds = V.make_inputs(proto, shapes, opts.inputs_npz)
-        self.proto = proto  # for growing default dims later (graph inputs and embedding tables)
-        self._reference: dict | None = None
+        self.spec = V.parse_shape_specs(opts.shapes) if opts.shapes else V.ShapeSpec()
+        self.user_profiles = parse_profiles(opts.profiles) if opts.profiles else None
+        self.npz = opts.inputs_npz
+        if self.npz is None:  # a --shape naming no input fails now, before any rewriting
+            V._check_spec_names(self.spec, V.model_inputs(proto))
+        self.proto = proto  # the original: input discovery reads its graph inputs and tables
+        self._runs: list[_ProfileRun] | None = None
         self.tolerance = (V.Tolerance(opts.rtol if opts.rtol is not None else 1e-4,
                                       opts.atol if opts.atol is not None else 1e-4)
                           if opts.rtol is not None or opts.atol is not None else None)
 
+    @property
+    def runs(self) -> list[_ProfileRun]:
+        """The profiles with the original's outputs at ORT_DISABLE_ALL (computed on first use). The first call
+        settles the inputs: discovered from the model and probed on it (see inputs.py)."""
+        if self._runs is None:
+            ref = V.make_session(self.input_path, "disable", self.provider)
+            self._runs = [_ProfileRun(p, plan, out) for p, plan, out in discover_profiles(
+                self.proto, lambda feeds: V.run(ref, feeds), self.spec, self.npz, self.user_profiles)]
+        return self._runs
+
+    @property
+    def plan(self) -> InputPlan | None:
+        """The first profile's inputs (None before anything ran)."""
+        return self._runs[0].plan if self._runs else None
+
+    @property
+    def feeds(self) -> dict:
+        return self.runs[0].plan.feeds
+
+    def profiles(self) -> list[tuple[str, float, InputPlan]]:
+        """(name, weight, inputs) of every profile that ran; [] before anything ran."""
+        return [(r.profile.name, r.profile.weight, r.plan) for r in self._runs or []]
+
     def check(self, proto: onnx.ModelProto, info: LoadInfo) -> _Verdict:
-        reference = self.reference  # first: it settles the inputs
+        runs = self.runs  # first: it settles the inputs
         cand = _Candidate(proto, info)
         try:
             try:
                 if cand.checkable:
                     onnx.checker.check_model(cand.source if isinstance(cand.source, str) else proto)
             except onnx.checker.ValidationError as e:
-                return _Verdict(False, [], f"onnx.checker rejects the model: {str(e).strip().splitlines()[0]}")
+                return _Verdict(False, [], f"onnx.checker rejects the model: {str(e).strip().splitlines()[0]}",
+                                node=V.failing_node(str(e)))
             worst: list[V.OutputCheck] = []
             notes: list[str] = []
             for level in ("disable", "all"):
                 try:
                     sess = V.make_session(cand.source, level, self.provider)
-                    got = V.run(sess, self.feeds)
+                    outs = [V.run(sess, r.plan.feeds) for r in runs]
                     del sess  # one session at a time: big models must not be held twice
                 except OnnxfuseError as e:
-                    return _Verdict(False, worst, f"onnxruntime ({level}) fails: {e.message}")
-                checks = V.compare_outputs(reference, got, self.tolerance)
-                bad = [c for c in checks if not c.passed]
-                if bad and level == "all":
-                    # onnxruntime's own optimizations may change the original's outputs too: then the fair
-                    # reference at this level is the original at this level
-                    own = V.compare_outputs(self.reference_at("all"), got, self.tolerance)
-                    if all(c.passed for c in own):
-                        notes.extend(f"onnxruntime's ORT_ENABLE_ALL changes output {c.name!r} of the original model "
-                                     f"too (max abs {c.max_abs:.3g}); compared against the original at that level"
-                                     for c in bad)
-                        bad = []
-                if bad:
-                    c = bad[0]
-                    return _Verdict(False, checks, f"output {c.name!r} differs at ORT level {level}: max abs "
-                                                   f"{c.max_abs:.3g}, needs tolerance {c.min_tolerance:.3g} "
-                                                   f"(allowed rtol {c.tolerance.rtol:g}, atol {c.tolerance.atol:g})"
-                                                   + (f"; {c.note}" if c.note else ""))
-                if level == "disable":
-                    worst = checks
+                    return _Verdict(False, worst, f"onnxruntime ({level}) fails: {e.message}",
+                                    node=V.failing_node(e.message))
+                for r, got in zip(runs, outs, strict=True):
+                    where = f" ({r.profile.name} profile)" if len(runs) > 1 else ""
+                    checks = V.compare_outputs(r.reference, got, self.tolerance)
+                    bad = [c for c in checks if not c.passed]
+                    if bad and level == "all":
+                        # onnxruntime's own optimizations may change the original's outputs too: then the fair
+                        # reference at this level is the original at this level
+                        own = V.compare_outputs(self._at_all(r), got, self.tolerance)
+                        if all(c.passed for c in own):
+                            notes.extend(f"onnxruntime's ORT_ENABLE_ALL changes output {c.name!r} of the original "
+                                         f"model too{where} (max abs {c.max_abs:.3g}); compared against the "
+                                         "original at that level" for c in bad)
+                            bad = []
+                    if bad:
+                        c = bad[0]
+                        return _Verdict(False, checks, f"output {c.name!r} differs at ORT level {level}{where}: "
+                                                       f"max abs {c.max_abs:.3g}, needs tolerance "
+                                                       f"{c.min_tolerance:.3g} (allowed rtol {c.tolerance.rtol:g}, "
+                                                       f"atol {c.tolerance.atol:g})"
+                                                       + (f"; {c.note}" if c.note else ""))
+                    if level == "disable" and r is runs[0]:
+                        worst = checks
             return _Verdict(True, worst, "", notes)
         finally:
             cand.close()
 
-    @property
-    def reference(self) -> dict:
-        """The original's outputs at ORT_DISABLE_ALL (computed on first use: nothing to compare otherwise)."""
-        if self._reference is None:
-            ref = V.make_session(self.input_path, "disable", self.provider)
-            try:
-                self._reference = V.run(ref, self.feeds)
-            except InputSpecError:
-                if self.user_inputs:
-                    raise
-                self.feeds, self._reference = _retry_larger(ref, self.proto)
-        return self._reference
+    def _at_all(self, r: _ProfileRun) -> dict:
+        if r.at_all is None:
+            r.at_all = V.run(V.make_session(self.input_path, "all", self.provider), r.plan.feeds)
+        return r.at_all
+
+    def timing_profiles(self) -> list[tuple[float, dict]]:
+        """(weight, feeds) per profile for measured selection: batch 1 (the usual deployment; validation runs
+        batch 2, which exposes batch-broadcasting bugs) unless the user gave the inputs."""
+        out = []
+        for r in self.runs:
+            feeds = None if self.user_inputs else at_batch(self.proto, r.plan, 1)
+            out.append((r.profile.weight, feeds if feeds is not None else r.plan.feeds))
+        return out
 
     def branch_values(self, proto: onnx.ModelProto, info: LoadInfo) -> dict[str, bool]:
         """The condition of each top-level If (by the condition's value name) on the validation inputs and on
-        the timing inputs (batch 1), where both agree: the branch that validation checks and timing measures.
+        the timing inputs, where all agree: the branch that validation checks and timing measures.
         Run on the original at ORT_DISABLE_ALL with the conditions as extra outputs; {} when it has none."""
         g = proto.graph
         fixed = {i.name for i in g.input} | {t.name for t in g.initializer}
@@ -325,7 +364,7 @@ class _Validator:
                                    and n.input and n.input[0] not in fixed))
         if not conds:
             return {}
-        _ = self.reference  # settles the inputs
+        feeds_sets = [r.plan.feeds for r in self.runs] + [f for _, f in self.timing_profiles()]
         probe = onnx.ModelProto()
         probe.CopyFrom(proto)
         outputs = {o.name for o in probe.graph.output}
@@ -334,23 +373,17 @@ class _Validator:
         cand = _Candidate(probe, info)
         try:
             sess = V.make_session(cand.source, "disable", self.provider)
-            runs = [V.run(sess, feeds) for feeds in (self.feeds, _timing_feeds(self))]
+            results = [V.run(sess, feeds) for feeds in feeds_sets]
         except (OnnxfuseError, InputSpecError):
             return {}
         finally:
             cand.close()
         values: dict[str, bool] = {}
         for c in conds:
-            seen = {bool(r[c].reshape(-1)[0]) for r in runs if c in r and r[c].size == 1}
+            seen = {bool(r[c].reshape(-1)[0]) for r in results if c in r and r[c].size == 1}
             if len(seen) == 1:
                 values[c] = seen.pop()
         return values
-
-    def reference_at(self, level: str) -> dict:
-        if level not in self._references:
-            sess = V.make_session(self.input_path, level, self.provider)
-            self._references[level] = V.run(sess, self.feeds)
-        return self._references[level]
 
 
 def _build(input_path: str, rules: list[Rule], base: EngineOptions, deny: set[tuple[str, str]],
@@ -441,7 +474,7 @@ def _optimize(shown_path: str, input_path: str, output_path: str | None, opts: O
     rolled_back: list[Rollback] = []
     checks: list[V.OutputCheck] = []
     status = "skipped (--no-validate)"
-    if opts.validate and not eng.applications:
+    if opts.validate and not eng.applications and not info.repairs:  # repaired: check the copy is still exact
         status = "not needed: nothing was rewritten"
     elif opts.validate:
         assert validator is not None
@@ -451,18 +484,27 @@ def _optimize(shown_path: str, input_path: str, output_path: str | None, opts: O
                       "provider is installed")
         else:
             verdict = validator.check(proto, info)
+            bisections = 0
             while not verdict.ok and eng.applications:
-                if len(rolled_back) >= MAX_ROLLBACKS:
-                    raise OnnxfuseError(f"validation still fails after rolling back {MAX_ROLLBACKS} rewrites: "
-                                        f"{verdict.reason}; nothing written")
-                culprit = _bisect(input_path, rules, base, deny, len(eng.applications), validator)
-                rolled_back.append(Rollback(culprit.rule, culprit.root, verdict.reason))
+                culprit = _creator(verdict.node, eng, rules)
+                if culprit is not None and len(rolled_back) < MAX_NAMED_ROLLBACKS:
+                    rolled_back.append(Rollback(culprit.rule, culprit.root, f"the failure names node "
+                                                f"{verdict.node!r}, created by this rewrite: {verdict.reason}",
+                                                verdict.node))
+                else:
+                    if bisections >= MAX_ROLLBACKS or len(rolled_back) >= MAX_NAMED_ROLLBACKS:
+                        raise OnnxfuseError(f"validation still fails after rolling back {len(rolled_back)} "
+                                            f"rewrites: {verdict.reason}; nothing written")
+                    bisections += 1
+                    culprit = _bisect(input_path, rules, base, deny, validator)
+                    rolled_back.append(Rollback(culprit.rule, culprit.root, verdict.reason))
                 deny.add(culprit.key)
                 model, info, eng = _build(input_path, rules, base, deny)
                 proto = model.export()
                 verdict = validator.check(proto, info)
             if not verdict.ok:
-                raise OnnxfuseError(f"the original model itself does not pass validation: {verdict.reason}")
+                what = "the repaired model" if info.repairs and not eng.applications else "the original model itself"
+                raise OnnxfuseError(f"{what} does not pass validation: {verdict.reason}")
             checks = verdict.checks
             status = "passed" + note + (f" after rolling back {len(rolled_back)} rewrite(s)" if rolled_back else "")
             status += "".join(f"; note: {n}" for n in verdict.notes)
@@ -487,8 +529,36 @@ def _optimize(shown_path: str, input_path: str, output_path: str | None, opts: O
         nodes_before=sum(before.values()), nodes_after=sum(after.values()),
         ops_before=dict(before), ops_after=dict(after), applications=eng.applications, skipped=eng.skipped,
         rolled_back=rolled_back, checks=checks, validation=status, timings=timings, written=written,
-        sweeps=eng.sweeps, measure=measured,
+        sweeps=eng.sweeps, measure=measured, inputs=validator.plan if validator is not None else None,
+        profiles=validator.profiles() if validator is not None else [],
+        repairs=list(info.repairs), load_notes=list(info.notes),
+        peak_rss_bytes=_peak_rss_bytes(),
     )
+
+
+def find_inputs(model_path: str, shapes: list[str] | None = None, inputs_npz: str | None = None,
+                target: str = "cpu", probe: bool = True, budget_bytes: int | None = None) -> InputPlan:
+    """The inputs `optimize` would validate and measure on, and why: discovered from the model (see
+    inputs.py) and, with `probe`, settled by running the original on the target's execution provider."""
+    model, _ = load_model(model_path)
+    spec = V.parse_shape_specs(shapes) if shapes else V.ShapeSpec()
+    provider = "cpu" if target == "cuda" and not provider_registered("cuda") else target
+    run_on = None
+    if probe:
+        sess = V.make_session(model_path, "disable", provider)
+
+        def run_on(feeds: dict) -> dict:
+            return V.run(sess, feeds)
+    plan, _ = discover(model.proto, run_on, spec, inputs_npz, budget_bytes=budget_bytes)
+    return plan
+
+
+def _peak_rss_bytes() -> int:
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
 
 
 def _measure(input_path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions,
@@ -503,9 +573,11 @@ def _measure(input_path: str, rules: list[Rule], opts: OptimizeOptions, base: En
         note = (f"not measured: {weights / 2**30:.1f} GiB of weights; timing variants side by side would hold "
                 "several copies in memory (validation still ran, one session at a time)")
         return MeasureReport(opts.target, opts.measure_threads, 0, note=note), model, info, eng, proto
-    _ = validator.reference  # settles the inputs (default dims may have had to grow)
-    feeds = _timing_feeds(validator)
-    time_fn = make_time_fn(opts.target, opts.measure_threads, opts.measure_budget_s)
+    profiles = validator.timing_profiles()  # settles the inputs
+    feeds = profiles[0][1]
+    time_fn = make_time_fn(opts.target, opts.measure_threads, opts.measure_budget_s / len(profiles))
+    if len(profiles) > 1:  # a group is kept only if it wins on the weighted total over the profiles
+        time_fn = weighted_time_fn(time_fn, profiles)
     by_id = {r.id: r for r in rules}
     allowed = {a.rule for a in eng.applications if a.rule in by_id}  # folding is exact: always on
     earlier: list = []  # groups dropped in the first pass
@@ -571,36 +643,65 @@ def _select_groups(input_path: str, by_id: dict[str, Rule], allowed: set[str], e
             c.close()
 
 
-def _timing_feeds(validator: _Validator) -> dict:
-    """Validation runs a batch of 2 (it exposes batch-broadcasting bugs); latency is timed at batch 1, the usual
-    deployment, unless the user gave the inputs."""
-    if validator.user_inputs:
-        return validator.feeds
-    batch_dims = {d.dim_param for i in validator.proto.graph.input for d in i.type.tensor_type.shape.dim[:1]
-                  if d.dim_param and V.is_batch_name(d.dim_param)}
-    if not batch_dims:
-        return validator.feeds
-    shapes = {k: [1, *v.shape[1:]] if v.ndim else [] for k, v in validator.feeds.items()}
-    try:
-        return V.make_inputs(validator.proto, V.ShapeSpec(tensors={k: s for k, s in shapes.items() if s},
-                                                          dims={d: 1 for d in batch_dims}))
-    except InputSpecError:
-        return validator.feeds
+def _creator(node: str, eng: EngineResult, rules: list[Rule]) -> Application | None:
+    """The rule rewrite that created `node` (the node a failure names), or None: no node named, an original
+    node, or one only an exact pass (folding) created. A node a rule created and If inlining later copied out
+    of a branch is still that rule's."""
+    if not node:
+        return None
+    ids = {r.id for r in rules}
+    return next((a for a in reversed(eng.applications) if a.rule in ids and node in a.created), None)
 
 
-def _bisect(input_path: str, rules: list[Rule], base: EngineOptions, deny: set[tuple[str, str]], n: int,
+def _bisect(input_path: str, rules: list[Rule], base: EngineOptions, deny: set[tuple[str, str]],
             validator: _Validator) -> Application:
-    """Smallest prefix of the (deterministic) rewrite sequence that fails: its last rewrite is the culprit."""
-    lo, hi = 0, n  # prefix lo passes (the original), prefix hi fails
+    """The culprit among the rules' rewrites: the last rewrite of the smallest failing prefix. A prefix is the
+    first k rule rewrites with the exact passes (folding) before and after them, as in the full run, so a fused
+    node is checked with the inputs folding gives it and an exact pass is never blamed for a rule's node. Only
+    when folding alone fails (no rule rewrite at all) is a folding step the culprit (_bisect_exact)."""
+    ids = {r.id for r in rules}
+
+    def rule_apps(k: int | None) -> list[Application]:
+        _, _, eng = _build(input_path, rules, base, deny, max_rewrites=k)
+        return [a for a in eng.applications if a.rule in ids]
+
+    def fails(k: int) -> bool:
+        model, info, _ = _build(input_path, rules, base, deny, max_rewrites=k)
+        return not validator.check(model.export(), info).ok
+
+    n = len(rule_apps(None))
+    lo, hi = 0, n  # prefix lo is assumed to pass (checked below when it matters), prefix hi fails
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        model, info, _ = _build(input_path, rules, base, deny, max_rewrites=mid)
-        if validator.check(model.export(), info).ok:
-            lo = mid
-        else:
+        if fails(mid):
             hi = mid
-    _, _, eng = _build(input_path, rules, base, deny, max_rewrites=hi)
-    return eng.applications[hi - 1]
+        else:
+            lo = mid
+    if hi == 0 or (hi == 1 and fails(0)):
+        return _bisect_exact(input_path, rules, base, deny, validator)
+    return rule_apps(hi)[hi - 1]
+
+
+def _bisect_exact(input_path: str, rules: list[Rule], base: EngineOptions, deny: set[tuple[str, str]],
+                  validator: _Validator) -> Application:
+    """Folding alone fails validation: the exact step whose prefix (the later steps denied) first fails."""
+    _, _, eng = _build(input_path, rules, base, deny, max_rewrites=0)
+    steps = eng.applications
+    if not steps:
+        raise OnnxfuseError("validation fails, but no rewrite is left to roll back; nothing written")
+
+    def fails(k: int) -> bool:
+        model, info, _ = _build(input_path, rules, base, deny | {a.key for a in steps[k:]}, max_rewrites=0)
+        return not validator.check(model.export(), info).ok
+
+    lo, hi = 0, len(steps)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fails(mid):
+            hi = mid
+        else:
+            lo = mid
+    return steps[hi - 1]
 
 
 @dataclass

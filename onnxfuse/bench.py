@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 
 from . import validate as V
+from .inputs import discover
 from .measure import SIGNIFICANT, Ratio, paired_ratio
 
 Progress = Callable[[str, float], None]  # (what, fraction done)
@@ -131,6 +132,15 @@ def _load(path: str, provider: str, threads: int, level: str):
     return s, (time.perf_counter() - t) * 1e3
 
 
+def _probed_inputs(path: str, proto: onnx.ModelProto, spec: V.ShapeSpec | None, inputs_npz: str | None,
+                   provider: str) -> dict:
+    """The inputs optimize would use (inputs.py): read from the model and probed on it (one session, closed
+    before timing starts)."""
+    probe = V.make_session(path, "disable", provider)
+    plan, _ = discover(proto, lambda feeds: V.run(probe, feeds), spec, inputs_npz)
+    return plan.feeds
+
+
 def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cpu", threads: int = 1,
           level: str = "all", shapes: list[str] | None = None, inputs_npz: str | None = None,
           min_runs: int = 50, budget_s: float = 5.0, batches: list[int] | None = None,
@@ -138,7 +148,7 @@ def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cp
     labels = labels or [chr(ord("A") + i) for i in range(len(paths))]
     spec = V.parse_shape_specs(shapes) if shapes else None
     proto = onnx.load(paths[0], load_external_data=False)
-    feeds = V.make_inputs(proto, spec, inputs_npz)
+    feeds = _probed_inputs(paths[0], proto, spec, inputs_npz, provider)
     sessions, load_ms, first_ms, warm = {}, {}, {}, {}
     # with two models, a second session of A (created last) measures what order and placement alone do
     control = len(paths) == 2

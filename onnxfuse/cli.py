@@ -50,6 +50,9 @@ def optimize(
     shape: Annotated[list[str] | None, typer.Option("--shape", help="Input shape name:1x3x224x224, or a "
                                                     "symbolic dim batch=4 (repeatable).")] = None,
     inputs: Annotated[str | None, typer.Option("--inputs", help="Validation inputs from an .npz file.")] = None,
+    profile: Annotated[list[str] | None, typer.Option("--profile", help="A named shape profile NAME:DIM=V,..."
+                                                      "[@WEIGHT] (repeatable): validated on each, measured on "
+                                                      "their weighted total.")] = None,
     rtol: Annotated[float | None, typer.Option("--rtol", help="Relative tolerance (default by dtype).")] = None,
     atol: Annotated[float | None, typer.Option("--atol", help="Absolute tolerance (default by dtype).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Allow OUTPUT to be the input file.")] = False,
@@ -79,7 +82,7 @@ def optimize(
                            target=_target(target), validate=not no_validate, shapes=shape or [],
                            inputs_npz=inputs, rtol=rtol, atol=atol, force=force, dry_run=dry_run,
                            measure=not no_measure, fold=not no_fold, pad_channels=pad_channels, static=static,
-                           measure_threads=threads, measure_budget_s=measure_budget)
+                           measure_threads=threads, measure_budget_s=measure_budget, profiles=profile or [])
     if threads < 1 or measure_budget <= 0:
         raise OnnxfuseError("--threads must be >= 1 and --measure-budget > 0")
     if (bench_after or html) and dry_run:
@@ -276,13 +279,20 @@ def profile(
 
 @patterns_app.command("list")
 def patterns_list(patterns: PatternsOpt = None,
-                  no_builtin: Annotated[bool, typer.Option("--no-builtin")] = False) -> None:
+                  no_builtin: Annotated[bool, typer.Option("--no-builtin")] = False,
+                  target: Annotated[str | None, typer.Option("--target", "-t", help="Say for each rule whether it "
+                                                             "is used on this target (cpu or cuda), and why not.")]
+                  = None) -> None:
     """All rules, in the order they are tried (bigger matches first)."""
     from .api import load_rules
-    from .report import print_rules
+    from .report import print_rule_usage, print_rules
     from .rewrite.engine import order_rules
 
-    print_rules(order_rules(load_rules(patterns or [], not no_builtin)), out)
+    rules = order_rules(load_rules(patterns or [], not no_builtin))
+    if target is None:
+        print_rules(rules, out)
+    else:
+        print_rule_usage(rules, _target(target), out)
 
 
 @patterns_app.command("show")
@@ -363,6 +373,33 @@ def patterns_schema() -> None:
     from .patterns.spec import json_schema_text
 
     sys.stdout.write(json_schema_text())
+
+
+@app.command("inputs")
+def inputs_cmd(
+    model: Annotated[str, typer.Argument(help="Model to inspect.")],
+    shape: BenchShape = None,
+    target: TargetOpt = "cpu",
+    no_probe: Annotated[bool, typer.Option("--no-probe", help="Do not run the model; print the first "
+                                           "candidate within the memory budget.")] = False,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The input shapes optimize would use when none are given, and why (read from the model, probed on it)."""
+    from .api import find_inputs
+    from .inputs import fmt_bytes
+
+    plan = find_inputs(model, shape or [], None, _target(target), probe=not no_probe)
+    if as_json:
+        print(json.dumps({"schema": "onnxfuse.inputs/1", **plan.to_json()}, indent=2))
+        return
+    for name, arr in plan.feeds.items():
+        out.print(f"{name}: {arr.dtype.name}[{'x'.join(map(str, arr.shape)) or 'scalar'}]", markup=False)
+    for d in plan.dims:
+        out.print(f"  {d.key} = {d.value} ({d.role}: {d.why})", markup=False)
+    for t in plan.tried:
+        out.print(f"  did not run: {t}", markup=False)
+    out.print(f"estimated activations and inputs: {fmt_bytes(plan.estimate_bytes)} (memory budget "
+              f"{fmt_bytes(plan.budget_bytes)})")
 
 
 @app.command()

@@ -119,7 +119,7 @@ def _profile_section(profiles: list[ProfileResult], labels: list[str]) -> str:
             s = next((s for s in p.by_type if s.op == op), None)
             row += ["" if s is None else f"{s.calls_per_run:.0f}", "" if s is None else f"{s.total_us / 1e3:.3f}",
                     "" if s is None else f"{s.share * 100:.1f}%", "" if s is None else f"{s.gflops:.2f}",
-                    "" if s is None else f"{s.gbytes:.2f}"]
+                    "" if s is None else s.gbytes_text]
         rows.append(row)
     heads = ["op"] + [f"{lab} {h}" for lab in labels for h in ("calls", "ms", "share", "GFLOP/s", "GB/s")]
     out.append(_table(heads, rows))

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import onnx
 from google.protobuf.message import DecodeError
 
+from . import repair as R
 from .errors import ModelError
-from .ir import Graph, Model, _type_from_proto, external_info
+from .ir import Graph, Model, _type_from_proto, external_info, iter_nodes
 
 TWO_GB = 2**31
 EXTERNAL_THRESHOLD = 1024  # bytes: tensors at least this large go to the external data file
@@ -23,6 +24,8 @@ class LoadInfo:
     size_bytes: int
     external_data: bool
     external_bytes: int
+    repairs: tuple[str, ...] = ()  # harmless defects repaired in the loaded copy (repair.py), one line each
+    notes: tuple[str, ...] = ()  # what loading noticed and kept as it is
 
 
 def _first_line(e: BaseException) -> str:
@@ -31,7 +34,11 @@ def _first_line(e: BaseException) -> str:
 
 
 def load_model(path: str) -> tuple[Model, LoadInfo]:
-    """Load a model without pulling external data into memory; run shape inference for value types."""
+    """Load a model without pulling external data into memory; repair harmless defects onnxruntime tolerates
+    (repair.py); run shape inference for value types.
+
+    A model onnx.checker rejects is accepted when onnxruntime creates a session for it (CPU, ORT_DISABLE_ALL)
+    and the repairs make the checker pass; otherwise one ModelError line says why."""
     if not os.path.exists(path):
         raise ModelError(f"{path}: no such file")
     if os.path.isdir(path):
@@ -49,12 +56,54 @@ def load_model(path: str) -> tuple[Model, LoadInfo]:
         raise ModelError(f"{path}: not a valid ONNX model (no graph)")
     base_dir = os.path.dirname(os.path.abspath(path))
     ext_bytes = _check_external_data(proto, base_dir, path)
-    _check_model(proto, path, ext_bytes > 0)
+    refused = _check_model(proto, path, ext_bytes > 0)
+    if refused:  # onnx.checker rejects it: the bar is whether onnxruntime loads it
+        probe = R.ort_probe(path)
+        if probe.error:
+            raise ModelError(f"{path}: invalid model: onnxruntime cannot load it ({probe.error})")
+    fixed = R.repair_model(proto, (lambda: R.ort_probe(path)) if refused else None, R.file_key(path))
+    if fixed.suspect and not refused:  # defects onnxruntime usually refuses: it says so in one line
+        probe = R.ort_probe(path)
+        if probe.error:
+            raise ModelError(f"{path}: invalid model: onnxruntime cannot load it ({probe.error})")
+    if refused or fixed.done:
+        _recheck(proto, path, refused)
     inferred = _infer_types(proto)
     model = Model(proto, base_dir)
+    model.names.update(n.name for n in iter_nodes(proto.graph))  # node names given by a repair stay unique
     if inferred is not None:
         _merge_types(model.graph, inferred.graph)
-    return model, LoadInfo(path, size, ext_bytes > 0, ext_bytes)
+    return model, LoadInfo(path, size, ext_bytes > 0, ext_bytes, tuple(fixed.done), tuple(fixed.notes))
+
+
+def _recheck(proto: onnx.ModelProto, path: str, refused: str | None) -> None:
+    """The repaired copy must pass onnx.checker (the output is checked with it too)."""
+    left = R.unrepairable(proto)
+    if left:
+        raise ModelError(f"{path}: {left[0]}", hint=left[1])
+    error = _checker_error(_checkable(proto))
+    if error and refused:
+        before = f" (before repair: {refused})" if refused != error else ""
+        raise ModelError(f"{path}: invalid model: onnxruntime loads it, but onnx.checker still rejects it after "
+                         f"repair: {error}{before}")
+    if error:
+        raise ModelError(f"{path}: invalid model: onnx.checker rejects the repaired copy: {error}")
+
+
+def _checkable(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """`proto`, or a copy whose external tensors are empty stubs: the checker resolves external data only for a
+    model given by path, and the data was checked when the original was."""
+    if not any(t.data_location == onnx.TensorProto.EXTERNAL for t in _all_tensors(proto.graph)):
+        return proto
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    for t in _all_tensors(copy.graph):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            del t.external_data[:]
+            del t.dims[:]
+            t.dims.append(0)
+            t.data_location = onnx.TensorProto.DEFAULT
+    return copy
 
 
 def _all_tensors(graph: onnx.GraphProto):
@@ -96,7 +145,8 @@ def _check_external_data(proto: onnx.ModelProto, base_dir: str, path: str) -> in
     return total
 
 
-def _check_model(proto: onnx.ModelProto, path: str, external: bool) -> None:
+def _check_model(proto: onnx.ModelProto, path: str, external: bool) -> str | None:
+    """Raise for what onnxfuse cannot handle; return onnx.checker's complaint (first line), None if it passes."""
     max_opset = onnx.defs.onnx_opset_version()
     for o in proto.opset_import:
         if o.domain in ("", "ai.onnx") and o.version > max_opset:
@@ -105,13 +155,18 @@ def _check_model(proto: onnx.ModelProto, path: str, external: bool) -> None:
                 hint="upgrade the onnx package",
             )
     _check_graph_structure(proto.graph, path, set())
+    # with external data the checker must see the file's folder to resolve data locations
+    return _checker_error(path if external else proto)
+
+
+def _checker_error(model: onnx.ModelProto | str) -> str | None:
     try:
-        # with external data the checker must see the file's folder to resolve data locations
-        onnx.checker.check_model(path if external else proto)
+        onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
         if "topologically sorted" in str(e):
-            return  # acyclic (checked above) but out of order: the writer emits a sorted graph
-        raise ModelError(f"{path}: invalid model: {_first_line(e)}") from None
+            return None  # acyclic (checked before) but out of order: the writer emits a sorted graph
+        return _first_line(e)
+    return None
 
 
 def _check_graph_structure(graph: onnx.GraphProto, path: str, outer: set[str]) -> None:

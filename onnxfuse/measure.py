@@ -256,6 +256,23 @@ def _regions(report: MeasureReport, effects: dict[str, GroupEffect], groups: dic
     return partial
 
 
+def weighted_time_fn(time_fn: TimeFn, profiles: list[tuple[float, dict[str, np.ndarray]]]) -> TimeFn:
+    """Times every shape profile (prefill, decode) and adds them per interleaved round, weighted: a group then
+    counts by its effect on the weighted total latency. The feeds passed in are ignored."""
+
+    def timed(sources: dict[str, Source], _feeds: dict[str, np.ndarray]) -> dict[str, list[float]]:
+        total: dict[str, list[float]] = {}
+        for weight, feeds in profiles:
+            times = time_fn(sources, feeds)
+            for label, ts in times.items():
+                prev = total.get(label)
+                total[label] = [weight * t for t in ts] if prev is None else [
+                    a + weight * b for a, b in zip(prev, ts, strict=False)]
+        return total
+
+    return timed
+
+
 def make_time_fn(provider: str, threads: int, budget_s: float, min_runs: int = 30) -> TimeFn:
     """Interleaved timing on onnxruntime at ORT_ENABLE_ALL, with the bench protocol (bench.py)."""
 

@@ -138,3 +138,30 @@ def _plain(value: object) -> object:
     if isinstance(value, list):
         return [_plain(v) for v in value]
     return value
+
+
+@functools.cache
+def input_type_str(domain: str, op: str, index: int, opset: int | None = None) -> str | None:
+    """The type constraint name (e.g. 'T') of input `index` of `op`, or None when unknown or the input has a
+    fixed type. A variadic last input covers every later index."""
+    domain = "" if domain == "ai.onnx" else domain
+    try:
+        if domain == "":
+            schema = onnx.defs.get_schema(op, opset, "") if opset is not None else onnx.defs.get_schema(op, "")
+            inputs = [(i.type_str, i.option) for i in schema.inputs]
+            variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
+        else:
+            s = _contrib_schemas().get((domain, op))
+            if s is None:
+                return None
+            inputs = [(i.typeStr, i.option) for i in s.inputs]
+            variadic = type(s.inputs[0].option).Variadic if s.inputs else None
+    except onnx.defs.SchemaError:
+        return None
+    if not inputs:
+        return None
+    if index >= len(inputs):
+        if inputs[-1][1] != variadic:
+            return None
+        index = len(inputs) - 1
+    return inputs[index][0]

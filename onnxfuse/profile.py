@@ -1,6 +1,11 @@
 """Where the time goes: onnxruntime's profiler per op type and per node, bytes moved and FLOPs per node (from
 the shapes the profiler records), achieved FLOP/s and bytes/s against peaks measured on this machine, and the
-three memory-bound signals in plain words."""
+three memory-bound signals in plain words.
+
+Bytes per call count what the kernel touches (node_bytes): a Gather reads the rows it returns, not its table;
+Shape/Size read no data; a view (Reshape, Squeeze, ...) moves nothing unless onnxruntime must copy it; weights
+onnxruntime pre-packed (absent from the profiler's record) are read on every call and counted. An op type whose
+rate still comes out above CACHE_FACTOR x the measured copy peak is not shown as a bandwidth (see residency)."""
 
 from __future__ import annotations
 
@@ -21,6 +26,12 @@ from .bench import run_times
 DTYPE_BYTES = {"float": 4, "float16": 2, "bfloat16": 2, "double": 8, "int64": 8, "int32": 4, "int8": 1,
                "uint8": 1, "bool": 1, "int16": 2, "uint16": 2, "uint32": 4, "uint64": 8}
 SHORT_US = 5.0  # an op call shorter than this is dominated by per-op overhead
+# A rate above CACHE_FACTOR x the measured copy peak did not come from memory. The copy peak counts 2 bytes per
+# element copied, but the copy also reads each destination line before writing it (write-allocate): 3 bytes of
+# traffic. A kernel that mostly reads can so show up to 1.5x the copy figure from memory; above that its data
+# was in cache (or, if it could not fit there, the bytes model is wrong: the test over the bundled models keeps
+# that from happening).
+CACHE_FACTOR = 1.5
 CONV_OPS = {"Conv", "FusedConv", "NhwcConv", "NhwcFusedConv", "QLinearConv", "ConvInteger"}
 MATMUL_OPS = {"MatMul", "FusedMatMul", "MatMulInteger", "MatMulNBits", "TransposeMatMul", "QLinearMatMul"}
 GEMM_OPS = {"Gemm", "FusedGemm"}
@@ -32,8 +43,9 @@ NORM_OPS = {"LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNorm
 @dataclass
 class Peaks:
     gflops: float  # measured GEMM FLOP/s (GFLOP/s) at the profiling thread count
-    gbytes: float  # measured memory copy bandwidth (GB/s, read + write)
+    gbytes: float  # measured memory copy bandwidth (GB/s, read + write) at the profiling thread count
     profiler_inside: float = 0.0  # fraction of the profiler's slowdown inside kernel events (calibrated)
+    cache_bytes: int = 0  # the last-level cache of this machine (bytes; 0 if unknown)
 
 
 @dataclass
@@ -59,9 +71,18 @@ class OpStat:
     share: float
     mean_us: float
     gflops: float  # achieved
-    gbytes: float  # achieved
+    gbytes: float  # achieved, by the bytes model (see residency before reading it as memory bandwidth)
     flop_util: float
-    byte_util: float
+    byte_util: float  # gbytes / the measured copy peak
+    # "memory": gbytes is memory bandwidth; "cache": over CACHE_FACTOR x the copy peak, and every node's bytes per
+    # call fit in the last-level cache; "unexplained": over it with more data than the cache holds (a bytes-model
+    # or timing error). Only "memory" rates are printed as GB/s.
+    residency: str = "memory"
+
+    @property
+    def gbytes_text(self) -> str:
+        """The GB/s cell of a report: the rate only where it can be memory bandwidth."""
+        return {"cache": "in cache", "unexplained": "?"}.get(self.residency, f"{self.gbytes:.2f}")
 
 
 @dataclass
@@ -93,13 +114,168 @@ class ProfileResult:
         }
 
 
-def _shape_bytes(entries: list[dict]) -> tuple[float, list[list[int]]]:
-    total, shapes = 0.0, []
-    for e in entries or []:
-        for dtype, dims in e.items():
-            shapes.append(list(dims))
-            total += float(np.prod(dims) if dims else 1) * DTYPE_BYTES.get(dtype, 4)
-    return total, shapes
+# --- bytes model: what one kernel call reads and writes ------------------------------------------------------
+# The profiler records the shapes of the inputs a call sees, in order, leaving out absent optional inputs and
+# initializers onnxruntime pre-packed and released (MatMul/Gemm/Attention weights): those are added back from the
+# model file (or, for a node onnxruntime renamed, from the shapes). Everything not listed below reads every input
+# once and writes every output once (elementwise ops, Expand (reads its input once), Concat, Transpose,
+# normalisations, attention's inputs, weights and outputs; attention's S x S scores are not counted).
+SHAPE_OPS = {"Shape", "Size"}  # read the input's shape, not its data
+# Views: onnxruntime hands the input's buffer on (zero bytes) unless the input is a graph input or the output is
+# a graph output, where it copies (measured: a Reshape of a 16 MiB graph input takes as long as a Neg of it).
+VIEW_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Dropout", "ExpandDims"}
+ROW_OPS = {"Gather", "GatherElements", "GatherND", "Slice"}  # read only the elements they return
+TABLE_OPS = {"EmbedLayerNormalization"}  # ids index embedding tables: the rows read, not the tables
+ROTARY_OPS = {"RotaryEmbedding"}  # cos/sin caches indexed by position: the rows read
+LOOKUP_WEIGHT_OPS = MATMUL_OPS | GEMM_OPS | {"Attention"}  # whole I/O, and weights onnxruntime may pre-pack
+# Ops checked to read each input once and write each output once (the default for any op not listed anywhere
+# here; a rule that creates an op in none of these sets fails the test that keeps this list honest).
+WHOLE_IO_OPS = {
+    "Abs", "Add", "Sub", "Mul", "Div", "Neg", "Sqrt", "Exp", "Erf", "Relu", "LeakyRelu", "Sigmoid", "Tanh",
+    "HardSigmoid", "HardSwish", "Gelu", "BiasGelu", "FastGelu", "QuickGelu", "IsNaN", "Where", "Cast", "Expand",
+    "Concat", "Split", "Transpose", "Pad", "Resize", "ReduceMean", "ReduceSum", "Softmax", "LayerNormalization",
+    "BatchNormalization", "InstanceNormalization", "RMSNormalization", "SkipLayerNormalization",
+    "SkipSimplifiedLayerNormalization", "Conv", "FusedConv", "NhwcConv", "MultiHeadAttention",
+}
+INT_TYPES = {"int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64"}
+
+
+def _entries(raw: list[dict] | None) -> list[tuple[str, list[int]]]:
+    return [(dtype, list(dims)) for e in raw or [] for dtype, dims in e.items()]
+
+
+def _elements(dims: list[int]) -> float:
+    return float(np.prod(dims)) if dims else 1.0
+
+
+def _nbytes(entry: tuple[str, list[int]]) -> float:
+    return _elements(entry[1]) * DTYPE_BYTES.get(entry[0], 4)
+
+
+def _rows_read(table: tuple[str, list[int]], rows: float) -> float:
+    """A [rows, ...] table of which `rows` rows are read (at most the whole table)."""
+    dims = table[1]
+    if not dims or dims[0] <= 0:
+        return _nbytes(table)
+    return min(_nbytes(table), rows * _nbytes(table) / dims[0])
+
+
+def node_bytes(op: str, inputs: list[dict], outputs: list[dict], released: float | None = None,
+               view_copies: bool = False) -> float:
+    """Bytes one call moves, from the profiler's input_type_shape / output_type_shape. `released`: bytes of
+    initializers onnxruntime pre-packed and left out of the record (None: unknown, inferred from the shapes for
+    MatMul, Gemm and Attention); `view_copies`: a view op that onnxruntime has to copy (graph input or output)."""
+    ins, outs = _entries(inputs), _entries(outputs)
+    written = sum(_nbytes(o) for o in outs)
+    extra = _inferred_weights(op, ins, outs) if released is None else released
+    if op in SHAPE_OPS:
+        return written
+    if op in VIEW_OPS:
+        meta = sum(_nbytes(e) for e in ins[1:])  # Reshape's shape, Squeeze's axes
+        return meta + (_nbytes(ins[0]) + written if view_copies and ins else 0.0)
+    if op in CONTROL_FLOW:  # the subgraphs' nodes read and write the data; they are events of their own
+        return sum(_nbytes(e) for e in ins)
+    if op in ROW_OPS and ins:
+        return min(_nbytes(ins[0]), written) + sum(_nbytes(e) for e in ins[1:]) + written + extra
+    if op in TABLE_OPS and outs and outs[0][1]:
+        hidden = outs[0][1][-1]
+        ids = max((_elements(d) for t, d in ins if t in INT_TYPES), default=0.0)
+        read = sum(_rows_read(e, ids) if e[0] not in INT_TYPES and len(e[1]) == 2 and e[1][-1] == hidden
+                   else _nbytes(e) for e in ins)
+        return read + written + extra
+    if op in ROTARY_OPS and len(ins) >= 4 and len(ins[0][1]) in (3, 4):
+        x, pos = ins[0][1], ins[1][1]
+        seq = x[2] if len(x) == 4 else x[1]
+        rows = _elements(pos) if _elements(pos) > 1 else seq  # position ids, or one offset for the sequence
+        return (_nbytes(ins[0]) + _nbytes(ins[1]) + sum(_rows_read(e, rows) for e in ins[2:4])
+                + sum(_nbytes(e) for e in ins[4:]) + written + extra)
+    return sum(_nbytes(e) for e in ins) + written + extra
+
+
+def _inferred_weights(op: str, ins: list[tuple[str, list[int]]], outs: list[tuple[str, list[int]]]) -> float:
+    """Bytes of a constant weight the profiler did not record (pre-packed), from the other shapes: a node
+    onnxruntime created itself (a fusion) is not in the model file."""
+    if op not in LOOKUP_WEIGHT_OPS or not ins or not outs or not outs[0][1] or not ins[0][1]:
+        return 0.0
+    dtype, a = ins[0]
+    out = outs[0][1]
+    size = DTYPE_BYTES.get(dtype, 4)
+    if op in MATMUL_OPS and op not in ("MatMulInteger", "MatMulNBits", "QLinearMatMul") and len(ins) == 1:
+        n = out[-1]
+        k = _elements(a) * n / max(_elements(out), 1.0)  # batch x M x K / (batch x M): transA or not
+        return k * n * size
+    if op in GEMM_OPS and len(out) == 2:
+        m, n = out
+        k = _elements(a) / max(m, 1)
+        if not any(len(d) == 2 and _elements(d) == k * n for _, d in ins[1:]):
+            return k * n * size
+        return 0.0
+    if op == "Attention" and len(a) == 3:
+        if any(t == dtype and len(d) == 2 and d[0] == a[-1] for t, d in ins[1:]):
+            return 0.0  # the weights are recorded
+        bias = next((d for t, d in ins[1:] if t == dtype and len(d) == 1), None)
+        return a[-1] * (bias[0] if bias else 3 * out[-1]) * size
+    return 0.0
+
+
+def _released_bytes(recorded: list[tuple[str, list[int]]],
+                    declared: list[tuple[float, list[int]] | None]) -> float | None:
+    """Bytes of the node's initializers missing from the profiler's record. `declared`: the node's present
+    inputs in order, (item size, dims) for an initializer and None for a value computed at run time. The record
+    lists the inputs the kernel still holds, in order; an initializer that does not line up was pre-packed.
+    None when the two do not line up at all (onnxruntime changed the node)."""
+    i, released = 0, 0.0
+    for d in declared:
+        if i < len(recorded) and (d is None or recorded[i][1] == d[1]):
+            i += 1
+        elif d is None:
+            return None  # a run-time value the record does not have
+        else:
+            released += d[0] * _elements(d[1])
+    return released if i == len(recorded) else None
+
+
+@dataclass
+class _NodeInfo:
+    declared: list[tuple[float, list[int]] | None] | None  # None: a name onnxruntime gave (inputs unknown)
+    view_copies: bool
+    replaces: str
+
+
+def _model_index(m: onnx.ModelProto) -> dict[str, _NodeInfo]:
+    """Node name -> its inputs as the model declares them, whether a view op has to copy, and, for a node
+    onnxfuse created, the original nodes it replaced. Subgraphs included; no weights are needed."""
+    consts: dict[str, tuple[float, list[int]]] = {}
+    index: dict[str, _NodeInfo] = {}
+
+    def itemsize(elem_type: int) -> float:
+        try:
+            return float(onnx.helper.tensor_dtype_to_np_dtype(elem_type).itemsize)
+        except (KeyError, TypeError, ValueError):
+            return 4.0
+
+    def walk(g: onnx.GraphProto) -> None:
+        for t in g.initializer:
+            consts[t.name] = (itemsize(t.data_type), list(t.dims))
+        for n in g.node:
+            if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.attribute and n.attribute[0].name == "value":
+                t = n.attribute[0].t
+                consts[n.output[0]] = (itemsize(t.data_type), list(t.dims))
+        ins = {i.name for i in g.input} - set(consts)
+        outs = {o.name for o in g.output}
+        for n in g.node:
+            replaced = n.doc_string.split("replaced=", 1)[-1] if n.doc_string.startswith("onnxfuse:") else ""
+            copies = bool(n.input and n.input[0] in ins) or any(o in outs for o in n.output)
+            info = _NodeInfo([consts.get(i) for i in n.input if i], copies, replaced)
+            index[n.name] = info
+            for o in n.output:  # onnxruntime's NCHWc transform renames a conv after its output value
+                index.setdefault(f"{o}_nchwc", _NodeInfo(None, False, replaced))
+            for a in n.attribute:
+                for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                    walk(sub)
+
+    walk(m.graph)
+    return index
 
 
 def node_flops(op: str, ins: list[list[int]], outs: list[list[int]]) -> float:
@@ -111,9 +287,14 @@ def node_flops(op: str, ins: list[list[int]], outs: list[list[int]]) -> float:
         return 2.0 * float(np.prod(ins[0])) * float(np.prod(ins[1][1:]))
     if op in MATMUL_OPS and ins and ins[0]:
         return 2.0 * out_elems * ins[0][-1]
-    if op in GEMM_OPS and len(ins) > 1 and outs:
+    if op in GEMM_OPS and ins and outs and outs[0]:  # B may be pre-packed (not recorded): K from A and M
         k = float(np.prod(ins[0])) / max(outs[0][0], 1)
         return 2.0 * out_elems * k
+    if op == "MultiHeadAttention" and len(ins) > 1 and len(ins[0]) == 3:  # projected q, k, v: no projection
+        b, s, h = ins[0]
+        k = ins[1]
+        s_kv = k[1] if len(k) == 3 else k[2] if len(k) == 4 else s
+        return 4.0 * b * s * s_kv * h
     if op in ("Attention", "MultiHeadAttention") and ins and len(ins[0]) == 3:
         b, s, h = ins[0]
         return 2.0 * b * s * h * 3 * h + 4.0 * b * s * s * h
@@ -129,7 +310,8 @@ _PEAKS: dict[int, Peaks] = {}
 
 def measure_peaks(threads: int = 1) -> Peaks:
     """Compute peak: the better of a GEMM (onnxruntime MatMul, 1024^3) and a 3x3 convolution probe, best of
-    12 runs each; bandwidth: a memory copy (numpy, 128 MiB, best of 5)."""
+    12 runs each; bandwidth: a memory copy (numpy, 128 MiB, best of 5; at more than one thread also through
+    onnxruntime's threads, the better of the two); and the size of the last-level cache."""
     if threads in _PEAKS:
         return _PEAKS[threads]
     import onnx.helper as oh
@@ -153,8 +335,26 @@ def measure_peaks(threads: int = 1) -> Peaks:
         np.copyto(dst, src)
         ts.append(time.perf_counter() - t)
     gbytes = 2 * src.nbytes / min(ts) / 1e9
-    _PEAKS[threads] = Peaks(gflops, gbytes, profiler_inside_fraction(threads))
+    del src, dst
+    if threads != 1:  # numpy copies on one core; onnxruntime's threads together can move more
+        gbytes = max(gbytes, _ort_copy_gbytes(threads))
+    _PEAKS[threads] = Peaks(gflops, gbytes, profiler_inside_fraction(threads), last_level_cache_bytes())
     return _PEAKS[threads]
+
+
+def _ort_copy_gbytes(threads: int) -> float:
+    """Copy bandwidth through onnxruntime at `threads`: Mul by a scalar 1 over 128 MiB (reads it, writes it)."""
+    import onnx.helper as oh
+
+    n = 32 * 2**20
+    g = oh.make_graph([oh.make_node("Mul", ["x", "one"], ["y"])], "copy",
+                      [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [n])],
+                      [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [n])],
+                      [onnx.numpy_helper.from_array(np.array(1.0, np.float32), "one")])
+    s = V.make_session(oh.make_model(g, opset_imports=[oh.make_opsetid("", 13)], ir_version=8).SerializeToString(),
+                       "all", "cpu", threads)
+    feeds = {"x": np.ones(n, np.float32)}
+    return 2 * 4 * n / min(run_times(s, feeds, 5, warmup=1)) / 1e9
 
 
 def _conv_probe_gflops(threads: int) -> float:
@@ -249,18 +449,6 @@ def _per_run_kernel_us(events: list[dict], runs: int) -> list[float]:
     return totals
 
 
-def _provenance(path: str) -> dict[str, str]:
-    m = onnx.load(path, load_external_data=False)
-    out = {}
-    for n in m.graph.node:
-        if n.doc_string.startswith("onnxfuse:"):
-            replaced = n.doc_string.split("replaced=", 1)[-1]
-            out[n.name] = replaced
-            for o in n.output:  # onnxruntime's NCHWc transform renames a conv after its output value
-                out[f"{o}_nchwc"] = replaced
-    return out
-
-
 def profile(path: str, provider: str = "cpu", threads: int = 1, level: str = "all", runs: int = 30,
             warmup: int = 10, shapes: list[str] | None = None, inputs_npz: str | None = None,
             latency_ms: float | None = None) -> ProfileResult:
@@ -282,7 +470,7 @@ def profile(path: str, provider: str = "cpu", threads: int = 1, level: str = "al
     slowdown_us = max(0.0, run_us - latency_ms * 1e3) / max(all_events, 1.0)
     per_event_us = peaks.profiler_inside * slowdown_us
     outside_us = slowdown_us - per_event_us  # recorded inside a control-flow node for each nested event
-    prov = _provenance(path)
+    index = _model_index(proto)
     per_node: dict[str, NodeStat] = {}
     samples: dict[str, list[float]] = {}  # node -> its time in each run (robust to outlier runs: median)
     for e in kernel_events:
@@ -290,11 +478,15 @@ def profile(path: str, provider: str = "cpu", threads: int = 1, level: str = "al
         name = e["name"][: -len("_kernel_time")]
         st = per_node.get(name)
         if st is None:
-            b_in, ins = _shape_bytes(args.get("input_type_shape", []))
-            b_out, outs = _shape_bytes(args.get("output_type_shape", []))
+            raw_in, raw_out = args.get("input_type_shape", []), args.get("output_type_shape", [])
+            ins, outs = [d for _, d in _entries(raw_in)], [d for _, d in _entries(raw_out)]
             op = args.get("op_name", "?")
-            st = per_node[name] = NodeStat(name, op, 0, 0.0, b_in + b_out, node_flops(op, ins, outs),
-                                           prov.get(name, ""))
+            info = index.get(name)
+            released = (None if info is None or info.declared is None
+                        else _released_bytes(_entries(raw_in), info.declared))
+            byts = node_bytes(op, raw_in, raw_out, released, info is not None and info.view_copies)
+            st = per_node[name] = NodeStat(name, op, 0, 0.0, byts, node_flops(op, ins, outs),
+                                           info.replaces if info else "")
             samples[name] = [0.0] * len(spans)
         st.calls_per_run += 1
         run = next((i for i, (a, b) in enumerate(spans) if a <= e["ts"] <= b), None)
@@ -316,12 +508,37 @@ def profile(path: str, provider: str = "cpu", threads: int = 1, level: str = "al
         gf = flops / (total * 1e-6) / 1e9 if total else 0.0
         gb = byts / (total * 1e-6) / 1e9 if total else 0.0
         by_type.append(OpStat(op, calls, total, total / kernel_us if kernel_us else 0.0, total / max(calls, 1e-9),
-                              gf, gb, gf / peaks.gflops, gb / peaks.gbytes))
+                              gf, gb, gf / peaks.gflops, gb / peaks.gbytes,
+                              residency(gb, max(s.bytes for s in sts), peaks)))
     by_type.sort(key=lambda s: -s.total_us)
     res = ProfileResult(path, runs, run_us / 1e3, latency_ms, kernel_us / 1e3, by_type,
                         sorted(per_node.values(), key=lambda s: -s.total_us), peaks, overhead_us=per_event_us)
     res.signals = memory_bound_signals(res)
     return res
+
+
+def residency(gbytes: float, bytes_per_call: float, peaks: Peaks) -> str:
+    """Where an achieved rate can have come from (see OpStat.residency and CACHE_FACTOR)."""
+    if gbytes <= CACHE_FACTOR * peaks.gbytes:
+        return "memory"
+    return "cache" if not peaks.cache_bytes or bytes_per_call <= peaks.cache_bytes else "unexplained"
+
+
+def last_level_cache_bytes() -> int:
+    """The largest cache of CPU 0 (Linux sysfs); 0 when unknown."""
+    best = 0
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    for entry in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        try:
+            with open(os.path.join(base, entry, "size")) as f:
+                text = f.read().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            best = max(best, int(digits) * scale)
+    return best
 
 
 def memory_bound_signals(p: ProfileResult, batch_gain: float | None = None, batch_range: str = "") -> list[str]:
@@ -330,7 +547,7 @@ def memory_bound_signals(p: ProfileResult, batch_gain: float | None = None, batc
     idle = [s for s in p.by_type if s.flop_util < 0.10 and s.byte_util > 0.25]
     share = sum(s.share for s in idle)
     if idle:
-        ops = ", ".join(f"{s.op} ({s.gbytes:.1f} GB/s, {s.flop_util * 100:.0f}% of peak FLOP/s)" for s in idle[:4])
+        ops = ", ".join(f"{s.op} ({_rate_words(s)}, {s.flop_util * 100:.0f}% of peak FLOP/s)" for s in idle[:4])
         out.append(f"compute idle while traffic is high: {share * 100:.0f}% of kernel time is in ops that move data "
                    f"at over 25% of the measured {p.peaks.gbytes:.1f} GB/s but compute at under 10% of the "
                    f"measured {p.peaks.gflops:.1f} GFLOP/s: {ops}")
@@ -351,3 +568,11 @@ def memory_bound_signals(p: ProfileResult, batch_gain: float | None = None, batc
                    + ("(small batches leave compute idle: bigger work per op uses it better)" if batch_gain > 1.3
                       else "(the model is compute-bound already at small batch)"))
     return out
+
+
+def _rate_words(s: OpStat) -> str:
+    if s.residency == "cache":
+        return f"over {CACHE_FACTOR:g}x the copy peak: data in cache"
+    if s.residency == "unexplained":
+        return "rate above the copy peak with more data than the cache holds: not a bandwidth"
+    return f"{s.gbytes:.1f} GB/s"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .api import Result
@@ -23,6 +24,10 @@ def print_result(r: Result, console: Console) -> None:
     console.print(f"nodes {r.nodes_before} -> {r.nodes_after} ({r.nodes_after - r.nodes_before:+d}), "
                   f"{len(r.applications)} rewrites in {r.sweeps} sweep(s), Transposes "
                   f"{r.ops_before.get('Transpose', 0)} -> {r.ops_after.get('Transpose', 0)}")
+    for line in r.repairs:
+        console.print(f"repaired on load: {escape(line)}")
+    for line in r.load_notes:
+        console.print(f"[dim]note on load: {escape(line)}[/dim]")
     if r.applications:
         t = Table(title="rules fired", title_justify="left")
         t.add_column("rule")
@@ -53,6 +58,11 @@ def print_result(r: Result, console: Console) -> None:
         console.print(f"[dim]{len(r.skipped)} rule(s) not used for target {r.target}: "
                       + "; ".join(f"{s.rule} ({s.reason})" for s in r.skipped[:6])
                       + (" ..." if len(r.skipped) > 6 else "") + "[/dim]")
+    for name, weight, plan in r.profiles:
+        label = "inputs" if len(r.profiles) == 1 else f"inputs ({name} profile, weight {weight:g})"
+        console.print(f"{label}: {escape(plan.summary())}")
+        for t in plan.tried:
+            console.print(f"[dim]  did not run: {escape(t)}[/dim]")
     console.print(f"validation: {r.validation}")
     if r.checks:
         t = Table(title_justify="left")
@@ -116,6 +126,23 @@ def print_rules(rules: list[Rule], console: Console) -> None:
     console.print(t)
 
 
+def print_rule_usage(rules: list[Rule], target: str, console: Console) -> None:
+    """`patterns list --target T`: for every rule, whether it is used on T and, where not (or not always), why."""
+    from rich.markup import escape as esc
+
+    from .rewrite.engine import rule_usage
+    from .targets import kernel_source
+
+    t = Table(title=f"{len(rules)} rules on {target} (kernels: {kernel_source(target).label})", title_justify="left")
+    for col in ("id", "used", "why", "creates"):
+        t.add_column(col, overflow="fold")
+    for r in rules:
+        u = rule_usage(r, target)
+        creates = ", ".join(sorted({f"{d}.{o}" if d else o for d, o in r.output_ops()})) or "(alias)"
+        t.add_row(r.id, u.used, esc(u.why), creates)
+    console.print(t)
+
+
 def print_bench(b, console: Console) -> None:
     t = Table(title=f"latency ({b.provider}, {b.threads} thread(s), level {b.level}, inputs "
                     + ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in b.inputs.items()) + ")",
@@ -154,7 +181,7 @@ def print_profile(profiles, labels, console: Console, nodes: bool = False) -> No
             s = next((s for s in p.by_type if s.op == op), None)
             row += ["", "", "", "", "", ""] if s is None else [
                 f"{s.calls_per_run:.0f}", f"{s.total_us / 1e3:.3f}", f"{s.share * 100:.1f}%", f"{s.mean_us:.1f}",
-                f"{s.gflops:.2f}", f"{s.gbytes:.2f}"]
+                f"{s.gflops:.2f}", s.gbytes_text]
         t.add_row(*row)
     console.print(t)
     for p, lab in zip(profiles, labels, strict=True):

@@ -4,6 +4,12 @@ For every alternative of the match (and once more with every commutative operand
 left out), build a small model, check the rule fires exactly once and onnxruntime gives the same outputs
 before and after. Then build mutants that must NOT fire: a constant out of tolerance, an extra consumer on an
 interior value, a dtype the rule does not allow.
+
+Every floating dtype the rule claims (the `dtype` list of the value the models are built around) is tested:
+the models are built in that dtype (inputs and initializers) and compared with the tolerance validation uses
+for it. A dtype whose fused op has no CPU kernel in the installed onnxruntime cannot be validated here: the
+optimizer must not apply the rule on the CPU target, the rewrite is checked on another declared target, and
+the dtype is reported as held back with the kernel registry's reason.
 """
 
 from __future__ import annotations
@@ -17,16 +23,39 @@ import onnx.helper as oh
 from onnx import numpy_helper
 
 from .ir import Model
+from .match.matcher import Matcher
 from .opschema import op_spec
 from .patterns.rules import Rule
 from .patterns.syntax import Alt, Call, Expr, Ref
-from .rewrite.engine import EngineOptions, rule_issue, run
+from .rewrite.engine import EngineOptions, match_issue, rule_issue, run
 from .targets import kernel_issue, provider_registered
+from .validate import default_tolerance
 
 MAX_INSTANCES = 48
 DEFAULT_DIM = 4
 NAMED_DIMS = {"k": 8}
 FLOAT = onnx.TensorProto.FLOAT
+FLOATS = (FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
+
+
+@dataclass
+class DtypeReport:
+    """The generated models of one claimed dtype."""
+
+    dtype: str
+    instances: int = 0  # models that fired once (and, unless held back, gave equal outputs)
+    held_back: str | None = None  # why this dtype's fused outputs cannot be validated on this machine
+    reference: str | None = None  # original ops with no CPU kernel for this dtype (onnxruntime ran them anyway)
+
+    @property
+    def status(self) -> str:
+        return "held back" if self.held_back else "validated"
+
+    @property
+    def summary(self) -> str:
+        if self.held_back:
+            return f"{self.dtype}: {self.instances} models fired once, held back ({self.held_back})"
+        return f"{self.dtype}: {self.instances} models fired once with equal outputs"
 
 
 @dataclass
@@ -35,17 +64,33 @@ class RuleReport:
     instances: int = 0
     mutants: int = 0
     problems: list[str] = field(default_factory=list)
-    unrunnable: str | None = None  # fused op with no kernel on this machine: outputs not compared
+    dtypes: list[DtypeReport] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.problems and self.instances > 0
 
+    def dtype(self, name: str) -> DtypeReport | None:
+        return next((d for d in self.dtypes if d.dtype == name), None)
+
     @property
     def summary(self) -> str:
-        what = (f"fired once (outputs not compared: {self.unrunnable})" if self.unrunnable
-                else "fired once with equal outputs")
-        return f"{self.instances} models {what}, {self.mutants} mutants did not fire"
+        return "; ".join([d.summary for d in self.dtypes] + [f"{self.mutants} mutants did not fire"])
+
+
+def dtype_label(elem: int) -> str:
+    """The pattern language's name of a dtype (float32, float16, float64, ...)."""
+    return {FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64"}.get(
+        elem, onnx.TensorProto.DataType.Name(elem).lower())
+
+
+def claimed_dtypes(rule: Rule) -> list[int]:
+    """The floating dtypes a rule claims: those of the first `dtype` constraint that starts with a floating type
+    (the value the generated models are built around); float32 where no constraint names one."""
+    for con in rule.where.values():
+        if con.dtype and con.dtype[0] in FLOATS:
+            return [d for d in con.dtype if d in FLOATS]
+    return [FLOAT]
 
 
 # ----- expanding alternatives -----------------------------------------------------------------------------
@@ -137,11 +182,7 @@ class _Builder:
         self._bind_example_dims()
 
     def _primary_dtype(self) -> int:
-        floats = (FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
-        for con in self.rule.where.values():
-            if con.dtype and con.dtype[0] in floats:
-                return con.dtype[0]
-        return FLOAT
+        return claimed_dtypes(self.rule)[0]
 
     def _bind_example_dims(self) -> None:
         for name, shape in self.example.items():
@@ -271,6 +312,30 @@ def _no_kernel_here(model: onnx.ModelProto) -> str | None:
     return None
 
 
+def _match_issues(rule: Rule, m: Model, targets: list[str]) -> dict[str, str | None]:
+    """The engine's own per-match kernel check (the matched dtype included) of the model's match, per target,
+    so a reason given is the optimizer's; {} when nothing matches."""
+    matcher = Matcher(rule, m.graph)
+    roots = rule.root_ops()
+    for node in list(m.graph.live_nodes()):
+        if (node.domain, node.op_type) in roots and (b := matcher.match(node)) is not None:
+            return {t: match_issue(rule, m.graph, b, t) for t in targets}
+    return {}
+
+
+def _reference_note(model: onnx.ModelProto, elem: int) -> str | None:
+    """Original ops that have a CPU kernel, but none for `elem`. The reference is computed anyway (the model was
+    run): a float16 op in float32 between Casts onnxruntime inserts, rounded to float16 after every op."""
+    ops = dict.fromkeys(f"{n.domain}.{n.op_type}" if n.domain else n.op_type for n in model.graph.node
+                        if not kernel_issue(n.domain, n.op_type, "cpu")
+                        and kernel_issue(n.domain, n.op_type, "cpu", elem))
+    if not ops:
+        return None
+    how = ("in float32 between Casts it inserts" if elem in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+           else "through their ONNX function bodies")
+    return f"original ops without a {dtype_label(elem)} CPU kernel, run by onnxruntime {how}: {', '.join(ops)}"
+
+
 def _typed(model: onnx.ModelProto) -> Model:
     inferred = onnx.shape_inference.infer_shapes(model)
     from .loader import _merge_types
@@ -285,9 +350,9 @@ def _target(rule: Rule, opset: int) -> str:
     return next((t for t in rule.targets if rule_issue(rule, t, opset) is None), rule.targets[0])
 
 
-def _fires(rule: Rule, model: onnx.ModelProto) -> tuple[int, onnx.ModelProto]:
+def _fires(rule: Rule, model: onnx.ModelProto, target: str | None = None) -> tuple[int, onnx.ModelProto]:
     m = _typed(model)
-    res = run(m, [rule], EngineOptions(target=_target(rule, m.opset), fold=False))
+    res = run(m, [rule], EngineOptions(target=target or _target(rule, m.opset), fold=False))
     return sum(1 for a in res.applications if a.rule == rule.id), m.export()
 
 
@@ -297,75 +362,147 @@ def _ort_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[n
     return make_session(model.SerializeToString(), "disable").run(None, feeds)
 
 
-def _valid_build(rule: Rule, inst: dict[str, Expr], with_optional: bool, mut: _Mutation
-                 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray], int] | None:
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+
+
+def _valid_build(rule: Rule, inst: dict[str, Expr], with_optional: bool, mut: _Mutation, run_reference: bool = True,
+                 keep_unrunnable: bool = False
+                 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray], int, str | None] | None:
+    """The first opset and example at which the instance builds, passes the checker and (with `run_reference`)
+    runs in onnxruntime: (model, feeds, opset, None). With `keep_unrunnable`, where every such model fails in
+    onnxruntime, the first of them with onnxruntime's error."""
     n_examples = max((len(v) for v in rule.example.values()), default=1)
+    unrunnable = None
     for opset, ex in itertools.product(_opsets(rule), range(n_examples)):
         b = _Builder(rule, inst, opset, with_optional, mut, np.random.default_rng(0), ex)
         try:
             model, feeds = b.build()
             onnx.checker.check_model(model, full_check=True)
-            if mut.dtype is None:
-                _ort_outputs(model, feeds)
-            return model, feeds, opset
         except Exception:  # noqa: BLE001 - this opset cannot express the instance; try the next one
             continue
+        if run_reference:
+            try:
+                _ort_outputs(model, feeds)
+            except Exception as e:  # noqa: BLE001 - e.g. an input the builder cannot size; try the next one
+                unrunnable = unrunnable or (model, feeds, opset, _first_line(e))
+                continue
+        return model, feeds, opset, None
+    return unrunnable if keep_unrunnable else None
+
+
+def _difference(x: np.ndarray, y: np.ndarray) -> str | None:
+    """Outputs compared with the tolerance validation uses for their dtype (validate.default_tolerance)."""
+    if x.shape != y.shape:
+        return f"shapes {x.shape} {y.shape}"
+    tol = default_tolerance(onnx.helper.np_dtype_to_tensor_dtype(x.dtype))
+    a, b = x.astype(np.float64), y.astype(np.float64)
+    if np.allclose(a, b, rtol=tol.rtol, atol=tol.atol, equal_nan=True):
+        return None
+    with np.errstate(invalid="ignore"):
+        err = float(np.nanmax(np.abs(a - b))) if a.size else float("nan")
+    return f"max abs {err:.3g}, {x.dtype} tolerance rtol {tol.rtol:g} atol {tol.atol:g}"
+
+
+def _check_instance(rule: Rule, model: onnx.ModelProto, feeds: dict[str, np.ndarray], opset: int,
+                    ref_error: str | None, where: str, res: DtypeReport) -> str | None:
+    """Fire the rule on one built model and compare outputs. Returns a problem, or None (res updated)."""
+    target = _target(rule, opset)
+    issues = _match_issues(rule, _typed(model), list(dict.fromkeys(["cpu", *rule.targets])))
+    # A dtype question only where the CPU provider has every fused op (for some dtype): a fused op with no CPU
+    # kernel at all is handled below as before (a contrib op not compared, a standard op through its function).
+    cpu_has_ops = not any(kernel_issue(domain, op, "cpu") for domain, op in rule.output_ops())
+    issue = issues.get("cpu") if cpu_has_ops else None
+    if issue:
+        # No CPU kernel takes this dtype: the optimizer must refuse the match on the CPU target; the rewrite
+        # itself is still checked on a declared target that takes it (CUDA: its registry or published table).
+        if "cpu" in rule.targets:
+            fired, _ = _fires(rule, model, "cpu")
+            if fired:
+                return f"{where}: applied on the CPU target although {issue}"
+        usable = [t for t in rule.targets if not issues.get(t) and rule_issue(rule, t, opset) is None]
+        if not usable:
+            why = "; ".join(f"{t}: {issues.get(t) or rule_issue(rule, t, opset)}" for t in rule.targets)
+            return f"{where}: claims {res.dtype} but applies on none of its targets ({why})"
+        target = usable[0]
+        res.held_back = res.held_back or issue
+    fired, optimized = _fires(rule, model, target)
+    if fired != 1:
+        return f"{where}: fired {fired} times on target {target}, expected once"
+    try:
+        onnx.checker.check_model(optimized)
+    except Exception as e:  # noqa: BLE001
+        return f"{where}: optimized model fails onnx.checker: {_first_line(e)}"
+    if ref_error:
+        res.held_back = res.held_back or f"the original ops in {res.dtype} do not run on CPU: {ref_error}"
+        return None
+    missing = _no_kernel_here(optimized)
+    if missing:
+        res.held_back = res.held_back or f"no kernel for {missing} on this machine"
+        return None
+    try:
+        before, after = _ort_outputs(model, feeds), _ort_outputs(optimized, feeds)
+    except Exception as e:  # noqa: BLE001
+        if issue and "NOT_IMPLEMENTED" in str(e):
+            return None  # held back: no kernel for the fused op at this dtype, as the registry said
+        return f"{where}: optimized model does not load/run: {_first_line(e)}"
+    if issue:
+        # Held back, yet it ran: onnxruntime computes a float16 op without a float16 kernel in float32 between
+        # Casts it inserts. That tests neither the kernel at this dtype nor the numbers a GPU gives, so the
+        # outputs are not compared; it does show that the rewritten model is well typed.
+        return None
+    for x, y in zip(before, after, strict=True):
+        diff = _difference(np.asarray(x), np.asarray(y))
+        if diff:
+            return f"{where}: outputs differ ({diff})"
     return None
 
 
-def _tolerance(model: onnx.ModelProto) -> float:
-    return 1e-2 if any(i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16 for i in model.graph.input) else 1e-4
-
-
-def check_rule(rule: Rule) -> RuleReport:
+def check_rule(rule: Rule, dtypes: list[int] | None = None) -> RuleReport:
+    """Self-test a rule in each of `dtypes` (default: every floating dtype it claims); the mutants run with the
+    first claimed dtype."""
     rep = RuleReport(rule.id)
-    insts = instances(rule)
-    first_ok: tuple[dict[str, Expr], int] | None = None
+    claimed = claimed_dtypes(rule)
+    for elem in dtypes or claimed:
+        first_ok = _check_dtype(rule, elem, elem != claimed[0], rep)
+        if elem == claimed[0] and first_ok is not None:
+            _test_mutants(rule, first_ok, rep)
+    return rep
+
+
+def _check_dtype(rule: Rule, elem: int, tagged: bool, rep: RuleReport) -> dict[str, Expr] | None:
+    """Every instance built in `elem`. Returns the first instance that passed unswapped (for the mutants)."""
+    res = DtypeReport(dtype_label(elem))
+    rep.dtypes.append(res)
+    tag = f"[{res.dtype}] " if tagged else ""
+    first_ok: dict[str, Expr] | None = None
     covered: set[tuple[int, int]] = set()
-    for k, (inst, choice) in enumerate(insts):
+    for k, (inst, choice) in enumerate(instances(rule)):
         for swap, with_opt in ((False, True), (True, False)):
             concrete = {n: _swap(e) for n, e in inst.items()} if swap else inst
-            built = _valid_build(rule, concrete, with_opt, _Mutation())
+            built = _valid_build(rule, concrete, with_opt, _Mutation(dtype=elem), keep_unrunnable=tagged)
+            if built is not None and built[3] and _valid_build(rule, concrete, with_opt, _Mutation()) is None:
+                built = None  # it does not run in the first dtype either: not a question of this dtype
             if built is None:
                 continue  # this combination is not expressible at any opset (e.g. attribute and input axes)
             covered.update(enumerate(choice))
-            model, feeds, opset = built
-            fired, optimized = _fires(rule, model)
-            where = f"alternative #{k + 1}{' swapped' if swap else ''} (opset {opset})"
-            if fired != 1:
-                rep.problems.append(f"{where}: fired {fired} times, expected once")
+            model, feeds, opset, ref_error = built
+            where = f"{tag}alternative #{k + 1}{' swapped' if swap else ''} (opset {opset})"
+            problem = _check_instance(rule, model, feeds, opset, ref_error, where, res)
+            if problem:
+                rep.problems.append(problem)
                 continue
-            missing = _no_kernel_here(optimized)
-            if missing:
-                rep.unrunnable = f"no kernel for {missing} on this machine"
-                rep.instances += 1
-                if first_ok is None and not swap:
-                    first_ok = (concrete, opset)
-                continue
-            try:
-                onnx.checker.check_model(optimized)
-                before, after = _ort_outputs(model, feeds), _ort_outputs(optimized, feeds)
-            except Exception as e:  # noqa: BLE001
-                rep.problems.append(f"{where}: optimized model does not load/run: {str(e).splitlines()[0][:160]}")
-                continue
-            tol = _tolerance(model)
-            for x, y in zip(before, after, strict=True):
-                if x.shape != y.shape or not np.allclose(x, y, rtol=tol, atol=tol, equal_nan=True):
-                    err = float(np.max(np.abs(x - y))) if x.shape == y.shape else float("nan")
-                    rep.problems.append(f"{where}: outputs differ (max abs {err:.3g}, shapes {x.shape} {y.shape})")
-                    break
-            else:
-                rep.instances += 1
-                if first_ok is None and not swap:
-                    first_ok = (concrete, opset)
+            res.instances += 1
+            rep.instances += 1
+            res.reference = res.reference or _reference_note(model, elem)
+            if first_ok is None and not swap:
+                first_ok = concrete
     for li, name in enumerate(rule.line_names()):
         for oi in range(len(_expand(rule.lines[name]))):
             if (li, oi) not in covered:
-                rep.problems.append(f"line {name!r} alternative #{oi + 1}: no valid model could be built at opsets "
-                                    f"{_opsets(rule)} (add an 'example' with input shapes)")
-    if first_ok is not None:
-        _test_mutants(rule, first_ok[0], rep)
-    return rep
+                rep.problems.append(f"{tag}line {name!r} alternative #{oi + 1}: no valid model could be built at "
+                                    f"opsets {_opsets(rule)} (add an 'example' with input shapes)")
+    return first_ok
 
 
 def _test_mutants(rule: Rule, inst: dict[str, Expr], rep: RuleReport) -> None:
@@ -374,8 +511,8 @@ def _test_mutants(rule: Rule, inst: dict[str, Expr], rep: RuleReport) -> None:
     for name, con in rule.where.items():
         if con.const is not None and name in used:
             mutants.append((f"const {name} off by 10%", _Mutation(const_scale={name: 1.1})))
-        if con.dtype is not None and name in used:
-            bad = next((d for d in (onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, FLOAT)
+        if con.dtype is not None and name in used and con.dtype[0] in FLOATS:  # the mutant changes the float type
+            bad = next((d for d in (onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, FLOAT)
                         if d not in con.dtype), None)
             if bad is not None:
                 mutants.append((f"{name} as {onnx.TensorProto.DataType.Name(bad).lower()}", _Mutation(dtype=bad)))
@@ -383,7 +520,7 @@ def _test_mutants(rule: Rule, inst: dict[str, Expr], rep: RuleReport) -> None:
         if name != rule.root and name not in rule.exposed and not (rule.where.get(name) and rule.where[name].shared):
             mutants.append((f"extra consumer on {name}", _Mutation(extra_output=name)))
     for label, mut in mutants:
-        built = _valid_build(rule, inst, True, mut)
+        built = _valid_build(rule, inst, True, mut, run_reference=mut.dtype is None)
         if built is None:
             built_model = _Builder(rule, inst, _opsets(rule)[0], True, mut, np.random.default_rng(0)).build()[0]
         else:

@@ -1,45 +1,142 @@
-"""Which fused ops each execution provider can run, asked of the installed onnxruntime's kernel registry."""
+"""Which ops each execution provider can run, at which opsets, for which element types.
+
+Asked of the installed onnxruntime's kernel registry when it has the provider (it always has CPU). Otherwise
+(`--target cuda` with the CPU-only onnxruntime wheel) of onnxruntime's published kernel table, generated from
+its docs/OperatorKernels.md into `kernels/ort_kernels.json` (`python -m onnxfuse.kernels.generate`). Every
+answer names its source.
+"""
 
 from __future__ import annotations
 
 import functools
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import resources
 
 import onnx
 
-PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+from .opschema import input_type_str
 
-# Used only when the installed onnxruntime has no CUDA provider (CPU-only wheel), so `--target cuda` can still
-# plan rewrites. Contrib ops with CUDA kernels in onnxruntime 1.18+ (com.microsoft domain).
-CUDA_FALLBACK_CONTRIB = frozenset({
-    "FusedConv", "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "SkipLayerNormalization", "LayerNormalization",
-    "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "Attention", "MultiHeadAttention",
-    "EmbedLayerNormalization", "FusedMatMul", "BiasAdd", "BiasSoftmax", "GroupNorm", "NhwcConv", "BiasSplitGelu",
-    "RotaryEmbedding", "GroupQueryAttention", "TransposeMatMul", "FusedGemm",
-})
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+OPEN = 2**31 - 1  # upper end of a kernel registered for every later opset
+TABLE_DOMAINS = ("", "com.microsoft")  # what the published table covers
 
 
 @dataclass(frozen=True)
-class KernelInfo:
-    types: tuple[frozenset[str], ...]  # per kernel: every type string any of its constraints accepts
+class Kernel:
+    since: int
+    until: int  # inclusive
+    constraints: tuple[tuple[str, frozenset[str]], ...]  # (constraint name, element types "float", "float16", ...)
+
+    @property
+    def types(self) -> frozenset[str]:
+        """Every element type any of its constraints accepts."""
+        return frozenset(t for _, ts in self.constraints for t in ts)
+
+    def takes(self, elem: str, constraint: str | None = None) -> bool:
+        """Whether an input of type constraint `constraint` (from the op's schema: a name like 'T', or a fixed
+        'tensor(int64)') may have element type `elem`. A constraint the kernel does not restrict takes anything;
+        with no constraint known, any type one of the kernel's constraints accepts will do."""
+        if constraint is None:
+            types = self.types
+            return not types or elem in types
+        if constraint.startswith("tensor("):
+            return _elem(constraint) == elem
+        named = dict(self.constraints)
+        return constraint not in named or not named[constraint] or elem in named[constraint]
+
+    def covers(self, opset: int) -> bool:
+        return self.since <= opset <= self.until
+
+    @property
+    def opsets(self) -> str:
+        if self.until >= OPEN:
+            return f"{self.since}+"
+        return str(self.since) if self.since == self.until else f"{self.since}-{self.until}"
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """The kernels of one provider and where they were read."""
+
+    label: str  # for messages: "the installed onnxruntime 1.32.0", "onnxruntime's published kernel table (...)"
+    live: bool
+    kernels: Mapping[tuple[str, str], tuple[Kernel, ...]]  # (domain, op) -> kernels
+    domains: tuple[str, ...] | None = None  # domains it covers (None: every domain)
+
+    def covers(self, domain: str) -> bool:
+        return self.domains is None or domain in self.domains
+
+
+def _domain(d: str) -> str:
+    return "" if d in ("", "ai.onnx") else d
+
+
+def _elem(type_string: str) -> str | None:
+    """'tensor(float16)' -> 'float16'; sequence, optional, map and sparse types -> None."""
+    if type_string.startswith("tensor(") and type_string.endswith(")"):
+        return type_string[7:-1]
+    return None
 
 
 @functools.cache
-def _registry() -> dict[tuple[str, str, str], KernelInfo]:
+def _live() -> dict[str, dict[tuple[str, str], tuple[Kernel, ...]]]:
     import onnxruntime.capi.onnxruntime_pybind11_state as C
 
-    acc: dict[tuple[str, str, str], list[frozenset[str]]] = {}
+    acc: dict[str, dict[tuple[str, str], list[Kernel]]] = {}
     for k in C.get_all_opkernel_def():
-        domain = "" if k.domain in ("", "ai.onnx") else k.domain
-        types = frozenset(t for lst in k.type_constraints.values() for t in lst)
-        acc.setdefault((k.provider, domain, k.op_name), []).append(types)
-    return {key: KernelInfo(tuple(v)) for key, v in acc.items()}
+        cons = tuple(sorted((name, frozenset(e for t in lst if (e := _elem(t))))
+                            for name, lst in k.type_constraints.items()))
+        since, until = k.version_range
+        acc.setdefault(k.provider, {}).setdefault((_domain(k.domain), k.op_name), []).append(
+            Kernel(since, min(until, OPEN), cons))
+    return {p: {key: tuple(v) for key, v in ks.items()} for p, ks in acc.items()}
+
+
+@functools.cache
+def published_table() -> tuple[dict[str, str], dict[str, dict[tuple[str, str], tuple[Kernel, ...]]]]:
+    """(source, provider -> (domain, op) -> kernels) from the shipped kernels/ort_kernels.json."""
+    text = resources.files("onnxfuse.kernels").joinpath("ort_kernels.json").read_text(encoding="utf-8")
+    data = json.loads(text)
+    table: dict[str, dict[tuple[str, str], tuple[Kernel, ...]]] = {}
+    for provider, domains in data["kernels"].items():
+        for domain, ops in domains.items():
+            for op, kernels in ops.items():
+                table.setdefault(provider, {})[(domain, op)] = tuple(
+                    Kernel(since, OPEN if until is None else until,
+                           tuple(sorted((name, frozenset(ts)) for name, ts in types.items())))
+                    for since, until, types in kernels)
+    return data["source"], table
+
+
+def table_label() -> str:
+    source, _ = published_table()
+    release = f" {source['onnxruntime']}" if source.get("onnxruntime") else ""
+    return f"onnxruntime{release}'s published kernel table, OperatorKernels.md at {source['commit'][:7]}"
 
 
 @functools.cache
 def provider_registered(target: str) -> bool:
-    provider = PROVIDERS[target]
-    return any(p == provider for p, _, _ in _registry())
+    """Whether the installed onnxruntime has this target's execution provider (its kernels registered)."""
+    return PROVIDERS[target] in _live()
+
+
+@functools.cache
+def kernel_source(target: str) -> KernelSource:
+    """Where `target`'s kernels are read: the installed onnxruntime when it has the provider, else the table."""
+    if provider_registered(target):
+        import onnxruntime as ort
+
+        return KernelSource(f"the installed onnxruntime {ort.__version__}", True, _live()[PROVIDERS[target]])
+    return table_source(target)
+
+
+@functools.cache
+def table_source(target: str) -> KernelSource:
+    """`target`'s kernels in onnxruntime's published table, whatever is installed."""
+    _, table = published_table()
+    return KernelSource(table_label(), False, table.get(PROVIDERS[target], {}), TABLE_DOMAINS)
 
 
 def available_providers() -> list[str]:
@@ -48,23 +145,51 @@ def available_providers() -> list[str]:
     return list(ort.get_available_providers())
 
 
-def _type_string(elem_type: int) -> str:
-    return f"tensor({onnx.TensorProto.DataType.Name(elem_type).lower()})"
+def elem_name(elem_type: int) -> str:
+    """onnx.TensorProto.FLOAT16 -> 'float16' (the element type as kernel tables write it)."""
+    return onnx.TensorProto.DataType.Name(elem_type).lower()
 
 
-def kernel_issue(domain: str, op: str, target: str, elem_type: int | None = None) -> str | None:
-    """Why `domain.op` cannot run on `target` (None when it can, or when we cannot tell)."""
-    provider = PROVIDERS[target]
-    qual = f"{domain}.{op}" if domain else op
-    if not provider_registered(target):
-        if target == "cuda" and domain == "com.microsoft" and op not in CUDA_FALLBACK_CONTRIB:
-            return f"no CUDA kernel for {qual} (built-in table; install onnxruntime-gpu to ask its registry)"
+def kernels(domain: str, op: str, target: str, source: KernelSource | None = None) -> tuple[Kernel, ...] | None:
+    """The target's kernels for `domain.op` (empty: none), or None when the source does not cover the domain."""
+    src = source or kernel_source(target)
+    domain = _domain(domain)
+    if not src.covers(domain):
         return None
-    info = _registry().get((provider, domain, op))
-    if info is None:
-        return f"no {target.upper()} kernel for {qual} in the installed onnxruntime"
+    return src.kernels.get((domain, op), ())
+
+
+def kernel_issue(domain: str, op: str, target: str, elem_type: int | None = None,
+                 opset: int | None = None, input: int = 0, source: KernelSource | None = None) -> str | None:
+    """Why `domain.op` cannot run on `target` (None when it can, or when the source cannot tell).
+
+    `elem_type` (an onnx.TensorProto data type) is the element type of input number `input` (checked against
+    that input's type constraint, from the op's schema); `opset` is the model's opset, checked for ONNX-domain
+    ops only (other domains' kernels are versioned by their own domain). `source` defaults to kernel_source.
+    """
+    domain = _domain(domain)
+    src = source or kernel_source(target)
+    ks = kernels(domain, op, target, src)
+    if ks is None:
+        return None
+    qual = f"{domain}.{op}" if domain else op
+    where = target.upper()
+    if not ks:
+        return f"no {where} kernel for {qual} ({src.label})"
+    if opset is not None and domain == "":
+        at = [k for k in ks if k.covers(opset)]
+        if not at:
+            spans = ", ".join(sorted({k.opsets for k in ks}, key=lambda s: int(s.split("-")[0].rstrip("+"))))
+            return f"no {where} kernel for {qual} at opset {opset} (it has opsets {spans}; {src.label})"
+        ks = tuple(at)
     if elem_type:
-        t = _type_string(elem_type)
-        if not any(t in types or not types for types in info.types):
-            return f"the {target.upper()} kernel for {qual} does not take {t}"
+        elem = elem_name(elem_type)
+        constraint = input_type_str(domain, op, input, opset if domain == "" else None)
+        if not any(k.takes(elem, constraint) for k in ks):
+            if constraint and constraint.startswith("tensor("):
+                takes = _elem(constraint) or constraint
+            else:
+                takes = ", ".join(sorted(set().union(*(dict(k.constraints).get(constraint or "", k.types)
+                                                       for k in ks))))
+            return f"the {where} kernel for {qual} does not take {elem} (it takes {takes}; {src.label})"
     return None

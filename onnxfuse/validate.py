@@ -543,6 +543,27 @@ LEVELS = ("disable", "basic", "extended", "all")
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
 
+# How onnxruntime and onnx.checker name the node a failure is in (the first match wins).
+_NODE_IN_MESSAGE = [re.compile(p) for p in (
+    r"while running \S+ node\. Name:'([^']*)'",  # a kernel failed at run time
+    r"Node \(([^)]*)\) Op \(",  # shape/type inference on load
+    r"In Node, \(\"([^\"]*)\",",  # an invalid graph on load
+    r"node with name '([^']*)'",  # no kernel for the node
+    r"\bNode:(.+?) Output:",  # output shapes that do not merge
+    r"\bin node \(([^)]*)\)",  # input types a kernel does not take
+    r"for node\. Name: (\S+) OpType:",  # onnx.checker
+)]
+
+
+def failing_node(message: str) -> str:
+    """The name of the node a failure message from onnxruntime or onnx.checker names ("" if none)."""
+    for pattern in _NODE_IN_MESSAGE:
+        m = pattern.search(message)
+        if m and m.group(1).strip():
+            return m.group(1).strip()
+    return ""
+
+
 def _first_line(text: str) -> str:
     lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
     return lines[0] if lines else "(no message)"

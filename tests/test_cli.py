@@ -172,3 +172,23 @@ def test_explain_reports_misaligned_channels(cli):
     first = dims[("/layer1/relu/Relu/conv-relu", "in channels (per group)")]  # RGB input: 3 channels
     assert first["value"] == 3 and first["padded"] == width and abs(first["waste"] - (width - 3) / width) < 1e-9
     assert all(m["value"] % width for m in data["misaligned"])
+
+
+def test_patterns_list_for_a_target_says_which_rules_are_used_and_why_not(cli):
+    code, stdout, stderr = cli("patterns", "list", "--target", "cuda")
+    assert code == 0, stderr
+    assert "rules on cuda (kernels: " in stdout
+    rows = {line.split("│")[1].strip(): line for line in stdout.splitlines() if line.startswith("│ ")
+            and line.split("│")[1].strip()}
+    used = {rule: row.split("│")[2].strip() for rule, row in rows.items()}
+    assert used["conv-relu"] == "yes" and used["conv-nhwc"] == "yes"
+    assert used["gemm-activation"] == "no" and used["conv-activation"] == "no"
+    assert "no CUDA kernel for" in stdout and "declared for cpu only" in rows["gemm-activation"]
+    code, stdout, _ = cli("patterns", "list", "-t", "cpu")
+    assert code == 0
+    used = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in stdout.splitlines()
+            if line.startswith("│ ") and line.split("│")[1].strip()}
+    assert used["conv-nhwc"] == "no" and used["erf-gelu"] == "partly"  # CPU Gelu: float32, not float16
+    assert "the CPU kernel for" in stdout and "float16" in stdout  # the why column wraps
+    code, _, stderr = cli("patterns", "list", "--target", "tpu")
+    _one_line_error(code, stderr, "unknown target")

@@ -207,7 +207,7 @@ def _parse_rule(node: yaml.Node, c: _Collector, builtin: bool, order: int) -> Ru
     rewrite = _parse_rewrite(fields["rewrite"][1], c)
     require = _parse_require(fields["require"][1], c) if "require" in fields else []
     example, example_attrs = _parse_example(fields["example"][1], c, values, lines) if "example" in fields else ({}, {})
-    targets = _parse_targets(fields["targets"][1], c) if "targets" in fields else TARGETS
+    targets, conditions = _parse_targets(fields["targets"][1], c) if "targets" in fields else (TARGETS, {})
     stage = _plain(fields["stage"][1]) if "stage" in fields else "main"
     if stage not in ("early", "main"):
         c.error(c.span(fields["stage"][1]), f"unknown stage {stage!r}", "stages are: early, main")
@@ -215,12 +215,13 @@ def _parse_rule(node: yaml.Node, c: _Collector, builtin: bool, order: int) -> Ru
     rule = Rule(
         id=rule_id, doc=doc or "", file=c.file, span=c.span(fields["id"][1]), lines=lines,
         line_spans=line_spans, where=where, compute=compute, rewrite=rewrite, targets=targets,
-        opset_min=omin, opset_max=omax, order=order, builtin=builtin, require=[r for r, _ in require],
+        conditions={t: [r for r, _ in conds] for t, conds in conditions.items()}, opset_min=omin, opset_max=omax, order=order, builtin=builtin, require=[r for r, _ in require],
         example=example, example_attrs=example_attrs, outputs_of=outputs_of, early=stage == "early",
     )
     rule_require_spans = [sp for _, sp in require]
+    condition_spans = [(expr, sp, f"the {t} condition") for t, conds in conditions.items() for (expr, _), sp in conds]
     if len(c.diags) == n_before:
-        _check_names(rule, values, compute_spans, c, rule_require_spans)
+        _check_names(rule, values, compute_spans, c, rule_require_spans, condition_spans)
     return rule if len(c.diags) == n_before else None
 
 
@@ -549,14 +550,36 @@ def _parse_example(node: yaml.Node, c: _Collector, values: set[str], lines: dict
     return shapes, attrs
 
 
-def _parse_targets(node: yaml.Node, c: _Collector) -> tuple[str, ...]:
+def _parse_targets(node: yaml.Node, c: _Collector
+                   ) -> tuple[tuple[str, ...], dict[str, list[tuple[tuple[CompiledExpr, str], Span]]]]:
+    """`targets: [cpu, cuda]`, or a mapping with conditions per target: `{cpu: {}, cuda: {require: [...]}}`
+    (the keys are the targets; an empty value means no condition beyond the rule's own)."""
+    conditions: dict[str, list[tuple[tuple[CompiledExpr, str], Span]]] = {}
+    if isinstance(node, yaml.MappingNode):
+        targets: list[str] = []
+        for name, kn, vn in _mapping(node, c, "'targets'") or []:
+            if name not in TARGETS:
+                c.error(c.span(kn), f"unknown target {name!r}", f"targets are: {', '.join(TARGETS)}")
+                continue
+            targets.append(name)
+            if isinstance(vn, yaml.ScalarNode) and _plain(vn) is None:
+                continue
+            for key, ckn, cvn in _mapping(vn, c, f"conditions for {name!r}") or []:
+                if key not in spec.TARGET_KEYS:
+                    c.error(c.span(ckn), f"unknown key {key!r} for target {name!r}", _closest(key, spec.TARGET_KEYS)
+                            or f"a target takes: {', '.join(spec.TARGET_KEYS)}")
+                elif key == "require":
+                    conditions[name] = _parse_require(cvn, c)
+        if not targets and not c.diags:
+            c.error(c.span(node), "'targets' names no target", f"targets are: {', '.join(TARGETS)}")
+        return tuple(targets) or TARGETS, conditions
     v = _plain(node)
     vals = v if isinstance(v, list) else [v]
     bad = [t for t in vals if t not in TARGETS]
     if bad or not vals:
         c.error(c.span(node), f"unknown target {bad[0] if bad else v!r}", f"targets are: {', '.join(TARGETS)}")
-        return TARGETS
-    return tuple(vals)
+        return TARGETS, conditions
+    return tuple(vals), conditions
 
 
 def _parse_opset(node: yaml.Node, c: _Collector) -> tuple[int, int]:
@@ -568,7 +591,7 @@ def _parse_opset(node: yaml.Node, c: _Collector) -> tuple[int, int]:
 
 
 def _check_names(rule: Rule, values: set[str], compute_spans: dict[str, Span], c: _Collector,
-                 require_spans: list[Span]) -> None:
+                 require_spans: list[Span], conditions: list[tuple[CompiledExpr, Span, str]] | None = None) -> None:
     lines = rule.lines
     constant_ok = {n for n, con in rule.where.items() if con.needs_constant}
     defined = set(values) | set(lines)
@@ -601,6 +624,8 @@ def _check_names(rule: Rule, values: set[str], compute_spans: dict[str, Span], c
         known.add(name)
     for (expr, _), span in zip(rule.require, require_spans, strict=True):
         check_expr(expr, span, known, "require")
+    for expr, span, what in conditions or []:
+        check_expr(expr, span, known, what)
     temps: dict[str, Span] = {}
     produced: set[str] = set()
     for rn in rule.rewrite:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .compute import CompiledExpr
-from .syntax import Call, Expr, max_calls
+from .syntax import Call, Expr, iter_refs, max_calls
 
 TARGETS = ("cpu", "cuda")
+# Rewrite ops whose output has the element type of their first input: an input read through them has that type.
+SAME_TYPE_OPS = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Expand",
+                           "Identity", "Concat", "Split", "Gather", "Tile", "Pad"})
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ class Rule:
     example_attrs: dict[tuple[str, str], object] = field(default_factory=dict)  # (line, attr) -> value
     outputs_of: dict[str, tuple[str, int]] = field(default_factory=dict)  # multi-output line names
     targets: tuple[str, ...] = TARGETS
+    conditions: dict[str, list[tuple[CompiledExpr, str]]] = field(default_factory=dict)  # target -> extra require
     early: bool = False  # stage: early (canonicalisation before the fusion rules)
     opset_min: int = 1
     opset_max: int = 10_000
@@ -137,3 +142,39 @@ class Rule:
 
     def output_ops(self) -> list[tuple[str, str]]:
         return [(rn.call.domain, rn.call.op) for rn in self.rewrite if rn.call is not None]
+
+    def for_target(self, target: str) -> Rule:
+        """The rule as it applies on `target`: its conditions for that target join `require` (each reported as
+        '<condition> (on <target>)' when it fails)."""
+        extra = self.conditions.get(target)
+        if not extra:
+            return self
+        return dataclasses.replace(self, require=self.require + [(e, f"{t} (on {target})") for e, t in extra])
+
+    def elem_source(self, rn: RewriteNode) -> tuple[str, int] | None:
+        """(match name, input index): the first input of the rewrite call `rn` whose element type the match
+        determines; a value the rewrite makes with a same-type op (Transpose, Reshape, ...) counts as the
+        match value it was made from. None when no input is one (e.g. only computed constants)."""
+        if rn.call is None:
+            return None
+        made = {o: r for r in self.rewrite for o in r.outputs if o != "_"}
+        matched = set(self.lines) | set(self.outputs_of) | {a for e in self.lines.values() for a in _refs(e)}
+        matched.discard("_")
+        for i, a in enumerate(rn.call.args):
+            name, seen = getattr(a, "name", "_"), set()
+            while name in made and name not in matched and name not in seen:
+                seen.add(name)
+                src = made[name]
+                if src.call is None:
+                    name = src.alias or "_"
+                elif src.call.domain == "" and src.call.op in SAME_TYPE_OPS and src.call.args:
+                    name = getattr(src.call.args[0], "name", "_")
+                else:
+                    name = "_"
+            if name in matched:
+                return name, i
+        return None
+
+
+def _refs(e: Expr) -> set[str]:
+    return {r.name for r in iter_refs(e)}

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .rules import TARGETS
+
 _EXPR = {"type": "string", "description": "An operator expression, e.g. Add(Erf(s), ONE) | Mul(X, Y)"}
 _NUM_OR_LIST: dict[str, Any] = {"oneOf": [{"type": "number"}, {"type": "array", "items": {"type": "number"}}]}
 _DIM = {"oneOf": [{"type": "integer"}, {"type": "string"}]}
@@ -34,6 +36,16 @@ CONSTRAINT_KEYS: dict[str, dict[str, Any]] = {
     "attrs": {"type": "object", "description": "Attribute values a match line's node must have."},
 }
 
+_REQUIRE = {"type": "array", "items": {"type": "string"},
+            "description": "Conditions (compute expressions) that must all be true for the rule to apply."}
+
+# `targets: {cuda: {...}}`: what a rule needs on one target beyond its own match, where and require.
+TARGET_KEYS: dict[str, dict[str, Any]] = {
+    "require": {**_REQUIRE, "description": "Conditions (compute expressions) that must also be true on this "
+                "target, e.g. ['Y.op_type == \"Relu\"'] where its kernel takes fewer attribute values."},
+}
+_TARGET = {"oneOf": [{"type": "null"}, {"type": "object", "additionalProperties": False, "properties": TARGET_KEYS}]}
+
 RULE_KEYS: dict[str, dict[str, Any]] = {
     "id": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.\\-]*$", "description": "Unique rule id."},
     "doc": {"type": "string", "description": "What the rule fuses and why it is exact."},
@@ -46,8 +58,7 @@ RULE_KEYS: dict[str, dict[str, Any]] = {
               "description": "Constraints per value or line name."},
     "compute": {"type": "object", "additionalProperties": {"oneOf": [{"type": "string"}, {"type": "number"}]},
                 "description": "New constant tensors from a safe expression language (sqrt, reshape, ...)."},
-    "require": {"type": "array", "items": {"type": "string"},
-                "description": "Conditions (compute expressions) that must all be true for the rule to apply."},
+    "require": _REQUIRE,
     "rewrite": {"type": "object", "additionalProperties": _EXPR,
                 "description": "Lines 'OUT[, OUT2]: domain.Op(inputs..., attr=expr, copy_attrs=line)'."},
     "example": {"type": "object", "additionalProperties": {"oneOf": [
@@ -56,8 +67,12 @@ RULE_KEYS: dict[str, dict[str, Any]] = {
                                "generated self-test models (patterns test)."},
     "stage": {"enum": ["early", "main"], "description": "early: a canonicalisation that runs to its fixed point "
               "before the fusion rules (so they see one form); default main."},
-    "targets": {"type": "array", "items": {"enum": ["cpu", "cuda"]},
-                "description": "Execution providers the rewrite's output can run on."},
+    "targets": {"oneOf": [
+                    {"type": "array", "items": {"enum": list(TARGETS)}},
+                    {"type": "object", "additionalProperties": False, "minProperties": 1,
+                     "properties": {t: _TARGET for t in TARGETS}}],
+                "description": "Execution providers the rewrite's output can run on (default: all). A mapping "
+                               "gives conditions per target: {cpu: {}, cuda: {require: [...]}}."},
     "opset": {"type": "object", "properties": {"min": {"type": "integer"}, "max": {"type": "integer"}},
               "additionalProperties": False, "description": "Model opset range where the rule applies."},
 }

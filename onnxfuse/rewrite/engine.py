@@ -3,13 +3,14 @@ order, every graph and subgraph (If/Loop/Scan bodies) included."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from ..ir import Graph, Model, Node
 from ..match.matcher import Binding, Failure, Matcher
 from ..patterns.compute import ComputeError
-from ..patterns.rules import Rule
-from ..targets import kernel_issue
+from ..patterns.rules import RewriteNode, Rule
+from ..targets import kernel_issue, kernels
 from .apply import Application, apply_match, compute_constants
 from .fold import fold
 from .version import specialize_hot_branches
@@ -38,7 +39,7 @@ class EngineOptions:
     target: str = "cpu"
     deny: set[tuple[str, str]] = field(default_factory=set)  # (rule id, root value) never applied
     fold: bool = True  # constant folding and If inlining before (and after) the rules
-    max_rewrites: int | None = None  # stop after this many (used by bisection)
+    max_rewrites: int | None = None  # stop after this many rule rewrites, folding still runs (bisection)
     hot: dict[str, bool] = field(default_factory=dict)  # If condition name -> its value on representative inputs
 
 
@@ -53,27 +54,80 @@ def order_rules(rules: list[Rule]) -> list[Rule]:
     return sorted(rules, key=lambda r: (-r.size, r.order))
 
 
-def rule_issue(rule: Rule, target: str, opset: int) -> str | None:
-    """Why a rule cannot be used at all for this target/model (None when it can)."""
+def rule_issue(rule: Rule, target: str, opset: int | None) -> str | None:
+    """Why a rule cannot be used at all for this target/model (None when it can): not declared for the target,
+    outside its opset range, or an op it emits with no kernel on the target at the model's opset (`opset` None:
+    at any opset of the rule's range) or for any element type the rule allows there."""
     if target not in rule.targets:
         return f"declared for {', '.join(rule.targets)} only"
-    if not rule.opset_min <= opset <= rule.opset_max:
+    if opset is not None and not rule.opset_min <= opset <= rule.opset_max:
         return f"model opset {opset} outside the rule's range {rule.opset_min}..{rule.opset_max}"
-    for domain, op in rule.output_ops():
-        issue = kernel_issue(domain, op, target)
-        if issue:
-            return issue
-    return None
-
-
-def match_issue(rule: Rule, graph: Graph, b: Binding, target: str) -> str | None:
-    """Per-match kernel check: the fused op's kernel must accept the dtype actually bound."""
     for rn in rule.rewrite:
         if rn.call is None:
             continue
-        first = next((b.values.get(a.name) for a in rn.call.args if b.values.get(a.name)), None)
-        t = graph.type_of(first) if first else None
-        issue = kernel_issue(rn.call.domain, rn.call.op, target, t.elem_type if t else None)
+        domain, op = rn.call.domain, rn.call.op
+        issue = kernel_issue(domain, op, target, opset=opset)
+        if issue is None and opset is None and not domain:  # no model: some opset of the rule's range will do
+            ks = kernels(domain, op, target) or ()
+            if ks and not any(k.since <= rule.opset_max and rule.opset_min <= k.until for k in ks):
+                issue = kernel_issue(domain, op, target, opset=rule.opset_min)
+        if issue:
+            return issue
+        issues = [kernel_issue(domain, op, target, d, opset, idx) for d, idx in declared_dtypes(rule, rn)]
+        if issues and all(issues):
+            return issues[0]
+    return None
+
+
+@dataclass(frozen=True)
+class RuleUsage:
+    """Whether a rule is used on a target, as far as can be told without a model (`patterns list --target`)."""
+
+    used: str  # "yes", "partly" (some dtypes refused, or only under conditions) or "no"
+    why: str  # the reasons: no kernel, a type the kernel does not take, the target's conditions
+
+
+def rule_usage(rule: Rule, target: str) -> RuleUsage:
+    issue = rule_issue(rule, target, None)
+    if issue and target not in rule.targets:  # say too whether the kernels would have been there
+        kernel = rule_issue(dataclasses.replace(rule, targets=(*rule.targets, target)), target, None)
+        issue += f"; {kernel}" if kernel else ""
+    if issue:
+        return RuleUsage("no", issue)
+    notes: list[str] = []
+    for rn in rule.rewrite:
+        if rn.call is None:
+            continue
+        for d, idx in declared_dtypes(rule, rn):
+            refused = kernel_issue(rn.call.domain, rn.call.op, target, d, None, idx)
+            if refused and refused not in notes:
+                notes.append(refused)
+    notes += [f"only when {text}" for _, text in rule.conditions.get(target, [])]
+    return RuleUsage("partly" if notes else "yes", "; ".join(notes))
+
+
+def declared_dtypes(rule: Rule, rn: RewriteNode) -> list[tuple[int, int]]:
+    """(element type, input index) for every dtype the rule's `where` allows for the input of rewrite call `rn`
+    whose type the match determines (see Rule.elem_source); empty when the rule does not say."""
+    src = rule.elem_source(rn)
+    if src is None:
+        return []
+    con = rule.where.get(src[0])
+    return [(d, src[1]) for d in con.dtype] if con is not None and con.dtype else []
+
+
+def match_issue(rule: Rule, graph: Graph, b: Binding, target: str) -> str | None:
+    """Per-match kernel check: the fused op's kernel must accept the dtype actually bound (at the model's
+    opset, for ONNX-domain ops)."""
+    opset = graph.model.opset
+    for rn in rule.rewrite:
+        if rn.call is None:
+            continue
+        src = rule.elem_source(rn)
+        value = b.values.get(src[0]) if src else None
+        t = graph.type_of(value) if value else None
+        issue = kernel_issue(rn.call.domain, rn.call.op, target, t.elem_type if t else None, opset,
+                             src[1] if src else 0)
         if issue:
             return issue
     return None
@@ -111,23 +165,30 @@ def run(model: Model, rules: list[Rule], options: EngineOptions) -> EngineResult
         if issue:
             skipped.append(RuleSkip(rule.id, issue))
         else:
-            active.append(rule)
+            active.append(rule.for_target(options.target))
     apps: list[Application] = fold(model, options.deny) if options.fold else []
     if options.fold and options.hot:
         apps.extend(specialize_hot_branches(model, options.hot, options.deny))
+    # max_rewrites counts the rules' rewrites only: the exact passes (folding before and after them) always run,
+    # so a prefix that bisection validates gives its last rewrite's nodes the inputs the full run gives them
+    exact = len(apps)
     sweeps = 0
     for stage in ([r for r in active if r.early], [r for r in active if not r.early]):
-        n, stopped = _sweep(model, stage, options, apps)
+        n, stopped = _sweep(model, stage, options, apps, exact)
         sweeps += n
         if stopped:
-            return EngineResult(apps, skipped, sweeps)
+            break
     if options.fold and apps:
         apps.extend(fold(model, options.deny))  # rules may have made more values constant
     return EngineResult(apps, skipped, sweeps)
 
 
-def _sweep(model: Model, active: list[Rule], options: EngineOptions, apps: list[Application]) -> tuple[int, bool]:
-    """Apply `active` (in order) to a fixed point. Returns (sweeps, stopped at options.max_rewrites)."""
+def _sweep(model: Model, active: list[Rule], options: EngineOptions, apps: list[Application],
+           exact: int = 0) -> tuple[int, bool]:
+    """Apply `active` (in order) to a fixed point. Returns (sweeps, stopped at options.max_rewrites rule
+    rewrites; the first `exact` of `apps` are not rule rewrites)."""
+    if options.max_rewrites is not None and len(apps) - exact >= options.max_rewrites:
+        return 0, True
     if not active:
         return 0, False
     sweeps = 0
@@ -160,7 +221,9 @@ def _sweep(model: Model, active: list[Rule], options: EngineOptions, apps: list[
                             continue
                         touched.setdefault(id(graph), set()).update(values)
                         changed = True
-                        if options.max_rewrites is not None and len(apps) >= options.max_rewrites:
+                        if options.max_rewrites is not None and len(apps) - exact >= options.max_rewrites:
+                            for g in model.graphs():  # as the end of the sweep would
+                                remove_dead_created_nodes(g)
                             return sweeps, True
         for graph in model.graphs():
             touched.setdefault(id(graph), set()).update(remove_dead_created_nodes(graph))
@@ -191,7 +254,7 @@ def near_misses(model: Model, rules: list[Rule], target: str, min_progress: int 
     out: list[NearMiss] = []
     for graph in model.graphs():
         index = _candidates(graph)
-        for rule in order_rules(rules):
+        for rule in (r.for_target(target) for r in order_rules(rules)):  # target conditions join `require`
             matcher = Matcher(rule, graph)
             for op in sorted(rule.root_ops()):
                 for node in index.get(op, ()):
