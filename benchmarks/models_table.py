@@ -12,7 +12,7 @@ import os
 import sys
 import tempfile
 
-from onnxfuse.api import OptimizeOptions, optimize
+from onnxfuse import OptimizeOptions, optimize
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

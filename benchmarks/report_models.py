@@ -13,10 +13,10 @@ import os
 import sys
 import tempfile
 
-from onnxfuse.api import OptimizeOptions, optimize
-from onnxfuse.bench import bench
+from onnxfuse import OptimizeOptions, optimize
 from onnxfuse.html_report import render, write
-from onnxfuse.profile import profile
+from onnxfuse.latency import bench
+from onnxfuse.op_profile import profile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # shapes as ../shared/tools/peer_bench.py feeds them (realistic sizes for the image models)

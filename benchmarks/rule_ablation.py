@@ -15,8 +15,9 @@ import time
 
 import onnxruntime as ort
 
-from onnxfuse import validate as V
-from onnxfuse.api import OptimizeOptions, optimize
+from onnxfuse import OptimizeOptions, optimize
+from onnxfuse.inputs.shapes import parse_shape_specs
+from onnxfuse.inputs.synth import make_inputs
 
 
 def session(path: str, threads: int) -> ort.InferenceSession:
@@ -48,8 +49,8 @@ def main() -> int:
             variants[f"all but {rule}"] = p
         import onnx
 
-        feeds = V.make_inputs(onnx.load(a.model, load_external_data=False),
-                              V.parse_shape_specs(a.shape) if a.shape else None)
+        feeds = make_inputs(onnx.load(a.model, load_external_data=False),
+                              parse_shape_specs(a.shape) if a.shape else None)
         sessions = {k: session(p, a.threads) for k, p in variants.items()}
         for s in sessions.values():
             for _ in range(10):

@@ -52,7 +52,7 @@ def build(n_nodes: int, hidden: int = 16) -> onnx.ModelProto:
 
 
 def time_onnxfuse(src: str, out: str) -> tuple[float, int]:
-    from onnxfuse.api import OptimizeOptions, optimize
+    from onnxfuse import OptimizeOptions, optimize
 
     t = time.perf_counter()
     r = optimize(src, out, OptimizeOptions(validate=False, measure=False))

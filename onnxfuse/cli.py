@@ -75,8 +75,8 @@ def optimize(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Apply fusion patterns to a fixed point, validate with onnxruntime, write OUTPUT atomically."""
-    from .api import OptimizeOptions
-    from .api import optimize as run_optimize
+    from . import OptimizeOptions
+    from . import optimize as run_optimize
 
     opts = OptimizeOptions(patterns=patterns or [], only=only or [], skip=skip or [], builtin=not no_builtin,
                            target=_target(target), validate=not no_validate, shapes=shape or [],
@@ -88,20 +88,28 @@ def optimize(
     if (bench_after or html) and dry_run:
         raise OnnxfuseError("--bench/--html need the written output; drop --dry-run")
     result = run_optimize(input, output, opts)
+    _report_optimize(result, input, output, opts, bench_after or bool(html), html, as_json)
+
+
+def _report_optimize(result, input: str, output: str, opts, bench_after: bool, html: str | None,
+                     as_json: bool) -> None:
+    """Print the result (text or JSON), after benchmarking and profiling input against output if asked."""
     bench_res, profiles = None, None
-    if bench_after or html:
-        from .bench import bench as run_bench
+    if bench_after:
+        from . import bench as run_bench
 
         with _progress() as prog:
             task = prog.add_task("bench", total=1.0)
-            bench_res = run_bench([input, output], ["input", "output"], provider=target, threads=threads,
-                                  shapes=shape, inputs_npz=inputs,
+            bench_res = run_bench([input, output], ["input", "output"], provider=opts.target,
+                                  threads=opts.measure_threads, shapes=opts.shapes or None,
+                                  inputs_npz=opts.inputs_npz,
                                   progress=lambda what, f: prog.update(task, description=what, completed=f))
     if html:
+        from . import profile as run_profile
         from .html_report import render, write
-        from .profile import profile as run_profile
 
-        profiles = [run_profile(p, target, threads, shapes=shape, inputs_npz=inputs) for p in (input, output)]
+        profiles = [run_profile(p, opts.target, opts.measure_threads, shapes=opts.shapes or None,
+                                inputs_npz=opts.inputs_npz) for p in (input, output)]
         write(html, render(f"onnxfuse optimize: {input}", bench=bench_res, profiles=profiles,
                            labels=["input", "output"], result=result))
     if as_json:
@@ -128,16 +136,11 @@ def explain(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Why fusions did not happen: the near misses of every rule, with the node and constraint that failed."""
-    from .api import explain as run_explain
+    from . import explain as run_explain
 
     ex = run_explain(model, patterns or [], _target(target), rule)
     if as_json:
-        print(json.dumps({"schema": "onnxfuse.explain/1", "fired": ex.fired,
-                          "near_misses": [m.__dict__ for m in ex.near_misses],
-                          "skipped_rules": [s.__dict__ for s in ex.skipped],
-                          "vector_width": ex.vector_width,
-                          "misaligned": [{**m.__dict__, "padded": m.padded, "waste": m.waste}
-                                         for m in ex.misaligned]}, indent=2))
+        print(json.dumps(ex.to_json(), indent=2))
         return
     from .report import print_near_misses
 
@@ -201,7 +204,7 @@ def bench(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Latency of A (and B, interleaved): median, p90, p99, min, spread, speedup with a 95% CI and a verdict."""
-    from .bench import bench as run_bench
+    from . import bench as run_bench
 
     paths = [a] + ([b] if b else [])
     for p in paths:
@@ -242,8 +245,7 @@ def profile(
 ) -> None:
     """Op-time table (onnxruntime profiler), bytes and FLOPs per op, utilization against measured peaks, and
     the memory-bound signals."""
-    from .profile import memory_bound_signals
-    from .profile import profile as run_profile
+    from . import profile as run_profile
 
     paths = [a] + ([b] if b else [])
     labels = ["A", "B"][: len(paths)]
@@ -255,15 +257,8 @@ def profile(
     with _progress() as prog:
         task = prog.add_task("profiling", total=len(paths))
         for p in paths:
-            r = run_profile(p, _target(provider), threads, _level(level), runs, shapes=shape, inputs_npz=inputs)
-            if sizes and len(sizes) > 1:
-                from .bench import bench as run_bench
-
-                sweep = run_bench([p], provider=provider, threads=threads, level=level, shapes=shape, min_runs=20,
-                                  budget_s=2.0, batches=sizes).batches
-                gain = sweep[-1].throughput["A"] / sweep[0].throughput["A"]
-                r.signals = memory_bound_signals(r, gain, f"{sizes[0]} to {sizes[-1]}")
-            results.append(r)
+            results.append(run_profile(p, _target(provider), threads, _level(level), runs, shapes=shape,
+                                       inputs_npz=inputs, batches=sizes))
             prog.advance(task)
     if html:
         from .html_report import render, write
@@ -284,11 +279,10 @@ def patterns_list(patterns: PatternsOpt = None,
                                                              "is used on this target (cpu or cuda), and why not.")]
                   = None) -> None:
     """All rules, in the order they are tried (bigger matches first)."""
-    from .api import load_rules
+    from . import load_rules, rules_in_order
     from .report import print_rule_usage, print_rules
-    from .rewrite.engine import order_rules
 
-    rules = order_rules(load_rules(patterns or [], not no_builtin))
+    rules = rules_in_order(load_rules(patterns or [], not no_builtin))
     if target is None:
         print_rules(rules, out)
     else:
@@ -298,7 +292,7 @@ def patterns_list(patterns: PatternsOpt = None,
 @patterns_app.command("show")
 def patterns_show(rule_id: Annotated[str, typer.Argument(help="Rule id.")], patterns: PatternsOpt = None) -> None:
     """Print one rule's source text and where it comes from."""
-    from .api import load_rules
+    from . import load_rules
 
     rules = {r.id: r for r in load_rules(patterns or [])}
     if rule_id not in rules:
@@ -323,15 +317,14 @@ def _rule_source(path: str, line: int) -> str:
 @patterns_app.command("check")
 def patterns_check(files: Annotated[list[str], typer.Argument(help="Pattern files or folders.")]) -> None:
     """Validate pattern files; print every problem as file:line:col: error: ..."""
-    from .errors import PatternError
-    from .patterns.parser import load_path
+    from . import PatternError, load_rules
 
     problems = 0
     for f in files:
         if not os.path.exists(f):
             raise OnnxfuseError(f"{f}: no such pattern file or folder")
         try:
-            rules = load_path(f)
+            rules = load_rules([f], builtin=False)
             out.print(f"{f}: ok ({len(rules)} rules)")
         except PatternError as e:
             diags = getattr(e, "diagnostics", None) or [e.message]
@@ -347,17 +340,15 @@ def patterns_test(files: Annotated[list[str] | None, typer.Argument(help="Patter
                   = None, rule: Annotated[str | None, typer.Option("--rule", "-r")] = None) -> None:
     """Self-test rules: build a model per alternative and operand order, check the rule fires once with equal
     onnxruntime outputs, and that mutants (constant off, extra consumer, wrong dtype) do not fire."""
-    from .api import builtin_patterns_dir
-    from .patterns.parser import load_path
-    from .selftest import check_rules
+    from . import load_rules, self_test
 
-    rules = [r for f in (files or [builtin_patterns_dir()]) for r in load_path(f)]
+    rules = load_rules(files or [], builtin=not files)
     if rule:
         rules = [r for r in rules if r.id == rule]
         if not rules:
             raise OnnxfuseError(f"no rule with id {rule!r}")
     failures = 0
-    for report in check_rules(rules):
+    for report in self_test(rules):
         status = "[green]ok[/green]" if report.ok else "[red]FAIL[/red]"
         out.print(f"{status} {report.rule}: {report.summary}")
         for problem in report.problems:
@@ -370,9 +361,9 @@ def patterns_test(files: Annotated[list[str] | None, typer.Argument(help="Patter
 @patterns_app.command("schema")
 def patterns_schema() -> None:
     """Print the JSON Schema of pattern files (for editor completion)."""
-    from .patterns.spec import json_schema_text
+    from . import pattern_schema
 
-    sys.stdout.write(json_schema_text())
+    sys.stdout.write(pattern_schema())
 
 
 @app.command("inputs")
@@ -385,21 +376,14 @@ def inputs_cmd(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """The input shapes optimize would use when none are given, and why (read from the model, probed on it)."""
-    from .api import find_inputs
-    from .inputs import fmt_bytes
+    from . import find_inputs
+    from .report import print_inputs
 
     plan = find_inputs(model, shape or [], None, _target(target), probe=not no_probe)
     if as_json:
         print(json.dumps({"schema": "onnxfuse.inputs/1", **plan.to_json()}, indent=2))
         return
-    for name, arr in plan.feeds.items():
-        out.print(f"{name}: {arr.dtype.name}[{'x'.join(map(str, arr.shape)) or 'scalar'}]", markup=False)
-    for d in plan.dims:
-        out.print(f"  {d.key} = {d.value} ({d.role}: {d.why})", markup=False)
-    for t in plan.tried:
-        out.print(f"  did not run: {t}", markup=False)
-    out.print(f"estimated activations and inputs: {fmt_bytes(plan.estimate_bytes)} (memory budget "
-              f"{fmt_bytes(plan.budget_bytes)})")
+    print_inputs(plan, out)
 
 
 @app.command()

@@ -25,3 +25,9 @@ class PatternError(OnnxfuseError):
 
 class InputSpecError(OnnxfuseError):
     """--shape / --inputs do not fit the model."""
+
+
+def first_line(text: str) -> str:
+    """The first non-empty line of a message from another library (onnxruntime's run several lines)."""
+    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
+    return lines[0] if lines else "(no message)"

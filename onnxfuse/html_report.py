@@ -7,8 +7,8 @@ import datetime as _dt
 import html
 from collections import Counter
 
-from .bench import BenchResult
-from .profile import ProfileResult
+from .latency import BenchResult
+from .op_profile import ProfileResult
 
 PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
            "#bab0ac"]

@@ -6,70 +6,18 @@ were); initializers stay TensorProtos (external data is read only when a pattern
 
 from __future__ import annotations
 
+import functools
 import heapq
-import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from .errors import ModelError
+from .tensors import TensorType, constant_node_value, read_external_tensor, type_from_proto
 
 GRAPH_ATTR_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-
-
-@dataclass(frozen=True)
-class TensorType:
-    """Element type and shape of a value as far as shape inference knows (dims: int, str or None)."""
-
-    elem_type: int
-    shape: tuple[int | str | None, ...] | None
-
-    @property
-    def rank(self) -> int | None:
-        return None if self.shape is None else len(self.shape)
-
-    @property
-    def dtype_name(self) -> str:
-        return dtype_name(self.elem_type)
-
-
-def iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    """Every node of a GraphProto, subgraphs (If/Loop/Scan bodies) included."""
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from iter_nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from iter_nodes(sub)
-
-
-def dtype_name(elem_type: int) -> str:
-    if elem_type == 0:
-        return "undefined"
-    return onnx.TensorProto.DataType.Name(elem_type).lower()
-
-
-def _type_from_proto(tp: onnx.TypeProto) -> TensorType | None:
-    if not tp.HasField("tensor_type"):
-        return None
-    tt = tp.tensor_type
-    shape: tuple[int | str | None, ...] | None = None
-    if tt.HasField("shape"):
-        dims: list[int | str | None] = []
-        for d in tt.shape.dim:
-            if d.HasField("dim_value"):
-                dims.append(int(d.dim_value))
-            elif d.HasField("dim_param"):
-                dims.append(d.dim_param)
-            else:
-                dims.append(None)
-        shape = tuple(dims)
-    return TensorType(tt.elem_type, shape)
 
 
 class Node:
@@ -137,7 +85,7 @@ class Graph:
         self.graph_outputs = set(self.output_names)
         self.types: dict[str, TensorType] = {}
         for vi in list(proto.input) + list(proto.output) + list(proto.value_info):
-            t = _type_from_proto(vi.type)
+            t = type_from_proto(vi.type)
             if t is not None:
                 self.types[vi.name] = t
         for t in proto.initializer:
@@ -190,6 +138,29 @@ class Graph:
                 lst.remove(node)
                 if not lst:
                     del self.consumers[i]
+
+    def replace_input_with(self, node: Node, index: int, new: str) -> None:
+        """Make input `index` of a live `node` read `new`; the consumer maps follow."""
+        old = node.proto.input[index]
+        if old == new:
+            return
+        node.proto.input[index] = new
+        if old and old not in node.proto.input and old not in node.implicit_inputs:
+            lst = self.consumers.get(old)
+            if lst and node in lst:
+                lst.remove(node)
+                if not lst:
+                    del self.consumers[old]
+        if new and node not in self.consumers.get(new, []):
+            self.consumers.setdefault(new, []).append(node)
+
+    def replace_all_uses_with(self, old: str, new: str) -> None:
+        """Make every explicit reader of `old` in this graph read `new` (readers inside subgraphs that capture
+        `old` by name are not rewired: callers keep the name alive for them, e.g. through an Identity)."""
+        for reader in list(self.consumers.get(old, [])):
+            for i, name in enumerate(reader.proto.input):
+                if name == old:
+                    self.replace_input_with(reader, i, new)
 
     def live_nodes(self) -> Iterator[Node]:
         return (n for n in self.nodes if n.alive)
@@ -298,7 +269,7 @@ class Graph:
         if t is not None:
             value = self.model.tensor_to_array(t)
         else:
-            value = _constant_node_value(self.producer[source])
+            value = constant_node_value(self.producer[source].proto)
         cache[key] = value
         return value
 
@@ -348,7 +319,7 @@ class Graph:
         nodes = self.sorted_nodes()
         used: set[str] = set(self.output_names)
         for n in nodes:
-            out.node.append(_export_node(n))
+            out.node.append(export_node(n))
             used.update(Graph._uses(n))
         for t in self.proto.initializer:
             if t.name in self.model.touched_values and t.name not in used and t.name not in self.input_names:
@@ -362,7 +333,7 @@ class Graph:
         return out
 
 
-def _export_node(node: Node) -> onnx.NodeProto:
+def export_node(node: Node) -> onnx.NodeProto:
     if not node.subgraphs and node.provenance is None:
         return node.proto
     proto = onnx.NodeProto()
@@ -382,23 +353,6 @@ def _export_node(node: Node) -> onnx.NodeProto:
     return proto
 
 
-def _constant_node_value(node: Node) -> np.ndarray:
-    a = node.proto.attribute[0] if node.proto.attribute else None
-    if a is None:
-        raise ModelError(f"Constant node {node.name!r} has no value")
-    if a.name == "value":
-        return numpy_helper.to_array(a.t)
-    if a.name == "value_float":
-        return np.array(a.f, dtype=np.float32)
-    if a.name == "value_floats":
-        return np.array(list(a.floats), dtype=np.float32)
-    if a.name == "value_int":
-        return np.array(a.i, dtype=np.int64)
-    if a.name == "value_ints":
-        return np.array(list(a.ints), dtype=np.int64)
-    raise ModelError(f"Constant node {node.name!r} has unsupported attribute {a.name!r}")
-
-
 class Model:
     """A loaded model: the root graph plus what the writer needs (opsets, base folder for external data)."""
 
@@ -412,6 +366,12 @@ class Model:
         for o in proto.opset_import:
             self.opsets["" if o.domain == "ai.onnx" else o.domain] = o.version
         self.graph = Graph(proto.graph, self)
+
+    @functools.cached_property
+    def input_dim_names(self) -> frozenset[str]:
+        """The symbolic dim names the model declares on its graph inputs (the user's names for dims)."""
+        return frozenset(d.dim_param for i in self.proto.graph.input for d in i.type.tensor_type.shape.dim
+                         if d.dim_param)
 
     @property
     def opset(self) -> int:
@@ -458,21 +418,3 @@ def _shell(proto, shell, skip: tuple[str, ...]):
     return shell
 
 
-def external_info(t: onnx.TensorProto) -> dict[str, str]:
-    return {e.key: e.value for e in t.external_data}
-
-
-def read_external_tensor(t: onnx.TensorProto, base_dir: str) -> np.ndarray:
-    info = external_info(t)
-    path = os.path.join(base_dir, info.get("location", ""))
-    offset = int(info.get("offset", 0))
-    length = int(info["length"]) if "length" in info else None
-    with open(path, "rb") as f:
-        f.seek(offset)
-        data = f.read() if length is None else f.read(length)
-    copy = onnx.TensorProto()
-    copy.CopyFrom(t)
-    del copy.external_data[:]
-    copy.data_location = onnx.TensorProto.DEFAULT
-    copy.raw_data = data
-    return numpy_helper.to_array(copy)

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 import onnx
 from google.protobuf.message import DecodeError
 
-from . import repair as R
 from .errors import ModelError
-from .ir import Graph, Model, _type_from_proto, external_info, iter_nodes
+from .ir import Graph, Model
+from .ort_check import file_key, ort_probe
+from .repair import repair_model, unrepairable
+from .tensors import external_info, iter_nodes, type_from_proto
 
 TWO_GB = 2**31
 EXTERNAL_THRESHOLD = 1024  # bytes: tensors at least this large go to the external data file
@@ -58,27 +60,27 @@ def load_model(path: str) -> tuple[Model, LoadInfo]:
     ext_bytes = _check_external_data(proto, base_dir, path)
     refused = _check_model(proto, path, ext_bytes > 0)
     if refused:  # onnx.checker rejects it: the bar is whether onnxruntime loads it
-        probe = R.ort_probe(path)
+        probe = ort_probe(path)
         if probe.error:
             raise ModelError(f"{path}: invalid model: onnxruntime cannot load it ({probe.error})")
-    fixed = R.repair_model(proto, (lambda: R.ort_probe(path)) if refused else None, R.file_key(path))
+    fixed = repair_model(proto, (lambda: ort_probe(path)) if refused else None, file_key(path))
     if fixed.suspect and not refused:  # defects onnxruntime usually refuses: it says so in one line
-        probe = R.ort_probe(path)
+        probe = ort_probe(path)
         if probe.error:
             raise ModelError(f"{path}: invalid model: onnxruntime cannot load it ({probe.error})")
     if refused or fixed.done:
         _recheck(proto, path, refused)
-    inferred = _infer_types(proto)
+    inferred = infer_types(proto)
     model = Model(proto, base_dir)
     model.names.update(n.name for n in iter_nodes(proto.graph))  # node names given by a repair stay unique
     if inferred is not None:
-        _merge_types(model.graph, inferred.graph)
+        merge_types(model.graph, inferred.graph)
     return model, LoadInfo(path, size, ext_bytes > 0, ext_bytes, tuple(fixed.done), tuple(fixed.notes))
 
 
 def _recheck(proto: onnx.ModelProto, path: str, refused: str | None) -> None:
     """The repaired copy must pass onnx.checker (the output is checked with it too)."""
-    left = R.unrepairable(proto)
+    left = unrepairable(proto)
     if left:
         raise ModelError(f"{path}: {left[0]}", hint=left[1])
     error = _checker_error(_checkable(proto))
@@ -93,11 +95,11 @@ def _recheck(proto: onnx.ModelProto, path: str, refused: str | None) -> None:
 def _checkable(proto: onnx.ModelProto) -> onnx.ModelProto:
     """`proto`, or a copy whose external tensors are empty stubs: the checker resolves external data only for a
     model given by path, and the data was checked when the original was."""
-    if not any(t.data_location == onnx.TensorProto.EXTERNAL for t in _all_tensors(proto.graph)):
+    if not any(t.data_location == onnx.TensorProto.EXTERNAL for t in all_tensors(proto.graph)):
         return proto
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)
-    for t in _all_tensors(copy.graph):
+    for t in all_tensors(copy.graph):
         if t.data_location == onnx.TensorProto.EXTERNAL:
             del t.external_data[:]
             del t.dims[:]
@@ -106,23 +108,23 @@ def _checkable(proto: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
-def _all_tensors(graph: onnx.GraphProto):
+def all_tensors(graph: onnx.GraphProto):
     yield from graph.initializer
     for node in graph.node:
         for a in node.attribute:
             if a.type == onnx.AttributeProto.TENSOR:
                 yield a.t
             elif a.type == onnx.AttributeProto.GRAPH:
-                yield from _all_tensors(a.g)
+                yield from all_tensors(a.g)
             elif a.type == onnx.AttributeProto.GRAPHS:
                 for g in a.graphs:
-                    yield from _all_tensors(g)
+                    yield from all_tensors(g)
 
 
 def _check_external_data(proto: onnx.ModelProto, base_dir: str, path: str) -> int:
     total = 0
     real_base = os.path.realpath(base_dir)
-    for t in _all_tensors(proto.graph):
+    for t in all_tensors(proto.graph):
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
         info = external_info(t)
@@ -226,7 +228,7 @@ def _find_cycle(graph: onnx.GraphProto) -> list[str] | None:
     return None
 
 
-def _infer_types(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+def infer_types(proto: onnx.ModelProto) -> onnx.ModelProto | None:
     """Shape inference on a copy (symbolic dims stay symbolic); best effort: None when it fails."""
     try:
         return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
@@ -234,10 +236,10 @@ def _infer_types(proto: onnx.ModelProto) -> onnx.ModelProto | None:
         return None
 
 
-def _merge_types(g: Graph, src: onnx.GraphProto) -> None:
+def merge_types(g: Graph, src: onnx.GraphProto) -> None:
     """Copy inferred types into `g`, then into its subgraphs (same node order in `src`)."""
     for vi in list(src.value_info) + list(src.output) + list(src.input):
-        t = _type_from_proto(vi.type)
+        t = type_from_proto(vi.type)
         if t is not None and (vi.name not in g.types or g.types[vi.name].shape is None):
             g.types[vi.name] = t
     for node, src_node in zip(g.nodes, src.node, strict=False):
@@ -245,7 +247,7 @@ def _merge_types(g: Graph, src: onnx.GraphProto) -> None:
             subs = node.subgraphs.get(a.name, [])
             srcs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
             for sub, sub_src in zip(subs, srcs, strict=False):
-                _merge_types(sub, sub_src)
+                merge_types(sub, sub_src)
 
 
 # ----- writing ---------------------------------------------------------------------------------------------
@@ -264,7 +266,7 @@ def save_model(
         raise ModelError(f"{out_path}: output folder {out_dir} does not exist")
     if not os.access(out_dir, os.W_OK):
         raise ModelError(f"{out_path}: output folder {out_dir} is not writable")
-    has_external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in _all_tensors(proto.graph))
+    has_external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in all_tensors(proto.graph))
     external = external or has_external
     tmp_files: list[str] = []
     try:
@@ -300,7 +302,7 @@ def save_model(
 
 
 def _externalize(graph: onnx.GraphProto, data_file, data_name: str, source_base_dir: str) -> None:
-    for t in _all_tensors(graph):
+    for t in all_tensors(graph):
         if t.data_location == onnx.TensorProto.EXTERNAL:
             info = external_info(t)
             src = os.path.join(source_base_dir, info["location"])

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 import onnx
 
 MS_DOMAIN = "com.microsoft"
+# Domains whose ops have schemas somewhere onnxruntime knows (ONNX's, ONNX-ML's, onnxruntime's contrib and
+# internal layout domains): a node in any other domain is unknown unless the model defines it as a function.
+RUNTIME_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchwc", "ai.onnx.training",
+                   "ai.onnx.preview.training", "com.microsoft.experimental", "com.ms.internal.nhwc")
 COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal",
                          "BitwiseAnd", "BitwiseOr", "BitwiseXor"})
 

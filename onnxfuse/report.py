@@ -8,8 +8,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .api import Result
+from .inputs import InputPlan, fmt_bytes
 from .patterns.rules import Rule
+from .result import Result
 from .rewrite.engine import NearMiss
 
 
@@ -199,3 +200,15 @@ def print_profile(profiles, labels, console: Console, nodes: bool = False) -> No
                       f"{p.overhead_us:.1f} us per op call (calibrated) is subtracted")
         for s in p.signals:
             console.print(f"  - {s}")
+
+
+def print_inputs(plan: InputPlan, console: Console) -> None:
+    """`onnxfuse inputs`: each input's dtype and shape, each dim's value, role and why, the tries that failed."""
+    for name, arr in plan.feeds.items():
+        console.print(f"{name}: {arr.dtype.name}[{'x'.join(map(str, arr.shape)) or 'scalar'}]", markup=False)
+    for d in plan.dims:
+        console.print(f"  {d.key} = {d.value} ({d.role}: {d.why})", markup=False)
+    for t in plan.tried:
+        console.print(f"  did not run: {t}", markup=False)
+    console.print(f"estimated activations and inputs: {fmt_bytes(plan.estimate_bytes)} (memory budget "
+                  f"{fmt_bytes(plan.budget_bytes)})", markup=False)

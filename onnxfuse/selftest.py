@@ -19,23 +19,25 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-import onnx.helper as oh
-from onnx import numpy_helper
 
+from .compare import default_tolerance
 from .ir import Model
 from .match.matcher import Matcher
-from .opschema import op_spec
 from .patterns.rules import Rule
-from .patterns.syntax import Alt, Call, Expr, Ref
+from .patterns.syntax import Call, Expr, Ref
 from .rewrite.engine import EngineOptions, match_issue, rule_issue, run
+from .selftest_models import (
+    FLOAT,
+    FLOATS,
+    Builder,
+    Mutation,
+    claimed_dtypes,
+    expand,
+    instances,
+    rule_opsets,
+    swap_operands,
+)
 from .targets import kernel_issue, provider_registered
-from .validate import default_tolerance
-
-MAX_INSTANCES = 48
-DEFAULT_DIM = 4
-NAMED_DIMS = {"k": 8}
-FLOAT = onnx.TensorProto.FLOAT
-FLOATS = (FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
 
 
 @dataclass
@@ -84,225 +86,6 @@ def dtype_label(elem: int) -> str:
         elem, onnx.TensorProto.DataType.Name(elem).lower())
 
 
-def claimed_dtypes(rule: Rule) -> list[int]:
-    """The floating dtypes a rule claims: those of the first `dtype` constraint that starts with a floating type
-    (the value the generated models are built around); float32 where no constraint names one."""
-    for con in rule.where.values():
-        if con.dtype and con.dtype[0] in FLOATS:
-            return [d for d in con.dtype if d in FLOATS]
-    return [FLOAT]
-
-
-# ----- expanding alternatives -----------------------------------------------------------------------------
-def _expand(e: Expr) -> list[Expr]:
-    if isinstance(e, Alt):
-        return [x for o in e.options for x in _expand(o)]
-    if isinstance(e, Call):
-        return [Call(e.op, e.domain, list(args), e.kwargs, e.kw_offs, e.off, e.lits)
-                for args in itertools.product(*[_expand(a) for a in e.args])]
-    return [e]
-
-
-def _swap(e: Expr) -> Expr:
-    if isinstance(e, Call):
-        args = [_swap(a) for a in e.args]
-        spec = op_spec(e.domain, e.op)
-        if spec is not None and spec.commutative and len(args) == 2:
-            args.reverse()
-        return Call(e.op, e.domain, args, e.kwargs, e.kw_offs, e.off, e.lits)
-    return e
-
-
-def instances(rule: Rule) -> list[tuple[dict[str, Expr], tuple[int, ...]]]:
-    """Every combination of alternatives (evenly thinned to MAX_INSTANCES), with each line's option index."""
-    names = rule.line_names()
-    options = [list(enumerate(_expand(rule.lines[n]))) for n in names]
-    combos = list(itertools.product(*options))
-    if len(combos) > MAX_INSTANCES:
-        step = len(combos) / MAX_INSTANCES
-        picked = [combos[int(i * step)] for i in range(MAX_INSTANCES)]
-        covered = {(li, c[li][0]) for c in picked for li in range(len(names))}
-        for li, opts in enumerate(options):  # every alternative of every line at least once
-            for oi, _ in opts:
-                if (li, oi) not in covered:
-                    extra = next(c for c in combos if c[li][0] == oi)
-                    picked.append(extra)
-                    covered |= {(lj, extra[lj][0]) for lj in range(len(names))}
-        combos = picked
-    return [(dict(zip(names, (e for _, e in c), strict=True)), tuple(i for i, _ in c)) for c in combos]
-
-
-# ----- building a model -------------------------------------------------------------------------------------
-def _np(elem: int) -> np.dtype:
-    return onnx.helper.tensor_dtype_to_np_dtype(elem)
-
-
-def _input_type(call: Call, idx: int, opset: int, primary: int) -> int:
-    """Element type an op wants at input `idx`: int64 for axes/shape-like inputs, else the primary float."""
-    try:
-        schema = onnx.defs.get_schema(call.op, opset, call.domain or "")
-    except onnx.defs.SchemaError:
-        return primary
-    if not schema.inputs:
-        return primary
-    formal = schema.inputs[min(idx, len(schema.inputs) - 1)]
-    allowed = [formal.type_str] if formal.type_str.startswith("tensor(") else next(
-        (list(tc.allowed_type_strs) for tc in schema.type_constraints if tc.type_param_str == formal.type_str), [])
-    want = f"tensor({onnx.TensorProto.DataType.Name(primary).lower()})"
-    if not allowed or want in allowed:
-        return primary
-    if "tensor(int64)" in allowed:
-        return onnx.TensorProto.INT64
-    if len(allowed) == 1:  # e.g. Where's bool condition
-        return getattr(onnx.TensorProto, allowed[0][len("tensor("):-1].upper(), primary)
-    return primary
-
-
-@dataclass
-class _Mutation:
-    const_scale: dict[str, float] = field(default_factory=dict)  # value name -> multiply const by this
-    extra_output: str | None = None  # interior line to expose through an extra consumer
-    dtype: int | None = None  # replace the primary float type
-
-
-class _Builder:
-    def __init__(self, rule: Rule, inst: dict[str, Expr], opset: int, with_optional: bool, mut: _Mutation,
-                 rng: np.random.Generator, example: int = 0) -> None:
-        self.rule, self.inst, self.opset, self.with_optional, self.mut, self.rng = (
-            rule, inst, opset, with_optional, mut, rng)
-        self.example = {k: v[min(example, len(v) - 1)] for k, v in rule.example.items()}
-        self.primary = mut.dtype or self._primary_dtype()
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
-        self.inputs: list[onnx.ValueInfoProto] = []
-        self.feeds: dict[str, np.ndarray] = {}
-        self.done: dict[str, str] = {}
-        self.dims: dict[str, int] = dict(NAMED_DIMS)
-        self.n = 0
-        self._bind_example_dims()
-
-    def _primary_dtype(self) -> int:
-        return claimed_dtypes(self.rule)[0]
-
-    def _bind_example_dims(self) -> None:
-        for name, shape in self.example.items():
-            con = self.rule.where.get(name)
-            if con is not None and con.shape:
-                for alt in con.shape:
-                    if len(alt) == len(shape):
-                        for p, d in zip(alt, shape, strict=True):
-                            if isinstance(p, str) and p != "_":
-                                self.dims.setdefault(p, d)
-                        break
-
-    def _shape(self, name: str) -> list[int]:
-        if name in self.example:
-            return list(self.example[name])
-        con = self.rule.where.get(name)
-        if con is not None and con.shape:
-            alt = con.shape[0]
-            return [d if isinstance(d, int) else (2 if d == "_" else self.dims.setdefault(d, DEFAULT_DIM))
-                    for d in alt]
-        if con is not None and con.const is not None:
-            return list(con.const.shape)
-        first = next(iter(self.example.values()), None)
-        return list(first) if first else [2, 3, 8]
-
-    def value(self, name: str, call: Call, idx: int) -> str:
-        if name in self.done:
-            return self.done[name]
-        con = self.rule.where.get(name)
-        elem = _input_type(call, idx, self.opset, self.primary)
-        if con is not None and con.dtype and con.dtype[0] in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
-            elem = con.dtype[0]  # e.g. token ids, or an int64 buffer read by a Slice
-        shape = self._shape(name)
-        fixed = self.rule.example_attrs.get(("", name))
-        if fixed is not None and not self.mut.const_scale.get(name):
-            self.inits.append(numpy_helper.from_array(np.asarray(fixed, dtype=_np(elem)), name))
-        elif con is not None and con.const is not None:
-            c = con.const * self.mut.const_scale.get(name, 1.0)
-            if name in self.mut.const_scale and (not c.any() or elem == onnx.TensorProto.INT64):
-                c = con.const + 1
-            data = np.broadcast_to(c, shape) if c.size == 1 else c.reshape(shape)
-            self.inits.append(numpy_helper.from_array(np.asarray(data, dtype=_np(elem)), name))
-        elif con is not None and con.constant:
-            data = self.rng.uniform(0.5, 1.5, size=shape) if elem != onnx.TensorProto.INT64 else np.ones(shape)
-            self.inits.append(numpy_helper.from_array(np.asarray(data, dtype=_np(elem)), name))
-        else:
-            self.inputs.append(oh.make_tensor_value_info(name, elem, shape))
-            self.feeds[name] = np.asarray(self.rng.standard_normal(shape), dtype=_np(elem))
-        self.done[name] = name
-        return name
-
-    def emit(self, e: Expr, parent: Call | None = None, idx: int = 0) -> str:
-        if isinstance(e, Ref):
-            if e.name in self.inst:
-                return self.line(e.name)
-            if e.optional and not self.with_optional:
-                return ""
-            if e.name == "_":
-                return self.value(f"ANY{idx}", parent, idx) if parent else ""
-            assert parent is not None
-            return self.value(e.name, parent, idx)
-        assert isinstance(e, Call)
-        return self._node(e, None)[0]
-
-    def line(self, name: str) -> str:
-        head = self.rule.head(name)
-        if name not in self.done:
-            call = self.inst[head]
-            assert isinstance(call, Call)
-            outs = [n for n, (h, _) in sorted(self.rule.outputs_of.items(), key=lambda kv: kv[1][1]) if h == head]
-            self._node(call, outs or [name])
-            for o in outs or [name]:
-                self.done[o] = o
-        return self.done[name]
-
-    def _node(self, call: Call, outs: list[str] | None) -> list[str]:
-        inputs = [self.emit(a, call, i) for i, a in enumerate(call.args)]
-        while inputs and inputs[-1] == "":
-            inputs.pop()
-        self.n += 1
-        outs = outs or [f"t{self.n}"]
-        attrs = dict(call.lits)
-        attrs.update({a: v for (line, a), v in self.rule.example_attrs.items() if line == outs[0]})
-        self.nodes.append(oh.make_node(call.op, inputs, outs, name=f"n{self.n}_{call.op}",
-                                       domain=call.domain or None, **attrs))
-        return outs
-
-    def build(self) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-        root = self.line(self.rule.root)
-        undefined = onnx.TensorProto.UNDEFINED  # shape inference fills the output types in
-        outputs = [oh.make_tensor_value_info(root, undefined, None)]
-        if self.mut.extra_output:
-            self.nodes.append(oh.make_node("Identity", [self.line(self.mut.extra_output)], ["extra_out"]))
-            outputs.append(oh.make_tensor_value_info("extra_out", undefined, None))
-        graph = oh.make_graph(self.nodes, f"selftest_{self.rule.id}", self.inputs, outputs, self.inits)
-        opsets = [oh.make_opsetid("", self.opset), oh.make_opsetid("com.microsoft", 1)]
-        model = oh.make_model(graph, opset_imports=opsets, ir_version=_ir_version(self.opset))
-        inferred = onnx.shape_inference.infer_shapes(model)
-        for o, io in zip(model.graph.output, inferred.graph.output, strict=True):
-            o.type.CopyFrom(io.type)
-            if o.type.tensor_type.elem_type == onnx.TensorProto.UNDEFINED:  # e.g. a contrib op: no ONNX schema
-                o.type.tensor_type.elem_type = self.primary
-            if not o.type.tensor_type.HasField("shape"):
-                o.type.tensor_type.shape.SetInParent()
-        return model, self.feeds
-
-
-def _ir_version(opset: int) -> int:
-    for ir, op in ((7, 12), (8, 14), (8, 18), (9, 20), (10, 22)):
-        if opset <= op:
-            return max(ir, 7)
-    return 10
-
-
-def _opsets(rule: Rule) -> list[int]:
-    cands = [rule.opset_min, 11, 13, 17, 18, 21, 23, rule.opset_max]
-    top = onnx.defs.onnx_opset_version()
-    return sorted({o for o in cands if rule.opset_min <= o <= min(rule.opset_max, top) and o >= 7})
-
-
 def _no_kernel_here(model: onnx.ModelProto) -> str | None:
     """A contrib op of the model that no installed execution provider can run (e.g. a CUDA-only op here)."""
     providers = [p for p in ("cpu", "cuda") if provider_registered(p)]
@@ -338,10 +121,10 @@ def _reference_note(model: onnx.ModelProto, elem: int) -> str | None:
 
 def _typed(model: onnx.ModelProto) -> Model:
     inferred = onnx.shape_inference.infer_shapes(model)
-    from .loader import _merge_types
+    from .loader import merge_types
 
     m = Model(model, ".")
-    _merge_types(m.graph, inferred.graph)
+    merge_types(m.graph, inferred.graph)
     return m
 
 
@@ -357,7 +140,7 @@ def _fires(rule: Rule, model: onnx.ModelProto, target: str | None = None) -> tup
 
 
 def _ort_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    from .validate import make_session
+    from .runtime import make_session
 
     return make_session(model.SerializeToString(), "disable").run(None, feeds)
 
@@ -366,7 +149,7 @@ def _first_line(e: Exception) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
 
 
-def _valid_build(rule: Rule, inst: dict[str, Expr], with_optional: bool, mut: _Mutation, run_reference: bool = True,
+def _valid_build(rule: Rule, inst: dict[str, Expr], with_optional: bool, mut: Mutation, run_reference: bool = True,
                  keep_unrunnable: bool = False
                  ) -> tuple[onnx.ModelProto, dict[str, np.ndarray], int, str | None] | None:
     """The first opset and example at which the instance builds, passes the checker and (with `run_reference`)
@@ -374,8 +157,8 @@ def _valid_build(rule: Rule, inst: dict[str, Expr], with_optional: bool, mut: _M
     onnxruntime, the first of them with onnxruntime's error."""
     n_examples = max((len(v) for v in rule.example.values()), default=1)
     unrunnable = None
-    for opset, ex in itertools.product(_opsets(rule), range(n_examples)):
-        b = _Builder(rule, inst, opset, with_optional, mut, np.random.default_rng(0), ex)
+    for opset, ex in itertools.product(rule_opsets(rule), range(n_examples)):
+        b = Builder(rule, inst, opset, with_optional, mut, np.random.default_rng(0), ex)
         try:
             model, feeds = b.build()
             onnx.checker.check_model(model, full_check=True)
@@ -479,9 +262,9 @@ def _check_dtype(rule: Rule, elem: int, tagged: bool, rep: RuleReport) -> dict[s
     covered: set[tuple[int, int]] = set()
     for k, (inst, choice) in enumerate(instances(rule)):
         for swap, with_opt in ((False, True), (True, False)):
-            concrete = {n: _swap(e) for n, e in inst.items()} if swap else inst
-            built = _valid_build(rule, concrete, with_opt, _Mutation(dtype=elem), keep_unrunnable=tagged)
-            if built is not None and built[3] and _valid_build(rule, concrete, with_opt, _Mutation()) is None:
+            concrete = {n: swap_operands(e) for n, e in inst.items()} if swap else inst
+            built = _valid_build(rule, concrete, with_opt, Mutation(dtype=elem), keep_unrunnable=tagged)
+            if built is not None and built[3] and _valid_build(rule, concrete, with_opt, Mutation()) is None:
                 built = None  # it does not run in the first dtype either: not a question of this dtype
             if built is None:
                 continue  # this combination is not expressible at any opset (e.g. attribute and input axes)
@@ -498,31 +281,31 @@ def _check_dtype(rule: Rule, elem: int, tagged: bool, rep: RuleReport) -> dict[s
             if first_ok is None and not swap:
                 first_ok = concrete
     for li, name in enumerate(rule.line_names()):
-        for oi in range(len(_expand(rule.lines[name]))):
+        for oi in range(len(expand(rule.lines[name]))):
             if (li, oi) not in covered:
                 rep.problems.append(f"{tag}line {name!r} alternative #{oi + 1}: no valid model could be built at "
-                                    f"opsets {_opsets(rule)} (add an 'example' with input shapes)")
+                                    f"opsets {rule_opsets(rule)} (add an 'example' with input shapes)")
     return first_ok
 
 
 def _test_mutants(rule: Rule, inst: dict[str, Expr], rep: RuleReport) -> None:
-    mutants: list[tuple[str, _Mutation]] = []
+    mutants: list[tuple[str, Mutation]] = []
     used = {r for e in inst.values() for r in _refs(e)}
     for name, con in rule.where.items():
         if con.const is not None and name in used:
-            mutants.append((f"const {name} off by 10%", _Mutation(const_scale={name: 1.1})))
+            mutants.append((f"const {name} off by 10%", Mutation(const_scale={name: 1.1})))
         if con.dtype is not None and name in used and con.dtype[0] in FLOATS:  # the mutant changes the float type
             bad = next((d for d in (onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, FLOAT)
                         if d not in con.dtype), None)
             if bad is not None:
-                mutants.append((f"{name} as {onnx.TensorProto.DataType.Name(bad).lower()}", _Mutation(dtype=bad)))
+                mutants.append((f"{name} as {onnx.TensorProto.DataType.Name(bad).lower()}", Mutation(dtype=bad)))
     for name in inst:
         if name != rule.root and name not in rule.exposed and not (rule.where.get(name) and rule.where[name].shared):
-            mutants.append((f"extra consumer on {name}", _Mutation(extra_output=name)))
+            mutants.append((f"extra consumer on {name}", Mutation(extra_output=name)))
     for label, mut in mutants:
         built = _valid_build(rule, inst, True, mut, run_reference=mut.dtype is None)
         if built is None:
-            built_model = _Builder(rule, inst, _opsets(rule)[0], True, mut, np.random.default_rng(0)).build()[0]
+            built_model = Builder(rule, inst, rule_opsets(rule)[0], True, mut, np.random.default_rng(0)).build()[0]
         else:
             built_model = built[0]
         try:

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from conftest import ort_run
 
-from onnxfuse.api import OptimizeOptions, optimize
+from onnxfuse import OptimizeOptions, optimize
 
 CORPUS = Path(__file__).resolve().parent.parent / "models" / "transformers"
 FUSED = ["bert_ts17", "bert_eager_ts17", "bert_dynamo18", "bert_eager_dynamo18", "gpt2_ts17", "gpt2_dynamo18",

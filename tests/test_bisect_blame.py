@@ -8,10 +8,10 @@ import onnx.helper as oh
 import pytest
 from conftest import make_model, op_types, ort_run, save
 
-from onnxfuse import validate as V
-from onnxfuse.api import OptimizeOptions, load_rules, optimize
+from onnxfuse import OptimizeOptions, load_rules, optimize, validate
 from onnxfuse.loader import load_model
 from onnxfuse.rewrite.engine import EngineOptions, run
+from onnxfuse.runtime import failing_node
 
 BAD_MHA = """rules:
 - id: my-mha
@@ -76,7 +76,7 @@ def test_a_kernel_rejection_names_the_rule_that_created_the_node(tmp_path):
 def test_bisection_finds_the_rule_when_no_node_is_named(tmp_path, monkeypatch):
     """The same failure without a node name (as when onnxruntime renamed the node in its own fusions):
     bisection over the rules' rewrites, folding in place around every prefix, finds the same rule."""
-    monkeypatch.setattr(V, "failing_node", lambda message: "")
+    monkeypatch.setattr(validate, "failing_node", lambda message: "")
     src = _mha_model(tmp_path)
     r, out = _optimize(tmp_path, src, BAD_MHA)
     assert [(rb.rule, rb.node) for rb in r.rolled_back] == [("my-mha", "")]
@@ -106,9 +106,9 @@ def test_wrong_numbers_blame_the_rule_not_the_folding_before_it(tmp_path):
 def test_every_layer_named_is_rolled_back(tmp_path):
     """Many failing rewrites of one rule (one per layer): each named directly, one validation each, past the
     cap that bounds bisections."""
-    from onnxfuse import api
+    from onnxfuse.rollback import MAX_ROLLBACKS
 
-    layers = api.MAX_ROLLBACKS + 2
+    layers = MAX_ROLLBACKS + 2
     nodes, prev = [], "q"
     for i in range(layers):
         nodes += [oh.make_node("Mul", [prev, "k"], [f"m{i}"], name=f"mul{i}"),
@@ -137,7 +137,7 @@ def test_every_layer_named_is_rolled_back(tmp_path):
     ("onnxruntime failed to run the model: out of memory", ""),
 ])
 def test_failing_node_in_messages(message, node):
-    assert V.failing_node(message) == node
+    assert failing_node(message) == node
 
 
 def _fold_after_rule_model(tmp_path) -> str:

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from onnxfuse.api import builtin_patterns_dir, load_rules
+from onnxfuse import builtin_patterns_dir, load_rules
 from onnxfuse.patterns.parser import load_path
 from onnxfuse.selftest import check_rule, claimed_dtypes, dtype_label
 from onnxfuse.targets import kernel_issue

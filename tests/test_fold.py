@@ -5,7 +5,7 @@ import onnx
 import onnx.helper as oh
 from conftest import make_model, op_types, ort_run, save
 
-from onnxfuse.api import OptimizeOptions, optimize
+from onnxfuse import OptimizeOptions, optimize
 
 OPTS = OptimizeOptions(builtin=False, measure=False)
 

@@ -8,12 +8,11 @@ import numpy as np
 import onnx.helper as oh
 from onnx import TensorProto
 
-from onnxfuse import selftest
-from onnxfuse.api import OptimizeOptions, builtin_patterns_dir, explain, optimize
+from onnxfuse import OptimizeOptions, builtin_patterns_dir, explain, optimize, selftest
+from onnxfuse.compare import default_tolerance
 from onnxfuse.patterns.parser import load_path
 from onnxfuse.selftest import check_rule, claimed_dtypes
 from onnxfuse.targets import kernel_issue
-from onnxfuse.validate import default_tolerance
 
 F16, F32, F64 = TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE
 BUILTIN = {r.id: r for r in load_path(builtin_patterns_dir(), builtin=True)}
@@ -35,7 +34,7 @@ def test_claimed_dtypes_come_from_the_rules_dtype_list():
 def test_float16_models_are_built_in_float16():
     rule = BUILTIN["skip-layernorm-bias"]
     inst = selftest.instances(rule)[0][0]
-    model, feeds, _, err = selftest._valid_build(rule, inst, True, selftest._Mutation(dtype=F16))
+    model, feeds, _, err = selftest._valid_build(rule, inst, True, selftest.Mutation(dtype=F16))
     assert err is None
     assert {i.type.tensor_type.elem_type for i in model.graph.input} == {F16}
     assert [t.data_type for t in model.graph.initializer] == [F16]  # BIAS

@@ -26,8 +26,8 @@ from fuzz_graphs import layernorm_chain, random_model
 from hypothesis import event, given
 from hypothesis.control import currently_in_test_context
 
-from onnxfuse.api import OptimizeOptions, optimize
-from onnxfuse.validate import default_tolerance
+from onnxfuse import OptimizeOptions, optimize
+from onnxfuse.compare import default_tolerance
 
 TOL = default_tolerance(onnx.TensorProto.FLOAT)
 # the original's own outputs may move by at most this fraction of the validator's tolerance for the

@@ -11,14 +11,15 @@ import pytest
 from conftest import make_model, ort_run, save
 from onnx import TensorProto
 
-from onnxfuse import validate as V
 from onnxfuse.errors import InputSpecError
 from onnxfuse.inputs import discover
+from onnxfuse.inputs.shapes import ShapeSpec, parse_shape_specs
+from onnxfuse.runtime import make_session, run
 
 
 def _probe(model):
-    sess = V.make_session(model.SerializeToString(), "disable", "cpu")
-    return lambda feeds: V.run(sess, feeds)
+    sess = make_session(model.SerializeToString(), "disable", "cpu")
+    return lambda feeds: run(sess, feeds)
 
 
 def _conv_model(shape):
@@ -64,11 +65,23 @@ def _audio_frames_model(frame: int):
 
 
 def test_probe_walks_down_until_the_original_runs():
+    """Exactly 91 samples run (a Reshape to [batch, 7, 13]); every rung fails, and the error names the dims."""
+    nodes = [oh.make_node("Reshape", ["x", "shape"], ["y"])]
+    model = make_model(nodes, [("x", ["batch", "samples"])], [("y", None)], {"shape": np.array([0, 7, 13], np.int64)},
+                       opset=13)
+    with pytest.raises(InputSpecError, match="no input shapes found") as e:
+        discover(model, _probe(model))
+    assert "8 tried" in str(e.value) and e.value.hint == "give them with --shape samples=N"
+    plan, ref = discover(model, _probe(model), parse_shape_specs(["samples=91"]))
+    assert plan.shapes["x"] == [2, 91] and plan.source == "--shape"
+
+
+def test_a_length_that_is_not_whole_frames_is_cut_to_whole_frames():
     model = _audio_frames_model(512)
     plan, ref = discover(model, _probe(model))
-    assert plan.shapes["x"] == [2, 2048]  # 16000, 8000 and 4000 samples are not whole frames of 512
-    assert len(plan.tried) == 3 and all("Reshape" in t for t in plan.tried)
-    assert "smaller after 3 failed" in plan.dims[1].why
+    assert plan.shapes["x"] == [2, 15872]  # 16000 is not a whole number of 512-sample frames; 31 frames are
+    assert len(plan.tried) == 1 and "Reshape" in plan.tried[0]
+    assert "15872 after 1 failed" in plan.dims[1].why
     np.testing.assert_allclose(ref["y"], ort_run(model, plan.feeds)[0])
 
 
@@ -134,10 +147,10 @@ def test_kv_cache_past_and_total_are_tied_and_fit_the_table():
 
 def test_given_shapes_are_kept_and_only_the_rest_searched():
     model = _audio_frames_model(512)
-    plan, _ = discover(model, _probe(model), V.parse_shape_specs(["batch=3"]))
-    assert plan.shapes["x"] == [3, 2048]
+    plan, _ = discover(model, _probe(model), parse_shape_specs(["batch=3"]))
+    assert plan.shapes["x"] == [3, 15872]
     with pytest.raises(InputSpecError, match="onnxruntime failed"):
-        discover(model, _probe(model), V.parse_shape_specs(["batch=3", "samples=1000"]))
+        discover(model, _probe(model), parse_shape_specs(["batch=3", "samples=1000"]))
 
 
 def test_inputs_command_and_optimize_report(cli, tmp_path):
@@ -145,9 +158,9 @@ def test_inputs_command_and_optimize_report(cli, tmp_path):
     code, stdout, stderr = cli("inputs", src, "--json")
     assert code == 0, stderr
     data = json.loads(stdout)
-    assert data["shapes"]["x"] == [2, 2048] and len(data["tried"]) == 3
+    assert data["shapes"]["x"] == [2, 15872] and len(data["tried"]) == 1
     code, stdout, _ = cli("inputs", src)
-    assert code == 0 and "samples = 2048 (audio" in stdout and "did not run: samples=16000" in stdout
+    assert code == 0 and "samples = 15872 (audio" in stdout and "did not run: samples=16000" in stdout
     code, stdout, stderr = cli("optimize", save(_conv_model(["n", 3, "h", "w"]), tmp_path / "c.onnx"),
                                tmp_path / "o.onnx", "--json")
     assert code == 0, stderr
@@ -156,8 +169,11 @@ def test_inputs_command_and_optimize_report(cli, tmp_path):
 
 
 def test_no_runnable_shape_is_one_clear_line(cli, tmp_path):
-    """Frames of 1000 samples: no rung of the audio ladder is a multiple, so nothing runs."""
-    src = save(_audio_frames_model(999), tmp_path / "a.onnx")
+    """Only 91 samples run: nothing the search tries does, so one line names the dim and nothing is written."""
+    nodes = [oh.make_node("Reshape", ["x", "shape"], ["y"]), oh.make_node("Relu", ["y"], ["z"])]
+    model = make_model(nodes, [("x", ["batch", "samples"])], [("z", None)], {"shape": np.array([0, 7, 13], np.int64)},
+                       opset=13)
+    src = save(model, tmp_path / "a.onnx")
     code, stdout, stderr = cli("optimize", src, tmp_path / "o.onnx")
     assert code == 1 and stderr.count("\n") == 1
     assert "no input shapes found that the original model runs on" in stderr and "--shape samples=N" in stderr
@@ -168,12 +184,12 @@ def test_kv_cache_decoders_get_prefill_and_decode_profiles():
     from onnxfuse.inputs import discover_profiles
 
     model = _text_model(64, past=True)
-    got = {p.name: (p.weight, plan.shapes) for p, plan, _ in discover_profiles(model, _probe(model), V.ShapeSpec(),
+    got = {p.name: (p.weight, plan.shapes) for p, plan, _ in discover_profiles(model, _probe(model), ShapeSpec(),
                                                                                  None, None)}
     assert got == {"prefill": (1.0, {"ids": [2, 32], "past_key": [2, 2, 0, 8], "attention_mask": [2, 32]}),
                    "decode": (1.0, {"ids": [2, 1], "past_key": [2, 2, 31, 8], "attention_mask": [2, 32]})}
     plain = _text_model(64)
-    assert [p.name for p, _, _ in discover_profiles(plain, _probe(plain), V.ShapeSpec(), None, None)] == ["default"]
+    assert [p.name for p, _, _ in discover_profiles(plain, _probe(plain), ShapeSpec(), None, None)] == ["default"]
 
 
 def test_profiles_are_parsed_with_weights_and_checked():
@@ -184,7 +200,7 @@ def test_profiles_are_parsed_with_weights_and_checked():
         ("prefill", 1.0, {"sequence": 40, "past_sequence": 0}),
         ("decode", 4.0, {"sequence": 1, "past_sequence": 20})]
     model = _text_model(64, past=True)
-    plans = discover_profiles(model, _probe(model), V.ShapeSpec(), None, profiles)
+    plans = discover_profiles(model, _probe(model), ShapeSpec(), None, profiles)
     assert [plan.shapes["attention_mask"] for _, plan, _ in plans] == [[2, 40], [2, 21]]
     for bad in ("prefill", "p:", "p:seq=1@0", "p:seq=x"):
         with pytest.raises(InputSpecError, match="--profile|--shape"):
@@ -192,7 +208,7 @@ def test_profiles_are_parsed_with_weights_and_checked():
     with pytest.raises(InputSpecError, match="given twice"):
         parse_profiles(["a:seq=1", "a:seq=2"])
     with pytest.raises(InputSpecError):  # a user's profile the model cannot run is an error, not a fallback
-        discover_profiles(model, _probe(model), V.ShapeSpec(), None, parse_profiles(["long:sequence=60"]))
+        discover_profiles(model, _probe(model), ShapeSpec(), None, parse_profiles(["long:sequence=60"]))
 
 
 def test_optimize_validates_every_profile_and_measures_their_weighted_total(cli, tmp_path):
@@ -211,10 +227,41 @@ def test_optimize_validates_every_profile_and_measures_their_weighted_total(cli,
 
 
 def test_weighted_time_fn_adds_profiles_per_round():
-    from onnxfuse.measure import weighted_time_fn
+    from onnxfuse.select import weighted_time_fn
 
     def fake(sources, feeds):
         return {k: [feeds["scale"] * (i + 1)] * 3 for i, k in enumerate(sources)}
 
     timed = weighted_time_fn(fake, [(1.0, {"scale": 1.0}), (4.0, {"scale": 10.0})])
     assert timed({"a": None, "b": None}, {}) == {"a": [41.0] * 3, "b": [82.0] * 3}
+
+
+def test_frames_of_a_fixed_size_are_found_from_the_reshape_error():
+    """Frames of 480 samples: no rung of the audio ladder divides, but onnxruntime names the requested shape, so
+    the next try is the largest whole number of frames (16000 -> 15840)."""
+    model = _audio_frames_model(480)
+    plan, _ = discover(model, _probe(model))
+    assert plan.shapes["x"] == [2, 15840] and len(plan.tried) == 1
+
+
+def test_feature_frames_get_their_own_ladder():
+    """[batch, 80 mel bins, frames] (a Whisper-style encoder): 3000 frames, not a toy length."""
+    nodes = [oh.make_node("ReduceMean", ["input_features"], ["y"], axes=[2], keepdims=0)]
+    model = make_model(nodes, [("input_features", ["batch", 80, "frames"])], [("y", None)], opset=13)
+    plan, _ = discover(model, _probe(model))
+    assert plan.shapes["input_features"] == [2, 80, 3000] and plan.dims[1].role == "frames"
+
+
+def test_a_bucket_table_is_not_a_position_table():
+    """T5's relative attention bias is gathered by buckets computed with Log/Min, not by positions: it bounds
+    nothing (a 32-row bucket table must not cap the text at 32)."""
+    rng = np.random.default_rng(0)
+    inits = {"word": rng.standard_normal((100, 8)).astype(np.float32),
+             "bias": rng.standard_normal((32, 8)).astype(np.float32), "cap": np.array(31, np.int64)}
+    nodes = [oh.make_node("Gather", ["word", "ids"], ["we"]), oh.make_node("Shape", ["ids"], ["s"]),
+             oh.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT), oh.make_node("Log", ["sf"], ["lg"]),
+             oh.make_node("Cast", ["lg"], ["li"], to=TensorProto.INT64), oh.make_node("Min", ["li", "cap"], ["bk"]),
+             oh.make_node("Gather", ["bias", "bk"], ["b"]), oh.make_node("Add", ["we", "b"], ["y"])]
+    model = make_model(nodes, [("ids", ["batch", "sequence"], TensorProto.INT64)], [("y", None)], inits)
+    plan, _ = discover(model, None)
+    assert plan.shapes["ids"] == [2, 128]

@@ -8,7 +8,7 @@ import onnx.helper as oh
 import pytest
 from conftest import MODELS, make_model, ort_run
 
-from onnxfuse.api import OptimizeOptions, optimize
+from onnxfuse import OptimizeOptions, optimize
 from onnxfuse.errors import ModelError
 from onnxfuse.loader import load_model
 

@@ -8,7 +8,7 @@ import onnx.helper as oh
 from conftest import MODELS, make_model, op_types, ort_run, save
 from onnx import TensorProto
 
-from onnxfuse.api import OptimizeOptions, optimize
+from onnxfuse import OptimizeOptions, optimize
 from onnxfuse.patterns.spec import json_schema_text
 from onnxfuse.targets import provider_registered
 

@@ -8,7 +8,7 @@ import onnx
 import onnx.helper as oh
 from conftest import make_model, op_types, ort_run, save
 
-from onnxfuse.api import OptimizeOptions, optimize
+from onnxfuse import OptimizeOptions, optimize
 
 
 def _conv_chain(tmp_path, group_last: bool = False):

@@ -8,7 +8,7 @@ import onnx
 import pytest
 from conftest import MODELS, ort_run
 
-from onnxfuse.api import OptimizeOptions, optimize
+from onnxfuse import OptimizeOptions, optimize
 
 
 def _opt(name, tmp_path, **kw):

@@ -53,6 +53,15 @@ CASES = [
     ("duplicate id", GOOD + GOOD.split("rules:\n", 1)[1], 11, 7, "duplicate rule id 'conv-relu-user'"),
     ("bad target", GOOD + "  targets: [tpu]\n", 11, 12, "unknown target 'tpu'"),
     ("empty file", "", 1, 1, "empty pattern file"),
+    # messages that come from the vocabulary tables (onnxfuse/patterns/parser.py)
+    ("missing rule key", GOOD.replace("  match:\n    c: Conv(X, W, B?)\n    Y: Relu(c)\n", ""), 2, 3,
+     "rule is missing 'match'"),
+    ("unknown target key", GOOD + "  targets: {cuda: {foo: 1}}\n", 11, 20,
+     "unknown key 'foo' for target 'cuda' (hint: a target takes: require)"),
+    ("misspelt target key", GOOD + "  targets: {cuda: {requre: []}}\n", 11, 20, "did you mean 'require'?"),
+    ("unknown stage", GOOD + "  stage: late\n", 11, 10, "unknown stage 'late' (hint: stages are: early, main)"),
+    ("unknown value field", GOOD + "  require: ['X.shapes[0] > 1']\n", 11, 14,
+     "values have no field 'shapes' (hint: fields: value, shape, dims, rank, dtype, size)"),
 ]
 
 

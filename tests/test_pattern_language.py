@@ -7,7 +7,7 @@ import onnx.helper as oh
 import pytest
 from conftest import make_model, op_types, ort_run, save
 
-from onnxfuse.api import OptimizeOptions, optimize
+from onnxfuse import OptimizeOptions, optimize
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.patterns.parser import parse_text
 

@@ -20,7 +20,7 @@ import pytest
 from conftest import ort_run, save
 from onnx import TensorProto, numpy_helper
 
-from onnxfuse.api import OptimizeOptions, optimize
+from onnxfuse import OptimizeOptions, optimize
 
 RNG = np.random.default_rng(0)
 W = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)

@@ -6,7 +6,7 @@ import onnx.helper as oh
 import pytest
 from conftest import make_model, op_types, ort_run, save
 
-from onnxfuse.api import OptimizeOptions, optimize
+from onnxfuse import OptimizeOptions, optimize
 
 OPTS = OptimizeOptions(measure=False, only=["squeeze-unsqueeze", "squeeze-unsqueeze-reshape", "reducemean-unsqueeze",
                                             "reducemean-size1"])

@@ -9,10 +9,10 @@ import numpy as np
 import onnx
 import onnx.helper as oh
 import pytest
-from conftest import make_model, save
+from conftest import ROOT, make_model, save
 from onnx import TensorProto
 
-from onnxfuse.api import OptimizeOptions, builtin_patterns_dir, load_rules, optimize
+from onnxfuse import OptimizeOptions, builtin_patterns_dir, load_rules, optimize
 from onnxfuse.errors import PatternError
 from onnxfuse.kernels.generate import parse, parse_types, parse_versions, to_json_text
 from onnxfuse.patterns.parser import parse_text
@@ -326,3 +326,24 @@ def test_builtin_kernel_usage_per_target():
     assert "no CPU kernel for com.microsoft.NhwcConv" in rule_usage(rules["conv-nhwc"], "cpu").why
     assert rule_usage(rules["hardswish"], "cuda").used == "yes"
     assert kernel_source("cuda").label and OPEN > 10**9
+
+
+@pytest.mark.parametrize("name", sorted(
+    [f for f in os.listdir(os.path.join(ROOT, "models")) if f.endswith(".onnx")]
+    + [os.path.join("transformers", f) for f in os.listdir(os.path.join(ROOT, "models", "transformers"))
+       if f.endswith(".onnx")]))
+def test_cuda_outputs_have_a_kernel_for_every_created_node(tmp_path, name):
+    """--target cuda on the bundled models: every node onnxfuse creates has a CUDA kernel (per the published
+    table, no GPU needed) at the model's opset and for the element type of its first input."""
+    r = optimize(os.path.join(ROOT, "models", name), None,
+                 OptimizeOptions(target="cuda", validate=False, measure=False))
+    m = onnx.shape_inference.infer_shapes(r.model)
+    opset = next(o.version for o in m.opset_import if o.domain in ("", "ai.onnx"))
+    types = {v.name: v.type.tensor_type.elem_type for v in list(m.graph.value_info) + list(m.graph.input)
+             + list(m.graph.output)}
+    types.update({t.name: t.data_type for t in m.graph.initializer})
+    created = [n for n in m.graph.node if n.doc_string.startswith("onnxfuse: rule=") and n.op_type != "Constant"]
+    problems = [f"{n.name}: {issue}" for n in created
+                if (issue := kernel_issue(n.domain, n.op_type, "cuda", types.get(n.input[0]) if n.input else None,
+                                          opset=opset, source=table_source("cuda")))]
+    assert problems == []

@@ -7,7 +7,7 @@ import onnx.helper as oh
 import pytest
 from conftest import make_model, ort_run, save
 
-from onnxfuse.api import OptimizeOptions, optimize
+from onnxfuse import OptimizeOptions, optimize
 
 F = onnx.TensorProto.FLOAT
 

@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..ir import Graph, Node, dtype_name
+from ..ir import Graph, Node
 from ..opschema import attr_value, op_spec
 from ..patterns.rules import Constraint, Rule
 from ..patterns.syntax import Alt, Call, Expr, Ref
+from ..tensors import dtype_name
 
 ABSENT = ""
 # Ops that compute shapes and indices; a chain of them that only feeds a match is removed with it.
@@ -57,6 +58,7 @@ class Failure:
     progress: int  # nodes matched when it failed
     node: str  # node (or value) where it failed
     reason: str
+    complete: bool = False  # a complete match the final checks refused (outranks equal progress)
 
 
 def _fmt(v: np.ndarray) -> str:
@@ -101,10 +103,12 @@ class Matcher:
                 return final
         return None
 
-    def _fail(self, b: Binding, where: str, reason: str) -> None:
-        progress = len(b.matched)
-        if self.best is None or progress >= self.best.progress:
-            self.best = Failure(progress, where, reason)
+    def _fail(self, b: Binding, where: str, reason: str, complete: bool = False) -> None:
+        """Remember the most advanced failure; a complete match refused by the final checks (an interior value
+        read outside) outranks a later attempt that took as many nodes, so `explain` names the real obstacle."""
+        rank = (len(b.matched), complete)
+        if self.best is None or rank >= (self.best.progress, self.best.complete):
+            self.best = Failure(len(b.matched), where, reason, complete)
 
     # ----- lines and expressions -----------------------------------------------------------------------
     def _line(self, name: str, value: str, b: Binding) -> Iterator[Binding]:
@@ -284,7 +288,7 @@ class Matcher:
         if con.shape is not None:
             shape = t.shape if t is not None else None
             for alt in con.shape:
-                dims = self._unify(alt, shape, b.dims)
+                dims = self._unify(alt, shape, b.dims, self.graph.model.input_dim_names)
                 if dims is not None:
                     return b.with_dims(dims)
             self._fail(b, value, f"{name} has shape {list(shape) if shape is not None else 'unknown'}, rule needs "
@@ -313,7 +317,10 @@ class Matcher:
 
     @staticmethod
     def _unify(pattern: tuple[int | str, ...], shape: tuple[int | str | None, ...] | None,
-               dims: dict[str, int | str]) -> dict[str, int | str] | None:
+               dims: dict[str, int | str], declared: frozenset[str] = frozenset()) -> dict[str, int | str] | None:
+        """Bind the pattern's dim names to the value's dims. Two different symbols are taken as equal (shape
+        inference often names one run-time dim twice), except two the model declares on its inputs: those are
+        the user's own names for dims that may differ ([batch, seq, k] + [batch, one, k] broadcasts)."""
         if shape is None or len(shape) != len(pattern):
             return None
         out = dict(dims)
@@ -326,9 +333,9 @@ class Matcher:
             elif d is None:
                 return None
             elif p in out:
-                if out[p] != d and not (isinstance(out[p], str) and isinstance(d, str)):
-                    return None  # literal dims must agree; two symbols are taken as equal (inference
-                    # often names one runtime dim twice), a symbol never equals a literal
+                if out[p] != d and not (isinstance(out[p], str) and isinstance(d, str)
+                                        and not (out[p] in declared and d in declared)):
+                    return None  # literal dims must agree, a symbol never equals a literal
             else:
                 out[p] = d
         return out
@@ -347,12 +354,13 @@ class Matcher:
                     continue
                 label = f"{node.op_type} {node.name!r}" + (f" (line {line})" if line else "")
                 if g.is_graph_output(out):
-                    self._fail(b, node.name, f"{label}: its output {out!r} is a graph output")
+                    self._fail(b, node.name, f"{label}: its output {out!r} is a graph output", complete=True)
                     return None
                 outside = [c for c in g.consumers.get(out, ()) if id(c) not in taken]
                 if outside and not self._feeds_only_match(outside, taken, side, {v for k, v in b.values.items() if k in self.read}):
                     names = ", ".join(sorted({f"{c.op_type} {c.name!r}" for c in outside})[:3])
-                    self._fail(b, node.name, f"{label} has {len(outside)} consumer(s) outside the match ({names})")
+                    self._fail(b, node.name, f"{label} has {len(outside)} consumer(s) outside the match ({names})",
+                               complete=True)
                     return None
         return b.with_side(tuple(side.values())) if side else b
 

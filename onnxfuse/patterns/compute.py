@@ -6,9 +6,10 @@ and a computed tensor is stored in the dtype of the first floating input it read
 stays float32 when the model is float32).
 
     names      bound values (their constant value), bound nodes (for `node.attr`), earlier compute names
-    fields     X.value, X.shape, X.rank, X.dtype, X.size (values); n.<attribute> (matched nodes, with defaults)
-    operators  + - * / ** @ unary -, comparisons, indexing and slicing, [lists], (tuples)
-    functions  see FUNCTIONS
+    fields     see VALUE_FIELDS (values) and NODE_FIELDS (matched nodes)
+    operators  + - * / // % ** @ unary - + not, and/or, comparisons, x if c else y, indexing and slicing,
+               [lists], (tuples)
+    functions  see FUNCTIONS (each with its doc line and an example; docs/patterns.md lists them)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .syntax import SyntaxProblem, offset_of, parse_python
+from .vocab import Field, Function, Table
 
 
 class ComputeError(Exception):
@@ -60,46 +62,74 @@ def _broadcasts_into(small, big) -> bool:
     return all(s == 1 or (s >= 0 and s == b) for s, b in zip(small, big[len(big) - len(small):], strict=True))
 
 
-FUNCTIONS: dict[str, Callable[..., object]] = {
-    "sqrt": np.sqrt,
-    "exp": np.exp,
-    "log": np.log,
-    "abs": np.abs,
-    "reshape": _reshape,
-    "transpose": lambda x, perm=None: np.transpose(np.asarray(x), perm),
-    "concat": lambda xs, axis=0: np.concatenate([np.asarray(x) for x in xs], axis=int(axis)),
-    "stack": lambda xs, axis=0: np.stack([np.asarray(x) for x in xs], axis=int(axis)),
-    "squeeze": lambda x, axis=None: np.squeeze(np.asarray(x), axis),
-    "expand_dims": lambda x, axis: np.expand_dims(np.asarray(x), int(axis)),
-    "zeros": lambda shape: np.zeros(_dims(shape)),
-    "ones": lambda shape: np.ones(_dims(shape)),
-    "full": lambda shape, v: np.full(_dims(shape), v),
-    "float": lambda x: float(np.asarray(x).reshape(-1)[0]) if np.size(x) == 1 else float(x),
-    "int": lambda x: int(np.asarray(x).reshape(-1)[0]) if np.size(x) == 1 else int(x),
-    "int64": lambda x: np.asarray(x, dtype=np.int64),
-    "int32": lambda x: np.asarray(x, dtype=np.int32),
-    "float32": lambda x: np.asarray(x, dtype=np.float32),
-    "floats": lambda x: [float(v) for v in np.asarray(x, dtype=np.float64).reshape(-1)],
-    "ints": lambda x: [int(v) for v in np.asarray(x).reshape(-1)],
-    "size": lambda x: int(np.size(x)),
-    "prod": lambda x: np.prod(np.asarray(x)),
-    "max": lambda *xs: max(xs) if len(xs) > 1 else np.max(xs[0]),
-    "min": lambda *xs: min(xs) if len(xs) > 1 else np.min(xs[0]),
-    "default": _default,
-    "len": len,
-    "isqrt": lambda x: 1.0 / math.sqrt(float(x)),
-    "compose_perm": lambda first, then: [int(np.asarray(first).reshape(-1)[i]) for i in np.asarray(then).reshape(-1)],
-    "broadcasts_into": _broadcasts_into,
-    "take": lambda x, idx: np.take(np.asarray(x), np.asarray(idx, dtype=np.int64)),
-    "unknown_dims": lambda dims: sum(1 for d in np.asarray(dims).reshape(-1) if int(d) < 0),
-    "norm_axes": lambda a, rank: sorted(int(x) % int(rank) for x in np.asarray(a).reshape(-1)),
-    "inverse_perm": lambda p: [int(i) for i in np.argsort(np.asarray(p).reshape(-1))],
-    "is_identity_perm": lambda p: [int(x) for x in np.asarray(p).reshape(-1)] == list(range(np.size(p))),
-    "nan": lambda: math.nan,
-    "arange": lambda n: np.arange(int(n)),
-    "all": lambda x: bool(np.all(x)),
-    "any": lambda x: bool(np.any(x)),
-}
+FUNCTIONS: Table[Function] = Table("Functions", "Functions of `compute`, `require` and rewrite attribute values.", [
+    Function("sqrt", np.sqrt, "x", "Square root, element-wise.", "sqrt(4.0)", 2.0),
+    Function("exp", np.exp, "x", "e to the power x, element-wise.", "exp(0.0)", 1.0),
+    Function("log", np.log, "x", "Natural logarithm, element-wise.", "log(1.0)", 0.0),
+    Function("abs", np.abs, "x", "Absolute value, element-wise.", "abs([-2, 3])", [2, 3]),
+    Function("reshape", _reshape, "x, shape", "x with a new shape (numpy rules: -1 takes the remaining size).",
+       "reshape([1, 2, 3, 4], [2, -1])", [[1, 2], [3, 4]]),
+    Function("transpose", lambda x, perm=None: np.transpose(np.asarray(x), perm), "x, perm=None",
+       "x with its axes permuted (reversed without perm).", "transpose([[1, 2]], [1, 0])", [[1], [2]]),
+    Function("concat", lambda xs, axis=0: np.concatenate([np.asarray(x) for x in xs], axis=int(axis)), "xs, axis=0",
+       "The tensors of the list xs joined along an existing axis.", "concat([[1, 2], [3]])", [1, 2, 3]),
+    Function("stack", lambda xs, axis=0: np.stack([np.asarray(x) for x in xs], axis=int(axis)), "xs, axis=0",
+       "The tensors of the list xs joined along a new axis.", "stack([[1, 2], [3, 4]], axis=1)", [[1, 3], [2, 4]]),
+    Function("squeeze", lambda x, axis=None: np.squeeze(np.asarray(x), axis), "x, axis=None",
+       "x without its size-1 axes (or only axis).", "squeeze([[1, 2]])", [1, 2]),
+    Function("expand_dims", lambda x, axis: np.expand_dims(np.asarray(x), int(axis)), "x, axis",
+       "x with a new size-1 axis at axis.", "expand_dims([1, 2], 0)", [[1, 2]]),
+    Function("zeros", lambda shape: np.zeros(_dims(shape)), "shape", "A tensor of zeros.", "zeros([2])", [0.0, 0.0]),
+    Function("ones", lambda shape: np.ones(_dims(shape)), "shape", "A tensor of ones.", "ones([2])", [1.0, 1.0]),
+    Function("full", lambda shape, v: np.full(_dims(shape), v), "shape, v", "A tensor filled with v.", "full([2], 7)",
+       [7, 7]),
+    Function("float", lambda x: float(np.asarray(x).reshape(-1)[0]) if np.size(x) == 1 else float(x), "x",
+       "A Python float (x must have one element): a float attribute.", "float([0.5])", 0.5),
+    Function("int", lambda x: int(np.asarray(x).reshape(-1)[0]) if np.size(x) == 1 else int(x), "x",
+       "A Python int (x must have one element), truncated: an int attribute.", "int(3.7)", 3),
+    Function("int64", lambda x: np.asarray(x, dtype=np.int64), "x", "x as an int64 tensor (e.g. a Reshape shape input).",
+       "int64([2, -1])", [2, -1]),
+    Function("int32", lambda x: np.asarray(x, dtype=np.int32), "x", "x as an int32 tensor.", "int32([1.9])", [1]),
+    Function("float32", lambda x: np.asarray(x, dtype=np.float32), "x", "x as a float32 tensor.", "float32([1, 2])",
+       [1.0, 2.0]),
+    Function("floats", lambda x: [float(v) for v in np.asarray(x, dtype=np.float64).reshape(-1)], "x",
+       "The elements of x as a flat list of floats: a floats attribute.", "floats([[1, 2]])", [1.0, 2.0]),
+    Function("ints", lambda x: [int(v) for v in np.asarray(x).reshape(-1)], "x",
+       "The elements of x as a flat list of ints: an ints attribute.", "ints([[1, 2]])", [1, 2]),
+    Function("size", lambda x: int(np.size(x)), "x", "The number of elements of x.", "size([[1, 2], [3, 4]])", 4),
+    Function("prod", lambda x: np.prod(np.asarray(x)), "x", "The product of the elements of x.", "prod([2, 3, 4])", 24),
+    Function("max", lambda *xs: max(xs) if len(xs) > 1 else np.max(xs[0]), "*xs",
+       "The largest argument; with one argument, its largest element.", "max(2, 5)", 5),
+    Function("min", lambda *xs: min(xs) if len(xs) > 1 else np.min(xs[0]), "*xs",
+       "The smallest argument; with one argument, its smallest element.", "min([4, 1, 3])", 1),
+    Function("default", _default, "x, fallback",
+       "x, or fallback where x is absent (an optional input left out, an attribute without a default).",
+       "default(B, 0) + BIAS"),
+    Function("len", len, "x", "The length of a list (the first dim of a tensor).", "len([3, 4, 5])", 3),
+    Function("isqrt", lambda x: 1.0 / math.sqrt(float(x)), "x", "1 / sqrt(x) of one number, as a float.", "isqrt(4)", 0.5),
+    Function("compose_perm",
+       lambda first, then: [int(np.asarray(first).reshape(-1)[i]) for i in np.asarray(then).reshape(-1)],
+       "first, then", "The one permutation of Transpose(Transpose(x, perm=first), perm=then).",
+       "compose_perm([0, 2, 1], [1, 0, 2])", [2, 0, 1]),
+    Function("broadcasts_into", _broadcasts_into, "small, big",
+       "True when broadcasting dims small against dims big leaves big as it is (-1: an unknown dim).",
+       "broadcasts_into([1, 4], [2, 3, 4])", True),
+    Function("take", lambda x, idx: np.take(np.asarray(x), np.asarray(idx, dtype=np.int64)), "x, idx",
+       "The elements of x (flattened) at the indices idx.", "take([10, 20, 30], [2, 0])", [30, 10]),
+    Function("unknown_dims", lambda dims: sum(1 for d in np.asarray(dims).reshape(-1) if int(d) < 0), "dims",
+       "How many dims are unknown (-1), e.g. of X.dims.", "unknown_dims([2, -1, 64])", 1),
+    Function("norm_axes", lambda a, rank: sorted(int(x) % int(rank) for x in np.asarray(a).reshape(-1)), "a, rank",
+       "Axes made non-negative for a tensor of that rank, sorted.", "norm_axes([-1, 0], 3)", [0, 2]),
+    Function("inverse_perm", lambda p: [int(i) for i in np.argsort(np.asarray(p).reshape(-1))], "p",
+       "The permutation that undoes the permutation p.", "inverse_perm([2, 0, 1])", [1, 2, 0]),
+    Function("is_identity_perm",
+       lambda p: [int(x) for x in np.asarray(p).reshape(-1)] == list(range(np.size(p))), "p",
+       "True when the permutation p leaves every axis in place.", "is_identity_perm([0, 1, 2])", True),
+    Function("nan", lambda: math.nan, "", "Not-a-number (a float).", "nan()", math.nan),
+    Function("arange", lambda n: np.arange(int(n)), "n", "The integers 0 .. n-1.", "arange(3)", [0, 1, 2]),
+    Function("all", lambda x: bool(np.all(x)), "x", "True when every element of x is true.", "all([True, False])", False),
+    Function("any", lambda x: bool(np.any(x)), "x", "True when some element of x is true.", "any([True, False])", True),
+])
 
 _BINOPS: dict[type, Callable[[object, object], object]] = {
     ast.Add: lambda a, b: a + b,
@@ -119,7 +149,25 @@ _CMPOPS: dict[type, Callable[[object, object], object]] = {
     ast.Gt: lambda a, b: a > b,
     ast.GtE: lambda a, b: a >= b,
 }
-VALUE_FIELDS = ("value", "shape", "dims", "rank", "dtype", "size")
+# What `X.<field>` reads from a value (an input of the match, or a match line's output where its op has no
+# attribute of that name); `field in VALUE_FIELDS` asks the table.
+VALUE_FIELDS: Table[Field] = Table("Value fields", "What `X.<field>` reads from a value.", [
+    Field("value", "value", "The constant tensor (a bare name X means X.value); the value must be `constant: true` "
+          "or have a `const` in `where`.", "W.value * 2"),
+    Field("shape", "value", "The dims as a list of integers; the rule does not apply where one is symbolic.",
+          "W.shape[0]"),
+    Field("dims", "value", "The dims as a list of integers, -1 where a dim is symbolic or unknown.", "X.dims[-1]"),
+    Field("rank", "value", "The number of dims.", "W.rank - 1"),
+    Field("dtype", "value", "The element type's ONNX name in lowercase: float, float16, bfloat16, double, int64, ...",
+          "X.dtype == Y.dtype"),
+    Field("size", "value", "The number of elements (static shapes only).", "W.size"),
+])
+NODE_FIELDS: Table[Field] = Table("Node fields", "What `line.<field>` reads from a match line's node.", [
+    Field("op_type", "line", "The matched node's operator (which alternative matched).", "Y.op_type == 'Relu'"),
+    Field("<attribute>", "line", "An attribute of the matched node, its schema default where absent, none where it "
+          "has no default (`default(n.attr, x)` picks x); a value field where the op has no such attribute.",
+          "Y.epsilon"),
+])
 
 
 @dataclass
@@ -263,7 +311,7 @@ def _eval(node: ast.AST, env: Env) -> object:
         args = [_eval(a, env) for a in node.args]
         kwargs = {kw.arg: _eval(kw.value, env) for kw in node.keywords if kw.arg}
         try:
-            return FUNCTIONS[node.func.id](*args, **kwargs)
+            return FUNCTIONS[node.func.id].impl(*args, **kwargs)
         except (TypeError, ValueError, IndexError) as e:
             raise ComputeError(f"{node.func.id}(): {e}") from None
     if isinstance(node, ast.BinOp):

@@ -174,7 +174,7 @@ def apply_match(rule: Rule, graph: Graph, b: Binding) -> Application:
     for k, (rn, attrs) in enumerate(built):
         if rn.call is None:
             assert rn.alias is not None
-            node = _alias(graph, b.values[rn.outputs[0]], resolve(rn.alias), root.seq + (k,), prefix, rule.id)
+            node = alias_value(graph, b.values[rn.outputs[0]], resolve(rn.alias), root.seq + (k,), prefix, rule.id)
             if node is not None:
                 node.provenance = (rule.id, replaced)
                 created.append(node.name)
@@ -205,7 +205,7 @@ def apply_match(rule: Rule, graph: Graph, b: Binding) -> Application:
             graph.model.opsets[rn.call.domain] = 1
     if any(o.startswith(MS_DOMAIN) for o in ops):
         graph.model.opsets.setdefault(MS_DOMAIN, 1)
-    _drop_dead_producers(graph, [i for n in b.matched + b.side for i in n.inputs])
+    drop_dead_producers(graph, [i for n in b.matched + b.side for i in n.inputs])
     if temps:
         _infer_temp_types(graph, [graph.producer[t].proto for t in temps.values() if t in graph.producer],
                           set(temps.values()))
@@ -233,33 +233,27 @@ def _infer_temp_types(graph: Graph, protos: list[onnx.NodeProto], temps: set[str
         inferred = onnx.shape_inference.infer_shapes(onnx.helper.make_model(g, opset_imports=opsets))
     except Exception:  # noqa: BLE001 - best effort: the values just stay untyped
         return
-    from ..ir import _type_from_proto
+    from ..tensors import type_from_proto
 
     for vi in inferred.graph.value_info:
         if vi.name in temps:
-            t = _type_from_proto(vi.type)
+            t = type_from_proto(vi.type)
             if t is not None:
                 graph.types[vi.name] = t
 
 
-def _alias(graph: Graph, old: str, new: str, seq: tuple[int, ...], prefix: str, rule_id: str) -> Node | None:
+def alias_value(graph: Graph, old: str, new: str, seq: tuple[int, ...], prefix: str, rule_id: str) -> Node | None:
     """Make every reader of `old` read `new`. A graph output (or a value read inside a subgraph) keeps its
     name through an Identity instead."""
     readers = graph.consumers.get(old, [])
     if graph.is_graph_output(old) or any(old in r.implicit_inputs for r in readers):
         proto = onnx.helper.make_node("Identity", [new], [old], name=graph.fresh_name(f"{prefix}/{rule_id}"))
         return graph.add_node(proto, seq)
-    for r in list(readers):
-        graph.remove_node(r)
-        for i, name in enumerate(r.proto.input):
-            if name == old:
-                r.proto.input[i] = new
-        r.alive = True
-        graph._index_uses(r)
+    graph.replace_all_uses_with(old, new)
     return None
 
 
-def _drop_dead_producers(graph: Graph, names: list[str]) -> None:
+def drop_dead_producers(graph: Graph, names: list[str]) -> None:
     """Remove the producers of `names` that fed only the removed nodes (Constants, and shape arithmetic
     that fed the match), recursively; mark initializers as touched so unused ones are dropped on export."""
     graph.model.touched_values.update(n for n in names if n)

@@ -13,7 +13,7 @@ from ..patterns.rules import RewriteNode, Rule
 from ..targets import kernel_issue, kernels
 from .apply import Application, apply_match, compute_constants
 from .fold import fold
-from .version import specialize_hot_branches
+from .if_versioning import specialize_hot_branches
 
 MAX_SWEEPS = 32
 

@@ -16,8 +16,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..ir import Graph, Model, Node, _export_node
-from .apply import Application, _alias, _drop_dead_producers
+from ..ir import Graph, Model, Node, export_node
+from .apply import Application, alias_value, drop_dead_producers
 
 FOLD_MAX_ELEMENTS = 1 << 16
 NEVER_FOLD = frozenset({
@@ -73,9 +73,9 @@ def _fold_pass(model: Model, deny: set[tuple[str, str]], apps: list[Application]
 
 def _retype(model: Model) -> bool:
     """Shape inference on the current (folded) model. Returns True if some value gained static dims."""
-    from ..loader import _infer_types
+    from ..loader import infer_types
 
-    inferred = _infer_types(model.export())
+    inferred = infer_types(model.export())
     if inferred is None:
         return False
     return _merge_better_types(model.graph, inferred.graph)
@@ -88,11 +88,11 @@ def _static_dims(t: object) -> int:
 
 def _merge_better_types(g: Graph, src: onnx.GraphProto) -> bool:
     """Take inferred types that are new or have more static dims than what the graph has."""
-    from ..ir import _type_from_proto
+    from ..tensors import type_from_proto
 
     gained = False
     for vi in list(src.value_info) + list(src.output) + list(src.input):
-        t = _type_from_proto(vi.type)
+        t = type_from_proto(vi.type)
         old = g.types.get(vi.name)
         if t is not None and t.shape is not None and (old is None or _static_dims(t) > _static_dims(old)):
             gained = gained or _static_dims(t) > max(_static_dims(old), 0)
@@ -125,7 +125,7 @@ def _merge_duplicates(graph: Graph, deny: set[tuple[str, str]]) -> list[Applicat
         graph.remove_node(node)
         for old, new in zip(node.outputs, first.outputs, strict=True):
             if old:
-                _alias(graph, old, new, node.seq, node.name or old, "merge-duplicates")
+                alias_value(graph, old, new, node.seq, node.name or old, "merge-duplicates")
         apps.append(Application("merge-duplicates", graph.proto.name, node.outputs[0],
                                 (node.name or node.outputs[0],), (), ()))
     return apps
@@ -144,7 +144,7 @@ def _drop_identities(graph: Graph, deny: set[tuple[str, str]]) -> list[Applicati
                 or any(out in r.implicit_inputs for r in readers)):
             continue
         graph.remove_node(node)
-        _alias(graph, out, src, node.seq, node.name or out, "identity-drop")
+        alias_value(graph, out, src, node.seq, node.name or out, "identity-drop")
         apps.append(Application("identity-drop", graph.proto.name, out, (node.name or out,), (), ()))
     return apps
 
@@ -210,7 +210,7 @@ def _fold_node(graph: Graph, node: Node) -> Application | None:
         new = graph.add_node(proto, node.seq + (k,))
         new.provenance = ("constant-fold", replaced)
         created.append(name)
-    _drop_dead_producers(graph, node.inputs)
+    drop_dead_producers(graph, node.inputs)
     return Application("constant-fold", graph.proto.name, node.outputs[0], tuple(replaced), tuple(created),
                        ("Constant",))
 
@@ -303,7 +303,7 @@ def inline_branch(graph: Graph, node: Node, take: bool, rule: str = "if-inline")
         return None  # a nested subgraph reads a branch output by name: renaming it would break that
     replaced = [node.name or node.outputs[0]]
     graph.remove_node(node)
-    _drop_dead_producers(graph, [node.proto.input[0]])
+    drop_dead_producers(graph, [node.proto.input[0]])
     for name, t in branch.initializers.items():
         graph.new_initializers[name] = t
     for name, t in branch.new_initializers.items():
@@ -315,7 +315,7 @@ def inline_branch(graph: Graph, node: Node, take: bool, rule: str = "if-inline")
     produced: set[str] = set()
     for k, n in enumerate(branch.sorted_nodes()):
         proto = onnx.NodeProto()
-        proto.CopyFrom(_export_node(n))
+        proto.CopyFrom(export_node(n))
         for i, name in enumerate(proto.input):
             if outputs.get(name):
                 proto.input[i] = outputs[name]

@@ -22,8 +22,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..ir import Graph, Model, Node, TensorType, _export_node
+from ..ir import Graph, Model, Node, export_node
 from ..match.matcher import SHAPE_ARITHMETIC
+from ..tensors import TensorType
 from .apply import Application
 from .fold import inline_branch, refold
 
@@ -229,7 +230,7 @@ def _version(graph: Graph, node: Node, tail: list[Node], hot_value: bool) -> tup
         ren.update({v: model.fresh_name(f"{v}/{tag}") for v in tail_values})
         for n in tail:
             p = onnx.NodeProto()
-            p.CopyFrom(_export_node(n))
+            p.CopyFrom(export_node(n))
             p.name = model.fresh_name(f"{n.name or n.outputs[0]}/{tag}")
             proto.node.append(p)
         if tag == "hot":  # shape inference in a subgraph cannot read outer constants: give it local copies

@@ -12,7 +12,6 @@ shapes were used and why; when nothing runs, one error names the dims to give wi
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,22 +19,34 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from . import validate as V
-from .errors import InputSpecError
+from ..compare import is_inexact
+from ..errors import InputSpecError
+from ..tensors import iter_nodes
+from .budget import default_budget_bytes, estimate_bytes, fmt_bytes, skeleton
+from .shapes import (
+    BATCH_DEFAULT,
+    InputInfo,
+    ShapeSpec,
+    check_spec_names,
+    model_inputs,
+    np_dtype,
+    resolve_one,
+)
+from .synth import PASS_THROUGH, GraphIndex, gather_axis, make_inputs, synthesize
 
-__all__ = ["DimChoice", "InputPlan", "Profile", "at_batch", "default_budget_bytes", "discover", "discover_profiles",
-           "fmt_bytes", "parse_profiles"]
+__all__ = ["DimChoice", "InputPlan", "default_budget_bytes", "discover", "fmt_bytes", "plan_dims", "shapes_at"]
 
 # role -> ladder of values, most realistic first; the probe walks down them together
 LADDERS: dict[str, tuple[int, ...]] = {
     "seq": (128, 64, 32, 16, 8),
     "image": (224, 192, 160, 128, 96, 64, 32),
     "audio": (16000, 8000, 4000, 2048, 1024, 512, 256),
+    "frames": (3000, 1500, 1000, 500, 256, 128, 64),  # feature frames (10 ms each): Whisper's 30 s is 3000
     "other": (16, 64, 256, 1024, 8, 1),  # unknown meaning: up first (minimums from pads, windows), then down
 }
 MAX_PROBES = 8
-BUDGET_FRACTION = 0.25  # of the memory available when onnxfuse starts
 _PAST_WORDS = ("past", "cache")
+_FEATURE_WORDS = ("feature", "mel", "fbank", "spectrogram")
 _TOTAL_WORDS = ("total", "+")
 
 
@@ -79,25 +90,6 @@ class InputPlan:
                 "tried": self.tried, "estimate_bytes": self.estimate_bytes, "budget_bytes": self.budget_bytes}
 
 
-def default_budget_bytes() -> int:
-    """A fraction of the memory available now (MemAvailable on Linux; physical pages elsewhere)."""
-    avail = 0
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-    except OSError:
-        pass
-    if not avail:
-        try:
-            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            avail = 8 << 30
-    return int(avail * BUDGET_FRACTION)
-
-
 # ---- roles --------------------------------------------------------------------------------------------------
 
 
@@ -114,9 +106,9 @@ def _words(name: str) -> str:
     return name.lower()
 
 
-def _role(name: str | None, info: V.InputInfo, axis: int, rank: int, model_kind: str) -> str:
+def _role(name: str | None, info: InputInfo, axis: int, rank: int, model_kind: str) -> str:
     """batch / past / total / seq / image / audio / other, from the dim's name, the input and the model."""
-    is_float = V._is_inexact(V._np_dtype(info))
+    is_float = is_inexact(np_dtype(info))
     low = _words(name or "")
     if axis == 0 and rank > 1 and not any(w in low for w in ("seq", "len", "token", "time", "past", "total")):
         return "batch"  # the leading dim of a tensor input, whatever the exporter named it
@@ -128,6 +120,9 @@ def _role(name: str | None, info: V.InputInfo, axis: int, rank: int, model_kind:
         return "past"
     if is_float and rank == 4 and axis in (2, 3) and model_kind == "image":
         return "image"
+    if is_float and rank == 3 and axis == 2 and (any(w in _words(info.name) for w in _FEATURE_WORDS)
+                                                  or "frame" in low):
+        return "frames"  # [batch, mel bins, frames]
     if is_float and model_kind == "audio" and axis == rank - 1:
         return "audio"
     if not is_float and rank >= 2 and axis == rank - 1:
@@ -137,24 +132,24 @@ def _role(name: str | None, info: V.InputInfo, axis: int, rank: int, model_kind:
     return "other"
 
 
-def _model_kind(inputs: list[V.InputInfo]) -> str:
+def _model_kind(inputs: list[InputInfo]) -> str:
     """'audio' when a float input of rank 2-3 has a dynamic last axis and no input is an image."""
-    floats = [i for i in inputs if i.shape is not None and V._is_inexact(V._np_dtype(i)) and not _is_cache(i)]
+    floats = [i for i in inputs if i.shape is not None and is_inexact(np_dtype(i)) and not _is_cache(i)]
     if any(len(i.shape) == 4 for i in floats):
         return "image"
     for i in floats:
         if len(i.shape) in (2, 3) and not isinstance(i.shape[-1], int) and not any(
                 w in _words(i.name) for w in ("hidden", "embed", "state", "past", "cache", "feature")):
             return "audio"
-    return "text" if any(not V._is_inexact(V._np_dtype(i)) for i in inputs if i.elem_type) else "other"
+    return "text" if any(not is_inexact(np_dtype(i)) for i in inputs if i.elem_type) else "other"
 
 
-def _is_cache(info: V.InputInfo) -> bool:
+def _is_cache(info: InputInfo) -> bool:
     """A KV-cache input (past_key_values.0.key, past_key, cache_v, ...)."""
     return any(w in _words(info.name) for w in _PAST_WORDS)
 
 
-def _sample_rate_hint(inputs: list[V.InputInfo]) -> int | None:
+def _sample_rate_hint(inputs: list[InputInfo]) -> int | None:
     """An 8 kHz model (a name saying so) wants 0.5-1 s at 8000 samples per second."""
     for i in inputs:
         if "8k" in _words(i.name) or "8000" in _words(i.name):
@@ -166,89 +161,53 @@ def _sample_rate_hint(inputs: list[V.InputInfo]) -> int | None:
 
 
 def position_table_rows(model: onnx.ModelProto) -> tuple[int, str] | None:
-    """The smallest table (rank 2, 16+ rows) gathered on axis 0 by indices the graph computes itself (not ids
-    fed by the user): a position table; a text sequence (past + new included) cannot be longer."""
-    index = V._GraphIndex.build(model)
-    feeds = {i.name for i in model.graph.input}
-    derived_from_input = _values_fed_by(index, feeds)
+    """The smallest table (rank 2, 16+ rows) gathered on axis 0 by positions: indices from a Range, a CumSum,
+    a Slice of a constant buffer (the exported arange) or a position_ids input. A text sequence (past + new
+    included) cannot be longer. Tables indexed otherwise (token ids, T5's relative-position buckets) bound
+    nothing."""
+    index = GraphIndex.build(model)
+    inputs = {i.name for i in model.graph.input}
     best: tuple[int, str] | None = None
-    for node in V.iter_nodes(model.graph):
+    for node in iter_nodes(model.graph):
         if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
             continue
         shape = index.static_shape(node.input[0])
-        if not shape or len(shape) != 2 or shape[0] < 16 or V._gather_axis(node, 2) != 0:
+        if not shape or len(shape) != 2 or shape[0] < 16 or gather_axis(node, 2) != 0:
             continue
-        if node.input[1] in derived_from_input and not _named_position(node.input[1]):
-            continue
-        if best is None or shape[0] < best[0]:
+        if _positional(index, node.input[1], inputs) and (best is None or shape[0] < best[0]):
             best = (shape[0], node.input[0])
     return best
 
 
-def _named_position(value: str) -> bool:
-    """Ids that are positions (position_ids input, or computed from one)."""
-    return "position" in value.lower() or "pos" in value.lower().split("/")[-1]
+_INDEX_PASS = PASS_THROUGH | {"Add", "Sub", "Cast", "Expand", "Unsqueeze", "Squeeze"}
 
 
-def _values_fed_by(index: V._GraphIndex, sources: set[str]) -> set[str]:
-    """Values computed from the feeds' *values* through pass-through ops (ids, not shapes)."""
-    seen: set[str] = set()
-    stack = list(sources)
-    while stack:
-        v = stack.pop()
-        if v in seen:
-            continue
-        seen.add(v)
-        for node in index.consumers.get(v, []):
-            if node.op_type in V._PASS_THROUGH or node.op_type in ("Add", "Sub", "Mul", "Cast", "Clip", "Where"):
-                stack.extend(o for o in node.output if o)
-    return seen
+def _positional(index: GraphIndex, value: str, inputs: set[str], depth: int = 0) -> bool:
+    """Whether `value` holds positions 0, 1, 2, ... (up to an offset): see position_table_rows."""
+    if value in inputs:
+        return "position" in value.lower()
+    node = index.producers.get(value)
+    if node is None or depth > 12:
+        return False
+    if node.op_type in ("Range", "CumSum"):
+        return True
+    if node.op_type == "Slice":
+        return index.static_shape(node.input[0]) is not None  # a Slice of the exported arange buffer
+    if node.op_type in _INDEX_PASS and node.input:
+        return any(_positional(index, i, inputs, depth + 1) for i in node.input[:2] if i)
+    return False
 
 
-# ---- memory estimate ----------------------------------------------------------------------------------------
-
-
-def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The graph without its large weights (they become typed inputs): cheap to copy and to infer."""
-    g = model.graph
-    small = [t for t in g.initializer if int(np.prod(t.dims)) <= 4096 and not t.data_location]
-    big = [t for t in g.initializer if not (int(np.prod(t.dims)) <= 4096 and not t.data_location)]
-    graph = onnx.helper.make_graph(list(g.node), g.name, list(g.input), list(g.output), small)
-    known = {i.name for i in g.input}
-    graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                       for t in big if t.name not in known)
-    m = onnx.helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
-    m.functions.extend(model.functions)
-    return m
-
-
-def estimate_bytes(skeleton: onnx.ModelProto, shapes: dict[str, list[int]],
-                   dtypes: dict[str, np.dtype]) -> int:
-    """Inputs + 3x the largest activation shape inference can size (onnxruntime reuses buffers, so the peak
-    is a few live tensors, not their sum). A lower bound where shapes stay unknown."""
-    inputs = sum(int(np.prod(s)) * dtypes[n].itemsize for n, s in shapes.items())
-    m = onnx.ModelProto()
-    m.CopyFrom(skeleton)
-    for vi in m.graph.input:
-        if vi.name in shapes:
-            vi.type.tensor_type.shape.Clear()
-            for d in shapes[vi.name]:
-                vi.type.tensor_type.shape.dim.add().dim_value = d
-    largest = 0
-    try:
-        inferred = onnx.shape_inference.infer_shapes(m, data_prop=True)
-    except Exception:  # an estimate: inputs alone then
-        return inputs
-    for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
-        t = vi.type.tensor_type
-        if not t.HasField("shape") or any(not d.HasField("dim_value") for d in t.shape.dim):
-            continue
-        try:
-            size = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)).itemsize
-        except Exception:
-            continue
-        largest = max(largest, int(np.prod([d.dim_value for d in t.shape.dim])) * size)
-    return inputs + 3 * largest
+def _whole_frames(message: str, values: dict[str, int], dims: dict[str, _Dim]) -> list[dict[str, int]]:
+    """A Reshape into frames of a fixed size failed (onnxruntime names the requested shape): with one free dim,
+    the next try is the largest multiple of each frame size below its value (480 samples: 16000 -> 15840)."""
+    m = re.search(r"requested shape:\s*\{([-\d, ]+)\}", message)
+    free = [k for k, d in dims.items() if d.fixed is None and d.role not in ("past", "total")]
+    if m is None or len(free) != 1:
+        return []
+    v = values[free[0]]
+    sizes = sorted({int(x) for x in m.group(1).split(",") if int(x) > 1 and v % int(x)}, reverse=True)
+    return [{**values, free[0]: v // k * k} for k in sizes if v // k * k > 0]
 
 
 def _short(message: str, limit: int = 160) -> str:
@@ -261,18 +220,11 @@ def _short(message: str, limit: int = 160) -> str:
     return out if len(out) <= limit else out[: limit - 3] + "..."
 
 
-def fmt_bytes(n: int) -> str:
-    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
 # ---- discovery ----------------------------------------------------------------------------------------------
 
 
-def _plan_dims(model: onnx.ModelProto, inputs: list[V.InputInfo], spec: V.ShapeSpec,
-               batch: int) -> dict[str, _Dim]:
+def plan_dims(model: onnx.ModelProto, inputs: list[InputInfo], spec: ShapeSpec,
+               batch: int, given: str = "--shape") -> dict[str, _Dim]:
     kind = _model_kind(inputs)
     table = position_table_rows(model) if kind == "text" else None
     has_past = False
@@ -295,7 +247,7 @@ def _plan_dims(model: onnx.ModelProto, inputs: list[V.InputInfo], spec: V.ShapeS
             role = _role(d, info, axis, rank, kind)
             has_past |= role == "past"
             if key in bound:
-                dims[key] = _Dim(key, role, (bound[key],), "--shape", fixed=bound[key])
+                dims[key] = _Dim(key, role, (bound[key],), given, fixed=bound[key])
             elif role == "batch":
                 dims[key] = _Dim(key, role, (batch,), "batch", fixed=batch)
             elif role == "audio":
@@ -319,13 +271,13 @@ def _plan_dims(model: onnx.ModelProto, inputs: list[V.InputInfo], spec: V.ShapeS
 _UNNAMED = ("?", "-1", "None", "none", "unk", "")
 
 
-def _dim_key(info: V.InputInfo, axis: int) -> str:
+def _dim_key(info: InputInfo, axis: int) -> str:
     """The dim_param (inputs sharing it share the value), or `input[axis]` for a dim with no real name."""
     d = (info.shape or [])[axis]
     return d if isinstance(d, str) and d.strip() not in _UNNAMED else f"{info.name}[{axis}]"
 
 
-def _shapes_at(inputs: list[V.InputInfo], spec: V.ShapeSpec, values: dict[str, int]) -> dict[str, list[int]]:
+def shapes_at(inputs: list[InputInfo], spec: ShapeSpec, values: dict[str, int]) -> dict[str, list[int]]:
     """Every input's shape: --shape tensors as given, the rest from fixed dims and the dims' values."""
     return {i.name: list(spec.tensors[i.name]) if i.name in spec.tensors else
             [d if isinstance(d, int) else values[_dim_key(i, a)] for a, d in enumerate(i.shape or [])]
@@ -333,7 +285,8 @@ def _shapes_at(inputs: list[V.InputInfo], spec: V.ShapeSpec, values: dict[str, i
 
 
 _DEFAULT_WHY = {"seq": "text length 128", "past": "KV cache length (new length - 1)",
-                "total": "past + new length", "image": "image side 224", "other": "default", "batch": "batch"}
+                "total": "past + new length", "image": "image side 224", "other": "default", "batch": "batch",
+                "frames": "30 s of 10 ms feature frames"}
 
 
 def _values_at(dims: dict[str, _Dim], level: int) -> dict[str, int]:
@@ -367,44 +320,47 @@ def _total_of(key: str, values: dict[str, int], dims: dict[str, _Dim]) -> int | 
     return total
 
 
-def discover(model: onnx.ModelProto, probe: Callable[[dict], object] | None, spec: V.ShapeSpec | None = None,
-             npz_path: str | None = None, batch: int = V.BATCH_DEFAULT, budget_bytes: int | None = None,
-             seed: int = 0) -> tuple[InputPlan, object]:
+def discover(model: onnx.ModelProto, probe: Callable[[dict], object] | None, spec: ShapeSpec | None = None,
+             npz_path: str | None = None, batch: int = BATCH_DEFAULT, budget_bytes: int | None = None,
+             seed: int = 0, given: str = "--shape") -> tuple[InputPlan, object]:
     """Feeds for the model and the probe's result on them. `probe(feeds)` runs the original (raising
     InputSpecError when it cannot); None skips probing (the first candidate within budget is used). With
     --inputs the file is used as it is; --shape values are kept and only the other dims searched."""
-    spec = spec or V.ShapeSpec()
+    spec = spec or ShapeSpec()
     if npz_path is not None:
-        feeds = V.make_inputs(model, spec, npz_path)
+        feeds = make_inputs(model, spec, npz_path)
         return InputPlan(feeds, source="--inputs"), (probe(feeds) if probe else None)
-    inputs = V.model_inputs(model)
-    V._check_spec_names(spec, inputs)
-    dims = _plan_dims(model, inputs, spec, batch)
+    inputs = model_inputs(model)
+    check_spec_names(spec, inputs)
+    dims = plan_dims(model, inputs, spec, batch, given)
     budget = budget_bytes if budget_bytes is not None else default_budget_bytes()
-    dtypes = {i.name: V._np_dtype(i) for i in inputs}
-    skeleton: onnx.ModelProto | None = None
+    dtypes = {i.name: np_dtype(i) for i in inputs}
+    skel: onnx.ModelProto | None = None
     tried: list[str] = []
     first_error: InputSpecError | None = None
     levels = max([len(d.ladder) for d in dims.values() if d.fixed is None], default=1)
+    queue = [_values_at(dims, level) for level in range(levels)]
     seen: set[tuple] = set()
-    for level in range(min(levels, MAX_PROBES)):
-        values = _values_at(dims, level)
+    probes = 0
+    while queue and probes < MAX_PROBES:
+        values = queue.pop(0)
         if tuple(sorted(values.items())) in seen:
             continue
         seen.add(tuple(sorted(values.items())))
         for i in inputs:
             if i.shape is None and i.name not in spec.tensors:
-                V._resolve_one(i, {})  # rank unknown: the error says to give it with --shape
-        shapes = _shapes_at(inputs, spec, values)
-        cand = V.ShapeSpec(tensors=shapes, dims={k: v for k, v in values.items() if "[" not in k})
-        if skeleton is None:
-            skeleton = _skeleton(model)
-        est = estimate_bytes(skeleton, shapes, dtypes)
+                resolve_one(i, {})  # rank unknown: the error says to give it with --shape
+        shapes = shapes_at(inputs, spec, values)
+        cand = ShapeSpec(tensors=shapes, dims={k: v for k, v in values.items() if "[" not in k})
+        if skel is None:
+            skel = skeleton(model)
+        est = estimate_bytes(skel, shapes, dtypes)
         label = ", ".join(f"{k}={v}" for k, v in values.items() if dims[k].fixed is None) or "given shapes"
         if est > budget:
             tried.append(f"{label}: needs ~{fmt_bytes(est)}, over the memory budget of {fmt_bytes(budget)}")
             continue
-        feeds = V._synthesize(model, inputs, cand, seed)
+        feeds = synthesize(model, inputs, cand, seed)
+        probes += 1
         try:
             result = probe(feeds) if probe else None
         except InputSpecError as e:
@@ -412,10 +368,11 @@ def discover(model: onnx.ModelProto, probe: Callable[[dict], object] | None, spe
             tried.append(f"{label}: {_short(e.message)}")
             if not [d for d in dims.values() if d.fixed is None]:
                 raise
+            queue[:0] = _whole_frames(e.message, values, dims)
             continue
-        choices = [DimChoice(k, d.role, values[k], d.why if level == 0 or d.fixed is not None else
-                             f"{d.why}; smaller after {len(tried)} failed try(s)") for k, d in dims.items()]
-        return InputPlan(feeds, choices, tried, "--shape" if spec.tensors or spec.dims else "discovered",
+        choices = [DimChoice(k, d.role, values[k], d.why if not tried or d.fixed is not None else
+                             f"{d.why}; {values[k]} after {len(tried)} failed try(s)") for k, d in dims.items()]
+        return InputPlan(feeds, choices, tried, given if spec.tensors or spec.dims else "discovered",
                          est, budget), result
     free = [k for k, d in dims.items() if d.fixed is None]
     last = tried[-1] if tried else "no candidate"
@@ -424,101 +381,3 @@ def discover(model: onnx.ModelProto, probe: Callable[[dict], object] | None, spe
         f"no input shapes found that the original model runs on ({len(tried)} tried; last: {last})",
         hint=("give them with " + " ".join(f"--shape {f}=N" if f in dims else f"--shape {f}:DIMS" for f in flags))
         if free else "check --shape / --inputs") from first_error
-
-
-# ---- shape profiles -----------------------------------------------------------------------------------------
-
-
-@dataclass
-class Profile:
-    """A named set of shapes the model is deployed at (prefill, decode), with its weight in measured
-    selection's total."""
-
-    name: str
-    spec: V.ShapeSpec
-    weight: float = 1.0
-
-
-_PROFILE = re.compile(r"^\s*([A-Za-z_][\w.-]*)\s*:(.*?)(?:@\s*([0-9.]+))?\s*$")
-
-
-def parse_profiles(texts: list[str]) -> list[Profile]:
-    """`NAME:DIM=V,DIM=V[@WEIGHT]`; an item may also be a whole input shape `INPUT:AxBxC`. Repeatable."""
-    out: list[Profile] = []
-    for text in texts:
-        m = _PROFILE.match(text)
-        if not m or not m.group(2).strip():
-            raise InputSpecError(f"invalid --profile '{text}'",
-                                 hint="use NAME:DIM=V,DIM=V[@WEIGHT], e.g. decode:sequence=1,past_sequence=127@4")
-        name, body, weight = m.group(1), m.group(2), m.group(3)
-        if any(p.name == name for p in out):
-            raise InputSpecError(f"--profile '{name}' given twice")
-        try:
-            spec = V.parse_shape_specs([item for item in body.split(",") if item.strip()])
-            w = float(weight) if weight else 1.0
-        except ValueError as e:
-            raise InputSpecError(f"invalid --profile '{text}': {e}") from e
-        if w <= 0:
-            raise InputSpecError(f"invalid --profile '{text}': the weight must be positive")
-        out.append(Profile(name, spec, w))
-    return out
-
-
-def _merged(user: V.ShapeSpec, profile: V.ShapeSpec) -> V.ShapeSpec:
-    return V.ShapeSpec(tensors={**user.tensors, **profile.tensors}, dims={**user.dims, **profile.dims})
-
-
-def default_profiles(model: onnx.ModelProto, spec: V.ShapeSpec) -> list[Profile]:
-    """Decoders with a KV cache: prefill (the discovered length, empty cache) and decode (one new token after
-    a cache one short of that length), weighted equally. None for other models, or when the user fixed the
-    cache length."""
-    inputs = V.model_inputs(model)
-    if any(i.shape is None for i in inputs):
-        return []
-    dims = _plan_dims(model, inputs, spec, V.BATCH_DEFAULT)
-    past = [k for k, d in dims.items() if d.role == "past" and d.fixed is None]
-    seq = [k for k, d in dims.items() if d.role == "seq" and d.fixed is None]
-    if not past or len(seq) != 1:
-        return []
-    n = dims[seq[0]].ladder[0]
-    return [Profile("prefill", V.ShapeSpec(dims={seq[0]: n, **{p: 0 for p in past}})),
-            Profile("decode", V.ShapeSpec(dims={seq[0]: 1, **{p: n - 1 for p in past}}))]
-
-
-def discover_profiles(model: onnx.ModelProto, probe: Callable[[dict], object] | None, spec: V.ShapeSpec,
-                      npz_path: str | None, profiles: list[Profile] | None,
-                      budget_bytes: int | None = None) -> list[tuple[Profile, InputPlan, object]]:
-    """One plan per profile (the user's, or the defaults for a KV-cache decoder; else one plan named
-    'default'). A default profile the original cannot run falls back to the plain discovered shapes."""
-    def single() -> list[tuple[Profile, InputPlan, object]]:
-        plan, result = discover(model, probe, spec, npz_path, budget_bytes=budget_bytes)
-        return [(Profile("default", spec), plan, result)]
-
-    if npz_path is not None:
-        return single()
-    chosen = profiles or default_profiles(model, spec)
-    out: list[tuple[Profile, InputPlan, object]] = []
-    for p in chosen:
-        try:
-            plan, result = discover(model, probe, _merged(spec, p.spec), budget_bytes=budget_bytes)
-        except InputSpecError:
-            if profiles:
-                raise
-            return single()  # the default profiles do not fit this export: its plain shapes then
-        out.append((p, plan, result))
-    return out or single()
-
-
-def at_batch(model: onnx.ModelProto, plan: InputPlan, batch: int, seed: int = 0) -> dict[str, np.ndarray] | None:
-    """The plan's inputs with every batch dim set to `batch` (timing runs batch 1); None when the plan has no
-    batch dim or did not choose every dim itself."""
-    if plan.source == "--inputs" or not any(d.role == "batch" for d in plan.dims):
-        return None
-    values = {d.key: batch if d.role == "batch" else d.value for d in plan.dims}
-    inputs = V.model_inputs(model)
-    try:
-        shapes = _shapes_at(inputs, V.ShapeSpec(), values)
-    except KeyError:  # a --shape tensor fixed some input
-        return None
-    spec = V.ShapeSpec(tensors=shapes, dims={k: v for k, v in values.items() if "[" not in k})
-    return V._synthesize(model, inputs, spec, seed)

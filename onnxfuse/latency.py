@@ -6,17 +6,24 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 
-from . import validate as V
 from .inputs import discover
-from .measure import SIGNIFICANT, Ratio, paired_ratio
-
-Progress = Callable[[str, float], None]  # (what, fraction done)
+from .inputs.shapes import ShapeSpec, model_inputs, parse_shape_specs, resolve_shapes
+from .inputs.synth import make_inputs
+from .runtime import make_session, run
+from .timing import (
+    SIGNIFICANT,
+    Progress,
+    Ratio,
+    paired_ratio,
+    percentile,
+    time_interleaved,
+    warm_up,
+)
 
 
 @dataclass
@@ -44,6 +51,8 @@ class BatchPoint:
 
 @dataclass
 class BenchResult:
+    """What `bench` measured; `to_json()` is `onnxfuse bench --json`."""
+
     provider: str
     threads: int
     level: str
@@ -79,65 +88,18 @@ def verdict(ratio: Ratio, control: Ratio) -> str:
     return "no significant change"
 
 
-def _percentile(xs: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(xs), q))
-
-
-def run_times(session, feeds: dict, runs: int, warmup: int = 0) -> list[float]:
-    """Seconds per run, after `warmup` untimed runs."""
-    for _ in range(warmup):
-        session.run(None, feeds)
-    ts = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        session.run(None, feeds)
-        ts.append(time.perf_counter() - t)
-    return ts
-
-
-def _warm_up(session, feeds: dict, max_runs: int = 200) -> int:
-    """Runs in blocks of 10 until two consecutive block medians agree within 5%."""
-    previous = None
-    for block in range(max_runs // 10):
-        med = statistics.median(run_times(session, feeds, 10))
-        if previous is not None and abs(med - previous) <= 0.05 * previous:
-            return (block + 1) * 10
-        previous = med
-    return max_runs
-
-
-def time_interleaved(sessions: dict[str, object], feeds: dict, min_runs: int, budget_s: float,
-                     progress: Progress | None = None) -> dict[str, list[float]]:
-    """Rounds of one run per session, rotating the order; at least min_runs, then until the budget is used."""
-    times: dict[str, list[float]] = {k: [] for k in sessions}
-    order = list(sessions)
-    start = time.perf_counter()
-    i = 0
-    while i < min_runs or (time.perf_counter() - start < budget_s and i < 20 * min_runs):
-        rot = order[i % len(order):] + order[: i % len(order)]
-        for k in rot:
-            t = time.perf_counter()
-            sessions[k].run(None, feeds)
-            times[k].append(time.perf_counter() - t)
-        i += 1
-        if progress is not None and i % 10 == 0:
-            done = max(i / min_runs if i < min_runs else 0, (time.perf_counter() - start) / budget_s)
-            progress("timing", min(done, 1.0))
-    return times
-
-
 def _load(path: str, provider: str, threads: int, level: str):
     t = time.perf_counter()
-    s = V.make_session(path, level, provider, threads)
+    s = make_session(path, level, provider, threads)
     return s, (time.perf_counter() - t) * 1e3
 
 
-def _probed_inputs(path: str, proto: onnx.ModelProto, spec: V.ShapeSpec | None, inputs_npz: str | None,
+def probed_inputs(path: str, proto: onnx.ModelProto, spec: ShapeSpec | None, inputs_npz: str | None,
                    provider: str) -> dict:
     """The inputs optimize would use (inputs.py): read from the model and probed on it (one session, closed
     before timing starts)."""
-    probe = V.make_session(path, "disable", provider)
-    plan, _ = discover(proto, lambda feeds: V.run(probe, feeds), spec, inputs_npz)
+    probe = make_session(path, "disable", provider)
+    plan, _ = discover(proto, lambda feeds: run(probe, feeds), spec, inputs_npz)
     return plan.feeds
 
 
@@ -145,10 +107,13 @@ def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cp
           level: str = "all", shapes: list[str] | None = None, inputs_npz: str | None = None,
           min_runs: int = 50, budget_s: float = 5.0, batches: list[int] | None = None,
           progress: Progress | None = None) -> BenchResult:
+    """Latency of one model, or of two (A and B) interleaved in one process with an A/A control: median, p90,
+    p99, min, spread, and B's speedup over A with a 95% CI and a verdict. Inputs as `optimize` finds them (or
+    `shapes`/`inputs_npz`); `batches` adds a batch sweep (latency and samples/s per batch size)."""
     labels = labels or [chr(ord("A") + i) for i in range(len(paths))]
-    spec = V.parse_shape_specs(shapes) if shapes else None
+    spec = parse_shape_specs(shapes) if shapes else None
     proto = onnx.load(paths[0], load_external_data=False)
-    feeds = _probed_inputs(paths[0], proto, spec, inputs_npz, provider)
+    feeds = probed_inputs(paths[0], proto, spec, inputs_npz, provider)
     sessions, load_ms, first_ms, warm = {}, {}, {}, {}
     # with two models, a second session of A (created last) measures what order and placement alone do
     control = len(paths) == 2
@@ -158,9 +123,9 @@ def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cp
             progress(f"loading {label}", 0.0)
         s, load_ms[label] = _load(path, provider, threads, level)
         t = time.perf_counter()
-        V.run(s, feeds)
+        run(s, feeds)
         first_ms[label] = (time.perf_counter() - t) * 1e3
-        warm[label] = _warm_up(s, feeds)
+        warm[label] = warm_up(s, feeds)
         sessions[label] = s
     times = time_interleaved(sessions, feeds, min_runs, budget_s, progress)
     models = []
@@ -168,8 +133,8 @@ def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cp
         ms = [t * 1e3 for t in times[label]]
         med = statistics.median(ms)
         models.append(Latency(label, path, load_ms[label], first_ms[label], warm[label], len(ms), med,
-                              _percentile(ms, 90), _percentile(ms, 99), min(ms),
-                              (_percentile(ms, 90) - _percentile(ms, 10)) / med, ms))
+                              percentile(ms, 90), percentile(ms, 99), min(ms),
+                              (percentile(ms, 90) - percentile(ms, 10)) / med, ms))
     result = BenchResult(provider, threads, level, {k: list(v.shape) for k, v in feeds.items()}, models)
     if control:
         a, b = labels
@@ -206,7 +171,7 @@ def batch_sweep(sessions: dict[str, object], proto: onnx.ModelProto, spec, batch
     for n, b in enumerate(batches):
         if progress:
             progress(f"batch {b}", n / len(batches))
-        base = spec or V.ShapeSpec()
+        base = spec or ShapeSpec()
         tensors = {name: [b, *dims[1:]] for name, dims in base.tensors.items()}
         dims = dict(base.dims)
         if dim:
@@ -214,9 +179,9 @@ def batch_sweep(sessions: dict[str, object], proto: onnx.ModelProto, spec, batch
         else:
             for i in proto.graph.input:
                 if i.name not in tensors:
-                    shape = V.resolve_shapes(V.model_inputs(proto), V.ShapeSpec(tensors, dims))[i.name]
+                    shape = resolve_shapes(model_inputs(proto), ShapeSpec(tensors, dims))[i.name]
                     tensors[i.name] = [b, *shape[1:]]
-        feeds = V.make_inputs(proto, V.ShapeSpec(tensors, dims))
+        feeds = make_inputs(proto, ShapeSpec(tensors, dims))
         times = time_interleaved(sessions, feeds, max(10, min_runs // 2), budget_s / len(batches))
         med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         points.append(BatchPoint(b, med, {k: b / (m / 1e3) for k, m in med.items()}))

@@ -11,19 +11,19 @@ import os
 
 import onnx
 
-from . import validate as V
 from .errors import OnnxfuseError
-from .loader import _all_tensors
+from .inputs.shapes import model_inputs, parse_shape_specs, resolve_shapes
+from .loader import all_tensors
 
 
-def specialize(path: str, specs: list[str], out_dir: str) -> str:
+def fix_input_shapes(path: str, specs: list[str], out_dir: str) -> str:
     """Write a copy of the model at `path` into `out_dir` with its inputs' dynamic dims fixed; return its path."""
     proto = onnx.load(path, load_external_data=False)
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in _all_tensors(proto.graph)):
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in all_tensors(proto.graph)):
         raise OnnxfuseError(f"{path}: --static does not support models with external data yet",
                             hint="drop --static (the model stays dynamic)")
-    inputs = V.model_inputs(proto)
-    spec = V.parse_shape_specs(specs)
+    inputs = model_inputs(proto)
+    spec = parse_shape_specs(specs)
     bound = dict(spec.dims)
     for info in inputs:
         if info.name in spec.tensors:
@@ -35,7 +35,7 @@ def specialize(path: str, specs: list[str], out_dir: str) -> str:
     if missing or any(info.shape is None and info.name not in spec.tensors for info in inputs):
         raise OnnxfuseError(f"--static needs a value for every dynamic input dim; missing: {', '.join(missing)}",
                             hint="add --shape NAME:1x3x224x224 or --shape DIM=4")
-    shapes = V.resolve_shapes(inputs, spec)
+    shapes = resolve_shapes(inputs, spec)
     for vi in proto.graph.input:
         if vi.name not in shapes:
             continue

@@ -1,0 +1,51 @@
+"""explain(): why fusions did not happen. The rules run to a fixed point; then, for every candidate node left,
+the most advanced attempt of each rule and the node and constraint where it failed; plus the conv/matmul dims
+that leave vector lanes idle on the target."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .alignment import Misaligned, alignment_report, vector_width
+from .errors import OnnxfuseError
+from .rewrite.engine import EngineOptions, NearMiss, RuleSkip, near_misses
+from .rewrite.rebuild import rebuild
+from .ruleset import load_rules
+
+__all__ = ["Explanation", "explain"]
+
+
+@dataclass
+class Explanation:
+    """What `explain` found: rules that would fire, near misses with their reasons, rules not usable on the
+    target, and misaligned dims."""
+
+    fired: dict[str, int]
+    near_misses: list[NearMiss]
+    skipped: list[RuleSkip]
+    misaligned: list[Misaligned] = field(default_factory=list)
+    vector_width: int = 8
+
+    def to_json(self) -> dict:
+        return {"schema": "onnxfuse.explain/1", "fired": self.fired,
+                "near_misses": [m.__dict__ for m in self.near_misses],
+                "skipped_rules": [s.__dict__ for s in self.skipped],
+                "vector_width": self.vector_width,
+                "misaligned": [{**m.__dict__, "padded": m.padded, "waste": m.waste} for m in self.misaligned]}
+
+
+def explain(model: str | os.PathLike, patterns: list[str] | None = None, target: str = "cpu",
+            rule: str | None = None, builtin: bool = True) -> Explanation:
+    """Apply the rules to a fixed point, then report for every candidate left why its best attempt failed
+    (only `rule`'s attempts, all of them, when given)."""
+    rules = load_rules(patterns, builtin, only=None)
+    if rule is not None and rule not in {r.id for r in rules}:
+        raise OnnxfuseError(f"--rule {rule}: no rule with that id", hint="see `onnxfuse patterns list`")
+    state = rebuild(os.fspath(model), rules, EngineOptions(target=target), set())
+    asked = [r for r in rules if rule is None or r.id == rule]
+    misses = near_misses(state.model, asked, target, min_progress=1 if rule else 2)
+    width = vector_width(target)
+    return Explanation(dict(Counter(a.rule for a in state.eng.applications)), misses, state.eng.skipped,
+                       alignment_report(state.model, width), width)

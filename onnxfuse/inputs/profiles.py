@@ -1,0 +1,114 @@
+"""Shape profiles: named sets of shapes a model is deployed at (prefill and decode for a decoder with a KV
+cache), each validated, weighted in measured selection's total."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from ..errors import InputSpecError
+from .discover import InputPlan, discover, plan_dims, shapes_at
+from .shapes import BATCH_DEFAULT, ShapeSpec, model_inputs, parse_shape_specs
+from .synth import synthesize
+
+__all__ = ["Profile", "at_batch", "default_profiles", "discover_profiles", "parse_profiles"]
+
+
+@dataclass
+class Profile:
+    """A named set of shapes the model is deployed at (prefill, decode), with its weight in measured
+    selection's total."""
+
+    name: str
+    spec: ShapeSpec
+    weight: float = 1.0
+
+
+_PROFILE = re.compile(r"^\s*([A-Za-z_][\w.-]*)\s*:(.*?)(?:@\s*([0-9.]+))?\s*$")
+
+
+def parse_profiles(texts: list[str]) -> list[Profile]:
+    """`NAME:DIM=V,DIM=V[@WEIGHT]`; an item may also be a whole input shape `INPUT:AxBxC`. Repeatable."""
+    out: list[Profile] = []
+    for text in texts:
+        m = _PROFILE.match(text)
+        if not m or not m.group(2).strip():
+            raise InputSpecError(f"invalid --profile '{text}'",
+                                 hint="use NAME:DIM=V,DIM=V[@WEIGHT], e.g. decode:sequence=1,past_sequence=127@4")
+        name, body, weight = m.group(1), m.group(2), m.group(3)
+        if any(p.name == name for p in out):
+            raise InputSpecError(f"--profile '{name}' given twice")
+        try:
+            spec = parse_shape_specs([item for item in body.split(",") if item.strip()])
+            w = float(weight) if weight else 1.0
+        except ValueError as e:
+            raise InputSpecError(f"invalid --profile '{text}': {e}") from e
+        if w <= 0:
+            raise InputSpecError(f"invalid --profile '{text}': the weight must be positive")
+        out.append(Profile(name, spec, w))
+    return out
+
+
+def _merged(user: ShapeSpec, profile: ShapeSpec) -> ShapeSpec:
+    return ShapeSpec(tensors={**user.tensors, **profile.tensors}, dims={**user.dims, **profile.dims})
+
+
+def default_profiles(model: onnx.ModelProto, spec: ShapeSpec) -> list[Profile]:
+    """Decoders with a KV cache: prefill (the discovered length, empty cache) and decode (one new token after
+    a cache one short of that length), weighted equally. None for other models, or when the user fixed the
+    cache length."""
+    inputs = model_inputs(model)
+    if any(i.shape is None for i in inputs):
+        return []
+    dims = plan_dims(model, inputs, spec, BATCH_DEFAULT)
+    past = [k for k, d in dims.items() if d.role == "past" and d.fixed is None]
+    seq = [k for k, d in dims.items() if d.role == "seq" and d.fixed is None]
+    if not past or len(seq) != 1:
+        return []
+    n = dims[seq[0]].ladder[0]
+    return [Profile("prefill", ShapeSpec(dims={seq[0]: n, **{p: 0 for p in past}})),
+            Profile("decode", ShapeSpec(dims={seq[0]: 1, **{p: n - 1 for p in past}}))]
+
+
+def discover_profiles(model: onnx.ModelProto, probe: Callable[[dict], object] | None, spec: ShapeSpec,
+                      npz_path: str | None, profiles: list[Profile] | None,
+                      budget_bytes: int | None = None) -> list[tuple[Profile, InputPlan, object]]:
+    """One plan per profile (the user's, or the defaults for a KV-cache decoder; else one plan named
+    'default'). A default profile the original cannot run falls back to the plain discovered shapes."""
+    def single() -> list[tuple[Profile, InputPlan, object]]:
+        plan, result = discover(model, probe, spec, npz_path, budget_bytes=budget_bytes)
+        return [(Profile("default", spec), plan, result)]
+
+    if npz_path is not None:
+        return single()
+    chosen = profiles or default_profiles(model, spec)
+    out: list[tuple[Profile, InputPlan, object]] = []
+    for p in chosen:
+        try:
+            plan, result = discover(model, probe, _merged(spec, p.spec), budget_bytes=budget_bytes,
+                                    given=f"{p.name} profile")
+        except InputSpecError:
+            if profiles:
+                raise
+            return single()  # the default profiles do not fit this export: its plain shapes then
+        out.append((p, plan, result))
+    return out or single()
+
+
+def at_batch(model: onnx.ModelProto, plan: InputPlan, batch: int, seed: int = 0) -> dict[str, np.ndarray] | None:
+    """The plan's inputs with every batch dim set to `batch` (timing runs batch 1); None when the plan has no
+    batch dim or did not choose every dim itself."""
+    if plan.source == "--inputs" or not any(d.role == "batch" for d in plan.dims):
+        return None
+    values = {d.key: batch if d.role == "batch" else d.value for d in plan.dims}
+    inputs = model_inputs(model)
+    try:
+        shapes = shapes_at(inputs, ShapeSpec(), values)
+    except KeyError:  # a --shape tensor fixed some input
+        return None
+    spec = ShapeSpec(tensors=shapes, dims={k: v for k, v in values.items() if "[" not in k})
+    return synthesize(model, inputs, spec, seed)

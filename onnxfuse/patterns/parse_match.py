@@ -1,0 +1,251 @@
+"""Pattern files: the `match` lines and the `where` constraints (the CONSTRAINT_KEYS table)."""
+
+from __future__ import annotations
+
+import numpy as np
+import yaml
+
+from ..opschema import all_attr_names, known_ops, op_spec
+from .rules import Constraint, Span
+from .syntax import Alt, Call, Expr, Ref, SyntaxProblem, iter_calls, iter_refs, literal, parse_expr
+from .vocab import DTYPES, Key, Table, closest
+from .yaml_nodes import (
+    DIM_SCHEMA,
+    IDENT,
+    NUMBERS_SCHEMA,
+    PATTERN_DOMAINS,
+    TOLERANCE_SCHEMA,
+    Collector,
+    Invalid,
+    is_number,
+    mapping,
+    numbers,
+    plain,
+    string_node,
+)
+
+
+def parse_match(node: yaml.Node, c: Collector
+                 ) -> tuple[dict[str, Expr], dict[str, Span], dict[str, tuple[str, int]]]:
+    """Match lines; a line `a, b, c: Split(...)` names the outputs of one multi-output node: `a` holds the
+    expression, and `outputs_of` maps every name of such a line to (first name, output index)."""
+    lines: dict[str, Expr] = {}
+    spans: dict[str, Span] = {}
+    outputs_of: dict[str, tuple[str, int]] = {}
+    for key, kn, vn in mapping(node, c, "'match'") or []:
+        names = [n.strip() for n in key.split(",")]
+        bad = [n for n in names if not IDENT.match(n)]
+        if bad:
+            c.error(c.span(kn), f"match line name {bad[0]!r} must be an identifier")
+            continue
+        if len(set(names)) != len(names) or any(n in lines for n in names):
+            c.error(c.span(kn), f"match line {key!r} repeats a name")
+            continue
+        name = names[0]
+        text = string_node(vn, c, f"match line {name!r}")
+        if text is None:
+            continue
+        span = c.span(vn, content=True)
+        try:
+            expr = parse_expr(text)
+            _check_calls(expr, c, span, match_side=True)
+        except SyntaxProblem as e:
+            c.error(span.shifted(e.offset), e.message, e.hint)
+            continue
+        if isinstance(expr, Ref) or (isinstance(expr, Alt) and any(isinstance(o, Ref) for o in expr.options)):
+            c.error(span, f"match line {name!r} must be an operator call (or alternatives of calls)",
+                    "a line names a node; values entering the match need no line")
+            continue
+        if len(names) > 1:
+            if not isinstance(expr, Call):
+                c.error(span, f"a multi-output match line ({key!r}) must be one operator call")
+                continue
+            for i, n in enumerate(names):
+                outputs_of[n] = (name, i)
+        for n in names:
+            lines[n] = expr
+            spans[n] = span
+    if not lines and not c.diags:
+        c.error(c.span(node), "'match' has no lines")
+    return lines, spans, outputs_of
+
+
+def _check_calls(expr: Expr, c: Collector, span: Span, match_side: bool) -> None:
+    for call in iter_calls(expr):
+        check_op(call, c, span, match_side)
+
+
+def check_op(call: Call, c: Collector, span: Span, match_side: bool) -> None:
+    where = span.shifted(call.off)
+    if call.domain not in PATTERN_DOMAINS:
+        c.error(where, f"unknown domain {call.domain!r}", "use an ONNX op (Add) or com.microsoft.<Op>")
+        return
+    s = op_spec(call.domain, call.op)
+    if s is None:
+        c.error(where, f"unknown operator {call.qualified!r}", closest(call.op, known_ops(call.domain)))
+        return
+    n_args = len(call.args)
+    n_required = sum(1 for a in call.args if not (isinstance(a, Ref) and a.optional))
+    if n_args > s.max_inputs or n_required < s.min_inputs and n_args < s.min_inputs:
+        expected = f"{s.min_inputs}" if s.min_inputs == s.max_inputs else f"{s.min_inputs} to {s.max_inputs}"
+        c.error(where, f"{call.qualified} takes {expected} inputs, got {n_args}")
+    attr_names = all_attr_names(call.domain, call.op)  # a rule's opset range picks the version
+    for k, v in call.kwargs.items():
+        if k == "copy_attrs" and not match_side:
+            continue
+        if k not in attr_names:
+            c.error(span.shifted(call.kw_offs[k]), f"{call.qualified} has no attribute {k!r}",
+                    closest(k, attr_names) or (f"attributes: {', '.join(sorted(attr_names))}" if attr_names else None))
+            continue
+        if match_side:
+            try:
+                call.lits[k] = literal(v, call.kw_offs[k])
+            except SyntaxProblem as e:
+                c.error(span.shifted(e.offset), e.message)
+
+
+def value_names(lines: dict[str, Expr]) -> set[str]:
+    return {r.name for e in lines.values() for r in iter_refs(e) if r.name not in lines and r.name != "_"}
+
+
+def check_match_names(lines: dict[str, Expr], spans: dict[str, Span], c: Collector,
+                       where: dict[str, Constraint]) -> None:
+    for name, expr in lines.items():
+        for r in iter_refs(expr):
+            if r.name == "_" or r.name in lines:
+                if r.name == name:
+                    c.error(spans[name].shifted(r.off), f"line {name!r} refers to itself")
+                continue
+            if not r.name[0].isupper():
+                c.error(spans[name].shifted(r.off), f"undefined name {r.name!r}",
+                        "interior nodes need their own match line; values entering the match are UPPERCASE")
+    root = next(reversed(lines))
+    reach: set[str] = set()
+    todo = [n for n, e in lines.items() if e is lines[root]]  # every name of a multi-output root line
+    while todo:
+        n = todo.pop()
+        if n in reach:
+            continue
+        reach.add(n)
+        todo.extend(r.name for r in iter_refs(lines[n]) if r.name in lines)
+    for name in lines:
+        if name not in reach:
+            c.error(spans[name], f"match line {name!r} is not used by the root line {root!r}",
+                    "the last match line is the root; every other line must feed it")
+
+
+def parse_where(node: yaml.Node, c: Collector, lines: dict[str, Expr]) -> dict[str, Constraint]:
+    out: dict[str, Constraint] = {}
+    names = value_names(lines) | set(lines)
+    for name, kn, vn in mapping(node, c, "'where'") or []:
+        if name not in names:
+            c.error(c.span(kn), f"'where' names {name!r}, which the match does not use", closest(name, names))
+            continue
+        items = mapping(vn, c, f"constraints of {name!r}")
+        if items is None:
+            continue
+        con = Constraint(span=c.span(kn))
+        for key, ckn, cvn in items:
+            entry = CONSTRAINT_KEYS.get(key)
+            if entry is None:
+                c.error(c.span(ckn), *CONSTRAINT_KEYS.unknown_error(key))
+                continue
+            try:
+                setattr(con, key, entry.parse(plain(cvn), name in lines))
+            except Invalid as e:
+                c.error(c.span(cvn), e.message, e.hint)
+        out[name] = con
+    return out
+
+
+def _const(v: object, is_line: bool) -> np.ndarray:
+    v = numbers(v)
+    flat = v if isinstance(v, list) else [v]
+    if not flat or not all(is_number(x) for x in flat):
+        raise Invalid("'const' must be a number or a list of numbers")
+    return np.asarray(v, dtype=np.float64)
+
+
+def _tolerance(key: str):
+    def parse(v: object, is_line: bool) -> float:
+        v = numbers(v)
+        if not is_number(v) or v < 0:  # type: ignore[operator]
+            raise Invalid(f"{key!r} must be a non-negative number")
+        return float(v)  # type: ignore[arg-type]
+    return parse
+
+
+def _constant(v: object, is_line: bool) -> bool:
+    if not isinstance(v, bool):
+        raise Invalid("'constant' must be true or false")
+    return v
+
+
+def _shared(v: object, is_line: bool) -> bool:
+    if not isinstance(v, bool):
+        raise Invalid("'shared' must be true or false")
+    if not is_line:
+        raise Invalid("'shared' applies to match lines only (a value entering the match is never removed)")
+    return v
+
+
+def _dtype(v: object, is_line: bool) -> tuple[int, ...]:
+    names = v if isinstance(v, list) else [v]
+    unknown = [n for n in names if not isinstance(n, str) or n not in DTYPES]
+    if unknown or not names:
+        raise Invalid(f"unknown dtype {unknown[0] if unknown else v!r}", f"one of: {', '.join(DTYPES)}")
+    return tuple(DTYPES[n] for n in names)
+
+
+def _rank(v: object, is_line: bool) -> tuple[int, ...]:
+    ranks = v if isinstance(v, list) else [v]
+    if not ranks or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
+        raise Invalid("'rank' must be a non-negative integer or a list of them")
+    return tuple(ranks)
+
+
+def _shape(v: object, is_line: bool) -> tuple[tuple[int | str, ...], ...]:
+    alts = v if isinstance(v, list) and v and all(isinstance(x, list) for x in v) else [v]
+    ok = all(isinstance(a, list) and all(isinstance(d, int | str) and not isinstance(d, bool) for d in a)
+             for a in alts)
+    if not ok:
+        raise Invalid("'shape' must be a list of dims (integers, dim names, '_') or a list of such lists")
+    return tuple(tuple(a) for a in alts)  # type: ignore[arg-type]
+
+
+def _attrs(v: object, is_line: bool) -> dict[str, object]:
+    if not is_line:
+        raise Invalid("'attrs' applies to match lines (nodes), not to values")
+    if not isinstance(v, dict):
+        raise Invalid("'attrs' must be a mapping of attribute name to value")
+    return dict(v)
+
+
+CONSTRAINT_KEYS: Table[Key] = Table(
+    "Constraint keys", "Under `where:`, per value or match line name: `NAME: {key: value, ...}`.", [
+        Key("const", _const, NUMBERS_SCHEMA,
+            "Must be a constant equal to this, within rtol/atol (a scalar: every element equals it).",
+            "MEAN: {const: 0.0}"),
+        Key("rtol", _tolerance("rtol"), TOLERANCE_SCHEMA,
+            "Relative tolerance for 'const' (default 1e-5).", "MEAN: {const: 0.0, rtol: 0.001}"),
+        Key("atol", _tolerance("atol"), TOLERANCE_SCHEMA,
+            "Absolute tolerance for 'const' (default 1e-6).", "MEAN: {const: 0.0, atol: 0.0001}"),
+        Key("constant", _constant, {"type": "boolean"},
+            "Must be an initializer or a Constant node's output (or an Identity of either).",
+            "W: {constant: true}"),
+        Key("shared", _shared, {"type": "boolean"},
+            "Match lines only: the node is checked but kept, and may have readers outside the match (e.g. rotary "
+            "cos/sin computed once for all layers); it may read only values and other shared lines.",
+            "c: {shared: true}"),
+        Key("dtype", _dtype, {"oneOf": [{"enum": list(DTYPES)}, {"type": "array", "items": {"enum": list(DTYPES)}}]},
+            "Allowed element types: one name or a list of them.", "X: {dtype: [float32, float16]}"),
+        Key("rank", _rank, {"oneOf": [{"type": "integer", "minimum": 0},
+                                      {"type": "array", "items": {"type": "integer", "minimum": 0}}]},
+            "Allowed ranks: one or a list of them.", "SCALE: {rank: 1}"),
+        Key("shape", _shape, {"type": "array", "items": {"oneOf": [DIM_SCHEMA, {"type": "array", "items": DIM_SCHEMA}]}},
+            "Dims: integers, names (the same name is the same dim across values) or '_' (any); or a list of "
+            "alternative shapes.", "W: {shape: [M, _, _, _]}"),
+        Key("attrs", _attrs, {"type": "object"},
+            "Match lines only: attribute values the node must have (the schema default counts where one is absent; "
+            "skipped where the model's op version has no such attribute).", "Y: {attrs: {training_mode: 0}}"),
+    ], unknown="unknown constraint {key!r}")

@@ -1,0 +1,240 @@
+"""optimize(): load -> rewrite (match, apply, fold; to a fixed point) -> validate (roll back what fails) ->
+measured selection -> write -> Result. Each step is a function below; this module only sequences them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import onnx
+
+from .compare import OutputCheck
+from .errors import ModelError, OnnxfuseError
+from .inputs import InputPlan, parse_shape_specs
+from .inputs import discover as discover_inputs
+from .ir import Model
+from .loader import LoadInfo, load_model, save_model
+from .opschema import RUNTIME_DOMAINS
+from .options import OptimizeOptions
+from .patterns.rules import Rule
+from .result import Result, op_counts
+from .rewrite.engine import EngineOptions, RuleSkip, run
+from .rewrite.rebuild import Rewritten
+from .rollback import Rollback, validate_with_rollback
+from .ruleset import builtin_patterns_dir, load_rules
+from .runtime import make_session, peak_rss_bytes
+from .runtime import run as run_session
+from .select import MeasureReport, measured_selection
+from .static_shapes import fix_input_shapes
+from .targets import kernel_issue, provider_registered
+from .tensors import iter_nodes
+from .validate import Validator
+
+__all__ = ["find_inputs", "optimize"]
+
+
+def optimize(model: str | os.PathLike | onnx.ModelProto, output_path: str | os.PathLike | None = None,
+             options: OptimizeOptions | None = None) -> Result:
+    """Optimize a model (a path, or a ModelProto in memory) and return what was done; `Result.model` is the
+    optimized ModelProto. With `output_path` it is also written there, atomically (a model that fails
+    validation is never written). Raises OnnxfuseError (one line a user can act on) for bad input."""
+    opts = options or OptimizeOptions()
+    out = None if output_path is None else os.fspath(output_path)
+    with _source(model, opts, out) as (shown, path):
+        return _optimize(shown, path, out, opts)
+
+
+@contextlib.contextmanager
+def _source(model: str | os.PathLike | onnx.ModelProto, opts: OptimizeOptions,
+            out: str | None) -> Iterator[tuple[str, str]]:
+    """(name shown, file optimized): a ModelProto is saved to a temporary file (onnxruntime and rebuilds read
+    files); with --static the file is a copy with its dynamic input dims fixed."""
+    tmp = tempfile.mkdtemp(prefix="onnxfuse-")
+    try:
+        if isinstance(model, onnx.ModelProto):
+            shown, path = "<ModelProto>", os.path.join(tmp, "model.onnx")
+            big = model.ByteSize() > 2**31 - 2**24
+            onnx.save(model, path, save_as_external_data=big, location="model.onnx.data" if big else None)
+        else:
+            shown = path = os.fspath(model)
+        if opts.static:
+            _check_paths(path, None if opts.dry_run else out, opts.force)
+            static_dir = os.path.join(tmp, "static")
+            os.mkdir(static_dir)
+            path = fix_input_shapes(path, opts.shapes, static_dir)
+        yield shown, path
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _timed(timings: dict[str, float], phase: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[phase] = time.perf_counter() - t0
+
+
+@dataclass
+class _Loaded:
+    """The input model as loaded, with what validating it needs."""
+
+    model: Model
+    info: LoadInfo
+    before: dict[str, int]
+    provider: str  # where validation and measuring run (cpu when cuda is asked for but not installed)
+    note: str
+    validator: Validator | None
+
+
+def _optimize(shown: str, path: str, out: str | None, opts: OptimizeOptions) -> Result:
+    if opts.target not in ("cpu", "cuda"):
+        raise OnnxfuseError(f"--target {opts.target}: unknown target", hint="use cpu or cuda")
+    timings: dict[str, float] = {}
+    with _timed(timings, "patterns"):
+        extra = [os.path.join(builtin_patterns_dir(), "optional", "pad_channels.yaml")] if opts.pad_channels else []
+        rules = load_rules(extra + list(opts.patterns), opts.builtin, opts.only, opts.skip)
+    _check_paths(path, None if opts.dry_run else out, opts.force)
+    with _timed(timings, "load"):
+        loaded = _load(path, opts)
+    with _timed(timings, "rewrite"):
+        rules, base, state = _rewrite(loaded, rules, opts)
+    deny: set[tuple[str, str]] = set()
+    with _timed(timings, "validate"):
+        state, status, checks, rolled_back = _validate(path, rules, base, deny, state, loaded, opts)
+    measured: MeasureReport | None = None
+    if opts.measure and state.eng.applications:
+        assert loaded.validator is not None
+        with _timed(timings, "measure"):
+            measured, state = measured_selection(path, rules, opts, base, deny, state, loaded.validator)
+    written: list[str] = []
+    if out is not None and not opts.dry_run:
+        with _timed(timings, "write"):
+            big = state.proto.ByteSize() > 2**31 - 2**24
+            written = save_model(state.proto, out, loaded.model.base_dir,
+                                 external=state.info.external_data or big)
+    return _result(shown, out, opts, loaded, state, status, checks, rolled_back, measured, timings, written)
+
+
+def _load(path: str, opts: OptimizeOptions) -> _Loaded:
+    model, info = load_model(path)
+    before = dict(op_counts(model.proto))  # the engine edits node protos in place: count first
+    unknown = unknown_ops(model.proto)
+    if opts.validate and unknown:
+        raise OnnxfuseError(f"{path}: ops with no known schema ({', '.join(unknown[:3])}): onnxruntime cannot "
+                            "run the model, so it cannot be validated", hint="pass --no-validate to rewrite it anyway")
+    provider, note = opts.target, ""
+    if opts.target == "cuda" and not provider_registered("cuda"):
+        provider, note = "cpu", " on CPU (the installed onnxruntime has no CUDA execution provider)"
+    validator = Validator(path, model.proto, opts, provider) if opts.validate or opts.measure else None
+    return _Loaded(model, info, before, provider, note, validator)
+
+
+def _rewrite(loaded: _Loaded, rules: list[Rule], opts: OptimizeOptions) -> tuple[list[Rule], EngineOptions,
+                                                                                    Rewritten]:
+    """Rules to a fixed point on the loaded model. Rules whose ops could not be validated here are held back."""
+    held_back: list[RuleSkip] = []
+    if opts.validate and loaded.provider != opts.target:  # fused ops with no CPU kernel cannot be validated here
+        for r in rules:
+            ops = [f"{d}.{o}" for d, o in r.output_ops()
+                   if kernel_issue(d, o, loaded.provider) and opts.target in r.targets]
+            if ops:
+                held_back.append(RuleSkip(r.id, f"{', '.join(ops)} has no CPU kernel and no CUDA execution provider "
+                                                "is installed to validate it (--no-validate applies it unchecked)"))
+        rules = [r for r in rules if r.id not in {h.rule for h in held_back}]
+    model, info = loaded.model, loaded.info
+    hot = loaded.validator.branch_values(model.proto, info) if loaded.validator is not None and opts.fold else {}
+    base = EngineOptions(target=opts.target, fold=opts.fold, hot=hot)
+    eng = run(model, rules, replace(base))
+    eng.skipped.extend(held_back)
+    return rules, base, Rewritten(model, info, eng, model.export())
+
+
+def _validate(path: str, rules: list[Rule], base: EngineOptions, deny: set[tuple[str, str]], state: Rewritten,
+              loaded: _Loaded, opts: OptimizeOptions) -> tuple[Rewritten, str, list[OutputCheck], list[Rollback]]:
+    """(state after rollbacks, status line, per-output checks, rollbacks)."""
+    if not opts.validate:
+        return state, "skipped (--no-validate)", [], []
+    if not state.eng.applications and not state.info.repairs:  # repaired: check the copy is still exact
+        return state, "not needed: nothing was rewritten", [], []
+    assert loaded.validator is not None
+    missing = unvalidatable_ops(state.proto, loaded.provider) if loaded.provider != opts.target else []
+    if missing:
+        return state, (f"not run: {', '.join(missing)} have no {loaded.provider.upper()} kernel and no CUDA "
+                       "execution provider is installed"), [], []
+    state, outcome, rolled_back = validate_with_rollback(path, rules, base, deny, state, loaded.validator)
+    status = "passed" + loaded.note + (f" after rolling back {len(rolled_back)} rewrite(s)" if rolled_back else "")
+    status += "".join(f"; note: {n}" for n in outcome.notes)
+    return state, status, outcome.checks, rolled_back
+
+
+def _result(shown: str, out: str | None, opts: OptimizeOptions, loaded: _Loaded, state: Rewritten, status: str,
+            checks: list[OutputCheck], rolled_back: list[Rollback], measured: MeasureReport | None,
+            timings: dict[str, float], written: list[str]) -> Result:
+    after = op_counts(state.proto)
+    v = loaded.validator
+    return Result(
+        input=shown, output=None if opts.dry_run else out, target=opts.target,
+        nodes_before=sum(loaded.before.values()), nodes_after=sum(after.values()),
+        ops_before=loaded.before, ops_after=dict(after), applications=state.eng.applications,
+        skipped=state.eng.skipped, rolled_back=rolled_back, checks=checks, validation=status, timings=timings,
+        written=written, sweeps=state.eng.sweeps, measure=measured, repairs=list(state.info.repairs),
+        load_notes=list(state.info.notes), inputs=v.plan if v is not None else None,
+        profiles=v.profiles() if v is not None else [], peak_rss_bytes=peak_rss_bytes(), model=state.proto)
+
+
+def _check_paths(input_path: str, output_path: str | None, force: bool) -> None:
+    if output_path is None:
+        return
+    if os.path.isdir(output_path):
+        raise ModelError(f"{output_path}: is a directory, expected an output .onnx file path")
+    if os.path.exists(output_path) and os.path.exists(input_path) and os.path.samefile(input_path, output_path):
+        if not force:
+            raise ModelError(f"{output_path}: output is the input model; refusing to overwrite it",
+                             hint="pass --force to overwrite")
+    out_dir = os.path.dirname(os.path.abspath(output_path))
+    if not os.path.isdir(out_dir):
+        raise ModelError(f"{output_path}: output folder {out_dir} does not exist")
+    if not os.access(out_dir, os.W_OK):
+        raise ModelError(f"{output_path}: output folder {out_dir} is not writable")
+
+
+def unknown_ops(proto: onnx.ModelProto) -> list[str]:
+    """Ops from domains with no schema anywhere (not ONNX, not onnxruntime's, not a model-local function)."""
+    local = {(f.domain, f.name) for f in proto.functions}
+    return sorted({f"{n.domain}:{n.op_type}" for n in iter_nodes(proto.graph)
+                   if n.domain not in RUNTIME_DOMAINS and (n.domain, n.op_type) not in local})
+
+
+def unvalidatable_ops(proto: onnx.ModelProto, provider: str) -> list[str]:
+    """Contrib ops in `proto` with no kernel on `provider`."""
+    missing = []
+    for op in op_counts(proto):
+        domain, _, name = op.rpartition(".")
+        if domain and kernel_issue(domain, name, provider):
+            missing.append(op)
+    return missing
+
+
+def find_inputs(model: str | os.PathLike, shapes: list[str] | None = None, inputs_npz: str | None = None,
+                target: str = "cpu", probe: bool = True, budget_bytes: int | None = None) -> InputPlan:
+    """The inputs `optimize` would validate and measure on, and why: discovered from the model (see
+    inputs/discover.py) and, with `probe`, settled by running the original on the target's provider."""
+    path = os.fspath(model)
+    loaded, _ = load_model(path)
+    spec = parse_shape_specs(shapes or [])
+    provider = "cpu" if target == "cuda" and not provider_registered("cuda") else target
+    run_on = None
+    if probe:
+        sess = make_session(path, "disable", provider)
+
+        def run_on(feeds: dict) -> dict:
+            return run_session(sess, feeds)
+    plan, _ = discover_inputs(loaded.proto, run_on, spec, inputs_npz, budget_bytes=budget_bytes)
+    return plan

@@ -1,0 +1,236 @@
+"""onnxruntime sessions and runs: optimization levels, execution providers, one-line errors, feeds checked
+against the session's inputs, and candidate models serialized where onnxruntime can load them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+
+from .errors import InputSpecError, ModelError, OnnxfuseError, first_line
+from .inputs.shapes import fmt_shape
+from .loader import LoadInfo, all_tensors
+from .targets import PROVIDERS
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+__all__ = ["LEVELS", "Candidate", "failing_node", "make_session", "peak_rss_bytes", "run"]
+
+# --------------------------------------------------------------------------------------------------------------
+# onnxruntime session / run
+# --------------------------------------------------------------------------------------------------------------
+
+LEVELS = ("disable", "basic", "extended", "all")
+
+
+# How onnxruntime and onnx.checker name the node a failure is in (the first match wins).
+_NODE_IN_MESSAGE = [re.compile(p) for p in (
+    r"while running \S+ node\. Name:'([^']*)'",  # a kernel failed at run time
+    r"Node \(([^)]*)\) Op \(",  # shape/type inference on load
+    r"In Node, \(\"([^\"]*)\",",  # an invalid graph on load
+    r"node with name '([^']*)'",  # no kernel for the node
+    r"\bNode:(.+?) Output:",  # output shapes that do not merge
+    r"\bin node \(([^)]*)\)",  # input types a kernel does not take
+    r"for node\. Name: (\S+) OpType:",  # onnx.checker
+)]
+
+
+def failing_node(message: str) -> str:
+    """The name of the node a failure message from onnxruntime or onnx.checker names ("" if none)."""
+    for pattern in _NODE_IN_MESSAGE:
+        m = pattern.search(message)
+        if m and m.group(1).strip():
+            return m.group(1).strip()
+    return ""
+
+
+def _ort_level(level: str) -> onnxruntime.GraphOptimizationLevel:
+    import onnxruntime as ort
+
+    table = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }
+    key = level.lower()
+    if key not in table:
+        raise OnnxfuseError(f"unknown optimization level '{level}'; choose one of: {', '.join(LEVELS)}")
+    return table[key]
+
+
+def _ort_providers(provider: str) -> list[str]:
+    import onnxruntime as ort
+
+    key = provider.lower()
+    if key not in PROVIDERS:
+        raise OnnxfuseError(f"unknown provider '{provider}'; choose one of: {', '.join(PROVIDERS)}")
+    if key == "cuda":
+        if PROVIDERS["cuda"] not in ort.get_available_providers():
+            raise OnnxfuseError(
+                "CUDA execution provider not available in the installed onnxruntime",
+                hint="install onnxruntime-gpu or use --provider cpu",
+            )
+        return [PROVIDERS["cuda"], PROVIDERS["cpu"]]
+    return [PROVIDERS["cpu"]]
+
+
+def make_session(
+    model_path: str | bytes, level: str = "disable", provider: str = "cpu", threads: int = 1,
+    profile_prefix: str | None = None,
+) -> onnxruntime.InferenceSession:
+    """An InferenceSession at the given graph optimization level (profiling into `profile_prefix` when
+    given); load failures become ModelError."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(4)  # failures are reported by onnxfuse itself, in one line
+    options = ort.SessionOptions()
+    options.graph_optimization_level = _ort_level(level)
+    options.log_severity_level = 4
+    if threads < 0:
+        raise OnnxfuseError(f"thread count must be >= 0, got {threads}")
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
+    providers = _ort_providers(provider)
+    if isinstance(model_path, str) and not os.path.isfile(model_path):
+        raise ModelError(f"model file not found: {model_path}")
+    label = model_path if isinstance(model_path, str) else "the model"
+    try:
+        return ort.InferenceSession(model_path, sess_options=options, providers=providers)
+    except Exception as exc:  # ORT raises many pybind exception types
+        raise ModelError(f"onnxruntime cannot load {label}: {first_line(str(exc))}") from exc
+
+
+_ORT_TYPES: dict[str, str] = {
+    "tensor(float)": "float32",
+    "tensor(double)": "float64",
+    "tensor(float16)": "float16",
+    "tensor(bfloat16)": "bfloat16",
+    "tensor(int8)": "int8",
+    "tensor(int16)": "int16",
+    "tensor(int32)": "int32",
+    "tensor(int64)": "int64",
+    "tensor(uint8)": "uint8",
+    "tensor(uint16)": "uint16",
+    "tensor(uint32)": "uint32",
+    "tensor(uint64)": "uint64",
+    "tensor(bool)": "bool",
+    "tensor(string)": "object",
+}
+
+
+def _check_feeds(session: onnxruntime.InferenceSession, feeds: dict[str, np.ndarray]) -> None:
+    expected = {i.name: i for i in session.get_inputs()}
+    unknown = [n for n in feeds if n not in expected]
+    if unknown:
+        raise InputSpecError(f"feed '{unknown[0]}' is not a model input; inputs are: {', '.join(expected)}")
+    for name, meta in expected.items():
+        if name not in feeds:
+            raise InputSpecError(f"no value for model input '{name}'")
+        _check_feed(name, meta, np.asarray(feeds[name]))
+
+
+def _check_feed(name: str, meta: Any, arr: np.ndarray) -> None:
+    want = _ORT_TYPES.get(meta.type)
+    got = "object" if arr.dtype.kind in "OSU" else arr.dtype.name
+    if want is not None and want != got:
+        raise InputSpecError(f"input '{name}' has dtype {got}, the model expects {want}")
+    shape = meta.shape
+    if not shape:  # ORT reports [] for both scalars and unknown rank; let ORT itself judge those
+        return
+    if len(shape) != arr.ndim:
+        raise InputSpecError(
+            f"input '{name}' has shape {tuple(arr.shape)}, the model expects rank {len(shape)} {fmt_shape(shape)}"
+        )
+    for axis, (dim, size) in enumerate(zip(shape, arr.shape, strict=True)):
+        if isinstance(dim, int) and dim != size:
+            raise InputSpecError(
+                f"input '{name}' has shape {tuple(arr.shape)}, the model expects {fmt_shape(shape)} "
+                f"(dim {axis} must be {dim})"
+            )
+
+
+def run(session: onnxruntime.InferenceSession, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run once; returns output name -> array. Failures caused by the feeds become InputSpecError."""
+    _check_feeds(session, feeds)
+    names = [o.name for o in session.get_outputs()]
+    try:
+        values = session.run(names, feeds)
+    except Exception as exc:  # ORT raises many pybind exception types
+        raise InputSpecError(
+            f"onnxruntime failed to run the model: {first_line(str(exc))}",
+            hint="check --shape / --inputs against the model's expected input shapes",
+        ) from exc
+    return {name: _as_array(v) for name, v in zip(names, values, strict=True)}
+
+
+def _as_array(value: Any) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    try:
+        return np.asarray(value)
+    except ValueError:  # ragged sequence outputs
+        out = np.empty(len(value), dtype=object)
+        out[:] = list(value)
+        return out
+
+
+class Candidate:
+    """Serializes a candidate so onnxruntime (and onnx.checker) can load it. With external data it is written
+    as a hidden temporary file next to the source model, so the data's relative locations resolve; if that
+    folder is read-only, into a temporary folder with links to the data files (then the checker, which refuses
+    links, is skipped and onnxruntime's load is the check)."""
+
+    def __init__(self, proto: onnx.ModelProto, info: LoadInfo) -> None:
+        self.path: str | None = None
+        self.tmpdir: str | None = None
+        self.checkable = True
+        if not info.external_data:
+            self.source: str | bytes = proto.SerializeToString()
+            return
+        src_dir = os.path.dirname(os.path.abspath(info.path))
+        data = proto.SerializeToString()
+        if os.access(src_dir, os.W_OK):
+            fd, self.path = tempfile.mkstemp(prefix=".onnxfuse-candidate-", suffix=".onnx", dir=src_dir)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            self.source = self.path
+            return
+        self.tmpdir = tempfile.mkdtemp(prefix="onnxfuse-")
+        for t in all_tensors(proto.graph):
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                loc = {e.key: e.value for e in t.external_data}["location"]
+                link = os.path.join(self.tmpdir, loc)
+                if not os.path.exists(link):
+                    os.makedirs(os.path.dirname(link), exist_ok=True)
+                    os.symlink(os.path.join(src_dir, loc), link)
+        path = os.path.join(self.tmpdir, "candidate.onnx")
+        with open(path, "wb") as f:
+            f.write(data)
+        self.source = path
+        self.checkable = False
+
+    def close(self) -> None:
+        if self.path:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+        if self.tmpdir:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def peak_rss_bytes() -> int:
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux

@@ -1,0 +1,246 @@
+"""The small models a rule's self-test is built from: every alternative of its match (and the commutative
+operands swapped), inputs and constants of the rule's dtype, shapes from its constraints and examples, and
+the mutations (a constant out of tolerance, an extra consumer, a wrong dtype) that must not fire."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+from onnx import numpy_helper
+
+from .opschema import op_spec
+from .patterns.rules import Rule
+from .patterns.syntax import Alt, Call, Expr, Ref
+
+MAX_INSTANCES = 48
+DEFAULT_DIM = 4
+NAMED_DIMS = {"k": 8}
+FLOAT = onnx.TensorProto.FLOAT
+FLOATS = (FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
+
+
+def expand(e: Expr) -> list[Expr]:
+    if isinstance(e, Alt):
+        return [x for o in e.options for x in expand(o)]
+    if isinstance(e, Call):
+        return [Call(e.op, e.domain, list(args), e.kwargs, e.kw_offs, e.off, e.lits)
+                for args in itertools.product(*[expand(a) for a in e.args])]
+    return [e]
+
+
+def swap_operands(e: Expr) -> Expr:
+    if isinstance(e, Call):
+        args = [swap_operands(a) for a in e.args]
+        spec = op_spec(e.domain, e.op)
+        if spec is not None and spec.commutative and len(args) == 2:
+            args.reverse()
+        return Call(e.op, e.domain, args, e.kwargs, e.kw_offs, e.off, e.lits)
+    return e
+
+
+def instances(rule: Rule) -> list[tuple[dict[str, Expr], tuple[int, ...]]]:
+    """Every combination of alternatives (evenly thinned to MAX_INSTANCES), with each line's option index."""
+    names = rule.line_names()
+    options = [list(enumerate(expand(rule.lines[n]))) for n in names]
+    combos = list(itertools.product(*options))
+    if len(combos) > MAX_INSTANCES:
+        step = len(combos) / MAX_INSTANCES
+        picked = [combos[int(i * step)] for i in range(MAX_INSTANCES)]
+        covered = {(li, c[li][0]) for c in picked for li in range(len(names))}
+        for li, opts in enumerate(options):  # every alternative of every line at least once
+            for oi, _ in opts:
+                if (li, oi) not in covered:
+                    extra = next(c for c in combos if c[li][0] == oi)
+                    picked.append(extra)
+                    covered |= {(lj, extra[lj][0]) for lj in range(len(names))}
+        combos = picked
+    return [(dict(zip(names, (e for _, e in c), strict=True)), tuple(i for i, _ in c)) for c in combos]
+
+
+# ----- building a model -------------------------------------------------------------------------------------
+
+
+def np_of(elem: int) -> np.dtype:
+    return onnx.helper.tensor_dtype_to_np_dtype(elem)
+
+
+def input_type(call: Call, idx: int, opset: int, primary: int) -> int:
+    """Element type an op wants at input `idx`: int64 for axes/shape-like inputs, else the primary float."""
+    try:
+        schema = onnx.defs.get_schema(call.op, opset, call.domain or "")
+    except onnx.defs.SchemaError:
+        return primary
+    if not schema.inputs:
+        return primary
+    formal = schema.inputs[min(idx, len(schema.inputs) - 1)]
+    allowed = [formal.type_str] if formal.type_str.startswith("tensor(") else next(
+        (list(tc.allowed_type_strs) for tc in schema.type_constraints if tc.type_param_str == formal.type_str), [])
+    want = f"tensor({onnx.TensorProto.DataType.Name(primary).lower()})"
+    if not allowed or want in allowed:
+        return primary
+    if "tensor(int64)" in allowed:
+        return onnx.TensorProto.INT64
+    if len(allowed) == 1:  # e.g. Where's bool condition
+        return getattr(onnx.TensorProto, allowed[0][len("tensor("):-1].upper(), primary)
+    return primary
+
+
+@dataclass
+class Mutation:
+    const_scale: dict[str, float] = field(default_factory=dict)  # value name -> multiply const by this
+    extra_output: str | None = None  # interior line to expose through an extra consumer
+    dtype: int | None = None  # replace the primary float type
+
+
+class Builder:
+    def __init__(self, rule: Rule, inst: dict[str, Expr], opset: int, with_optional: bool, mut: Mutation,
+                 rng: np.random.Generator, example: int = 0) -> None:
+        self.rule, self.inst, self.opset, self.with_optional, self.mut, self.rng = (
+            rule, inst, opset, with_optional, mut, rng)
+        self.example = {k: v[min(example, len(v) - 1)] for k, v in rule.example.items()}
+        self.primary = mut.dtype or self._primary_dtype()
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self.feeds: dict[str, np.ndarray] = {}
+        self.done: dict[str, str] = {}
+        self.dims: dict[str, int] = dict(NAMED_DIMS)
+        self.n = 0
+        self._bind_example_dims()
+
+    def _primary_dtype(self) -> int:
+        return claimed_dtypes(self.rule)[0]
+
+    def _bind_example_dims(self) -> None:
+        for name, shape in self.example.items():
+            con = self.rule.where.get(name)
+            if con is not None and con.shape:
+                for alt in con.shape:
+                    if len(alt) == len(shape):
+                        for p, d in zip(alt, shape, strict=True):
+                            if isinstance(p, str) and p != "_":
+                                self.dims.setdefault(p, d)
+                        break
+
+    def _shape(self, name: str) -> list[int]:
+        if name in self.example:
+            return list(self.example[name])
+        con = self.rule.where.get(name)
+        if con is not None and con.shape:
+            alt = con.shape[0]
+            return [d if isinstance(d, int) else (2 if d == "_" else self.dims.setdefault(d, DEFAULT_DIM))
+                    for d in alt]
+        if con is not None and con.const is not None:
+            return list(con.const.shape)
+        first = next(iter(self.example.values()), None)
+        return list(first) if first else [2, 3, 8]
+
+    def value(self, name: str, call: Call, idx: int) -> str:
+        if name in self.done:
+            return self.done[name]
+        con = self.rule.where.get(name)
+        elem = input_type(call, idx, self.opset, self.primary)
+        if con is not None and con.dtype and con.dtype[0] in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+            elem = con.dtype[0]  # e.g. token ids, or an int64 buffer read by a Slice
+        shape = self._shape(name)
+        fixed = self.rule.example_attrs.get(("", name))
+        if fixed is not None and not self.mut.const_scale.get(name):
+            self.inits.append(numpy_helper.from_array(np.asarray(fixed, dtype=np_of(elem)), name))
+        elif con is not None and con.const is not None:
+            c = con.const * self.mut.const_scale.get(name, 1.0)
+            if name in self.mut.const_scale and (not c.any() or elem == onnx.TensorProto.INT64):
+                c = con.const + 1
+            data = np.broadcast_to(c, shape) if c.size == 1 else c.reshape(shape)
+            self.inits.append(numpy_helper.from_array(np.asarray(data, dtype=np_of(elem)), name))
+        elif con is not None and con.constant:
+            data = self.rng.uniform(0.5, 1.5, size=shape) if elem != onnx.TensorProto.INT64 else np.ones(shape)
+            self.inits.append(numpy_helper.from_array(np.asarray(data, dtype=np_of(elem)), name))
+        else:
+            self.inputs.append(oh.make_tensor_value_info(name, elem, shape))
+            self.feeds[name] = np.asarray(self.rng.standard_normal(shape), dtype=np_of(elem))
+        self.done[name] = name
+        return name
+
+    def emit(self, e: Expr, parent: Call | None = None, idx: int = 0) -> str:
+        if isinstance(e, Ref):
+            if e.name in self.inst:
+                return self.line(e.name)
+            if e.optional and not self.with_optional:
+                return ""
+            if e.name == "_":
+                return self.value(f"ANY{idx}", parent, idx) if parent else ""
+            assert parent is not None
+            return self.value(e.name, parent, idx)
+        assert isinstance(e, Call)
+        return self._node(e, None)[0]
+
+    def line(self, name: str) -> str:
+        head = self.rule.head(name)
+        if name not in self.done:
+            call = self.inst[head]
+            assert isinstance(call, Call)
+            outs = [n for n, (h, _) in sorted(self.rule.outputs_of.items(), key=lambda kv: kv[1][1]) if h == head]
+            self._node(call, outs or [name])
+            for o in outs or [name]:
+                self.done[o] = o
+        return self.done[name]
+
+    def _node(self, call: Call, outs: list[str] | None) -> list[str]:
+        inputs = [self.emit(a, call, i) for i, a in enumerate(call.args)]
+        while inputs and inputs[-1] == "":
+            inputs.pop()
+        self.n += 1
+        outs = outs or [f"t{self.n}"]
+        attrs = dict(call.lits)
+        attrs.update({a: v for (line, a), v in self.rule.example_attrs.items() if line == outs[0]})
+        self.nodes.append(oh.make_node(call.op, inputs, outs, name=f"n{self.n}_{call.op}",
+                                       domain=call.domain or None, **attrs))
+        return outs
+
+    def build(self) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+        root = self.line(self.rule.root)
+        undefined = onnx.TensorProto.UNDEFINED  # shape inference fills the output types in
+        outputs = [oh.make_tensor_value_info(root, undefined, None)]
+        if self.mut.extra_output:
+            self.nodes.append(oh.make_node("Identity", [self.line(self.mut.extra_output)], ["extra_out"]))
+            outputs.append(oh.make_tensor_value_info("extra_out", undefined, None))
+        graph = oh.make_graph(self.nodes, f"selftest_{self.rule.id}", self.inputs, outputs, self.inits)
+        opsets = [oh.make_opsetid("", self.opset), oh.make_opsetid("com.microsoft", 1)]
+        model = oh.make_model(graph, opset_imports=opsets, ir_version=ir_version_for(self.opset))
+        inferred = onnx.shape_inference.infer_shapes(model)
+        for o, io in zip(model.graph.output, inferred.graph.output, strict=True):
+            o.type.CopyFrom(io.type)
+            if o.type.tensor_type.elem_type == onnx.TensorProto.UNDEFINED:  # e.g. a contrib op: no ONNX schema
+                o.type.tensor_type.elem_type = self.primary
+            if not o.type.tensor_type.HasField("shape"):
+                o.type.tensor_type.shape.SetInParent()
+        return model, self.feeds
+
+
+def ir_version_for(opset: int) -> int:
+    for ir, op in ((7, 12), (8, 14), (8, 18), (9, 20), (10, 22)):
+        if opset <= op:
+            return max(ir, 7)
+    return 10
+
+
+def rule_opsets(rule: Rule) -> list[int]:
+    cands = [rule.opset_min, 11, 13, 17, 18, 21, 23, rule.opset_max]
+    top = onnx.defs.onnx_opset_version()
+    return sorted({o for o in cands if rule.opset_min <= o <= min(rule.opset_max, top) and o >= 7})
+
+
+def claimed_dtypes(rule: Rule) -> list[int]:
+    """The floating dtypes a rule claims: those of the first `dtype` constraint that starts with a floating type
+    (the value the generated models are built around); float32 where no constraint names one."""
+    for con in rule.where.values():
+        if con.dtype and con.dtype[0] in FLOATS:
+            return [d for d in con.dtype if d in FLOATS]
+    return [FLOAT]
+
+
+# ----- expanding alternatives -----------------------------------------------------------------------------

@@ -1,0 +1,107 @@
+"""Values and types of an ONNX model: element types and shapes as shape inference knows them (TensorType),
+the value of a Constant node, tensors stored as external data (read only when needed), and a walk over every
+node, subgraphs included."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .errors import ModelError
+
+__all__ = ["TensorType", "constant_node_value", "dtype_name", "external_info", "iter_nodes", "read_external_tensor",
+           "type_from_proto"]
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """Element type and shape of a value as far as shape inference knows (dims: int, str or None)."""
+
+    elem_type: int
+    shape: tuple[int | str | None, ...] | None
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
+
+    @property
+    def dtype_name(self) -> str:
+        return dtype_name(self.elem_type)
+
+
+def iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of a GraphProto, subgraphs (If/Loop/Scan bodies) included."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from iter_nodes(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from iter_nodes(sub)
+
+
+def dtype_name(elem_type: int) -> str:
+    if elem_type == 0:
+        return "undefined"
+    return onnx.TensorProto.DataType.Name(elem_type).lower()
+
+
+def type_from_proto(tp: onnx.TypeProto) -> TensorType | None:
+    if not tp.HasField("tensor_type"):
+        return None
+    tt = tp.tensor_type
+    shape: tuple[int | str | None, ...] | None = None
+    if tt.HasField("shape"):
+        dims: list[int | str | None] = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param"):
+                dims.append(d.dim_param)
+            else:
+                dims.append(None)
+        shape = tuple(dims)
+    return TensorType(tt.elem_type, shape)
+
+
+def constant_node_value(node: onnx.NodeProto) -> np.ndarray:
+    a = node.attribute[0] if node.attribute else None
+    if a is None:
+        raise ModelError(f"Constant node {node.name!r} has no value")
+    if a.name == "value":
+        return numpy_helper.to_array(a.t)
+    if a.name == "value_float":
+        return np.array(a.f, dtype=np.float32)
+    if a.name == "value_floats":
+        return np.array(list(a.floats), dtype=np.float32)
+    if a.name == "value_int":
+        return np.array(a.i, dtype=np.int64)
+    if a.name == "value_ints":
+        return np.array(list(a.ints), dtype=np.int64)
+    raise ModelError(f"Constant node {node.name!r} has unsupported attribute {a.name!r}")
+
+
+def external_info(t: onnx.TensorProto) -> dict[str, str]:
+    return {e.key: e.value for e in t.external_data}
+
+
+def read_external_tensor(t: onnx.TensorProto, base_dir: str) -> np.ndarray:
+    info = external_info(t)
+    path = os.path.join(base_dir, info.get("location", ""))
+    offset = int(info.get("offset", 0))
+    length = int(info["length"]) if "length" in info else None
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read() if length is None else f.read(length)
+    copy = onnx.TensorProto()
+    copy.CopyFrom(t)
+    del copy.external_data[:]
+    copy.data_location = onnx.TensorProto.DEFAULT
+    copy.raw_data = data
+    return numpy_helper.to_array(copy)

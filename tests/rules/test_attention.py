@@ -1,0 +1,409 @@
+"""patterns/attention.yaml on synthetic blocks built with onnx.helper, in the exporters' forms: K transposed
+in one Transpose (TorchScript), in two, or through 3-D reshapes (dynamo); the 1/sqrt(D) scale by Div, by Mul,
+or as D^-1/4 on both Q and K (SDPA); with and without an additive mask and the SDPA NaN guard; a head merge to
+[b, s, H] or [b*s, H]. The exported models (models/transformers) are covered by tests/test_attention.py."""
+
+import numpy as np
+import onnx.helper as oh
+import pytest
+from onnx import TensorProto, numpy_helper
+
+from .conftest import check_fires, check_misses, fuse, make_model, rand_feeds
+
+B, S, E, N, D = 2, 8, 16, 2, 8
+H = N * D
+RNG = np.random.default_rng(0)
+
+
+def _w(*shape):
+    return (RNG.standard_normal(shape) * 0.3).astype(np.float32)
+
+
+WQ, WK, WV, WQKV = _w(E, H), _w(E, H), _w(E, H), _w(E, 3 * H)
+BQ, BK, BV, BQKV = _w(H), _w(H), _w(H), _w(3 * H)
+WO, BO = _w(H, 12), _w(12)
+
+
+def _i64(*v):
+    return np.array(v, np.int64)
+
+
+def _attrs(node):
+    return {a.name: oh.get_attribute_value(a) for a in node.attribute}
+
+
+def _heads(nodes, inits, src, kt="ts", prefix="", qs=(0, 0, N, D)):
+    """q/k/v [b, s, H] (named {prefix}q ...) -> qh, kt, vh; returns their names."""
+    p = prefix
+    inits[f"{p}hs"] = _i64(*qs)
+    nodes += [oh.make_node("Reshape", [src["q"], f"{p}hs"], [f"{p}q4"], name=f"{p}q4"),
+              oh.make_node("Transpose", [f"{p}q4"], [f"{p}qh"], perm=[0, 2, 1, 3], name=f"{p}qh"),
+              oh.make_node("Reshape", [src["k"], f"{p}hs"], [f"{p}k4"], name=f"{p}k4"),
+              oh.make_node("Reshape", [src["v"], f"{p}hs"], [f"{p}v4"], name=f"{p}v4"),
+              oh.make_node("Transpose", [f"{p}v4"], [f"{p}vh"], perm=[0, 2, 1, 3], name=f"{p}vh")]
+    if kt == "ts":  # one Transpose to [b, N, D, s]
+        nodes.append(oh.make_node("Transpose", [f"{p}k4"], [f"{p}kt"], perm=[0, 2, 3, 1], name=f"{p}kt"))
+    elif kt == "two":  # heads first, then swap the last two axes
+        nodes += [oh.make_node("Transpose", [f"{p}k4"], [f"{p}kh"], perm=[0, 2, 1, 3], name=f"{p}kh"),
+                  oh.make_node("Transpose", [f"{p}kh"], [f"{p}kt"], perm=[0, 1, 3, 2], name=f"{p}kt")]
+    else:  # dynamo: through [b*N, s, D] and [b*N, D, s]
+        inits[f"{p}k3"], inits[f"{p}k4s"] = _i64(B * N, S, D), _i64(B, N, D, S)
+        nodes += [oh.make_node("Transpose", [f"{p}k4"], [f"{p}kh"], perm=[0, 2, 1, 3], name=f"{p}kh"),
+                  oh.make_node("Reshape", [f"{p}kh", f"{p}k3"], [f"{p}k3v"], name=f"{p}k3v"),
+                  oh.make_node("Transpose", [f"{p}k3v"], [f"{p}k3t"], perm=[0, 2, 1], name=f"{p}k3t"),
+                  oh.make_node("Reshape", [f"{p}k3t", f"{p}k4s"], [f"{p}kt"], name=f"{p}kt")]
+    return f"{p}qh", f"{p}kt", f"{p}vh"
+
+
+def _sdpa(nodes, inits, qh, kt, vh, scale="div", mask=None, guard=False, softmax_axis=-1):
+    """scores, optional additive mask, Softmax, optional NaN guard, .V -> 'o' [b, N, s, D]."""
+    if scale == "div":
+        inits["cd"] = np.float32(np.sqrt(D))
+        nodes += [oh.make_node("MatMul", [qh, kt], ["qk"], name="qk"), oh.make_node("Div", ["qk", "cd"], ["sc"], name="sc")]
+    elif scale == "mul":
+        inits["cm"] = np.float32(1 / np.sqrt(D))
+        nodes += [oh.make_node("MatMul", [qh, kt], ["qk"], name="qk"), oh.make_node("Mul", ["qk", "cm"], ["sc"], name="sc")]
+    elif scale == "sdpa":  # sqrt(scale) on both
+        inits["cq"], inits["ck"] = np.float32(D ** -0.25), np.float32(D ** -0.25)
+        nodes += [oh.make_node("Mul", [qh, "cq"], ["qs"], name="qs"), oh.make_node("Mul", [kt, "ck"], ["ks"], name="ks"),
+                  oh.make_node("MatMul", ["qs", "ks"], ["sc"], name="sc")]
+    else:  # scale folded into q
+        inits["cq"] = np.float32(1 / np.sqrt(D))
+        nodes += [oh.make_node("Mul", [qh, "cq"], ["qs"], name="qs"), oh.make_node("MatMul", ["qs", kt], ["sc"], name="sc")]
+    s_in = "sc"
+    if mask is not None:
+        nodes.append(oh.make_node("Add", ["sc", mask], ["scm"], name="masked"))
+        s_in = "scm"
+    nodes.append(oh.make_node("Softmax", [s_in], ["p"], axis=softmax_axis, name="softmax"))
+    pv = "p"
+    if guard:
+        inits["zero"] = np.float32(0)
+        nodes += [oh.make_node("IsNaN", ["p"], ["pnan"], name="isnan"),
+                  oh.make_node("Where", ["pnan", "zero", "p"], ["pg"], name="guard")]
+        pv = "pg"
+    nodes.append(oh.make_node("MatMul", [pv, vh], ["o"], name="pv"))
+
+
+def _merge(nodes, inits, out="y", rank=3, inner_reshape=False, os=None):
+    """o [b, N, s, D] -> [b, s, H] (rank 3) or [b*s, H] (rank 2)."""
+    src = "o"
+    if inner_reshape:
+        inits["rs"] = _i64(B, N, S, D)
+        nodes.append(oh.make_node("Reshape", ["o", "rs"], ["o4"], name="o4"))
+        src = "o4"
+    inits["os"] = _i64(*(os or ((B, S, H) if rank == 3 else (B * S, H))))
+    nodes += [oh.make_node("Transpose", [src], ["ot"], perm=[0, 2, 1, 3], name="ot"),
+              oh.make_node("Reshape", ["ot", "os"], [out], name="merge")]
+
+
+def _self_attention(kt="ts", scale="div", mask=(B, 1, S, S), guard=False, rank=3, inner_reshape=False,
+                    bias_input=False, cross=False, softmax_axis=-1, probs_out=False, dtype=TensorProto.FLOAT):
+    nodes, inits = [], {"wq": WQ, "wk": WK, "wv": WV}
+    inputs = [("x", [B, S, E], dtype)]
+    for n, b in (("q", BQ), ("k", BK), ("v", BV)):
+        src = "x2" if cross and n != "q" else "x"
+        nodes += [oh.make_node("MatMul", [src, f"w{n}"], [f"{n}m"], name=f"{n}m"),
+                  oh.make_node("Add", [f"{n}m", f"b{n}"], [n], name=f"{n}b")]
+        if bias_input and n == "q":
+            inputs.append(("bq", [H], dtype))
+        else:
+            inits[f"b{n}"] = b
+    if cross:
+        inputs.append(("x2", [B, S, E], dtype))
+    if mask is not None:
+        inputs.append(("m", list(mask), dtype))
+    qh, kt_, vh = _heads(nodes, inits, {"q": "q", "k": "k", "v": "v"}, kt)
+    _sdpa(nodes, inits, qh, kt_, vh, scale, "m" if mask is not None else None, guard, softmax_axis)
+    _merge(nodes, inits, rank=rank, inner_reshape=inner_reshape)
+    outputs = [("y", [B, S, H] if rank == 3 else [B * S, H], dtype)]
+    if probs_out:
+        outputs.append(("p", [B, N, S, S], dtype))
+    return make_model(nodes, inputs, outputs, inits)
+
+
+def _feeds(m, fully_masked=False):
+    feeds = rand_feeds(m)
+    if "m" in feeds:
+        mask = np.where(RNG.random(feeds["m"].shape) < 0.2, -1e4, 0).astype(np.float32) + (
+            RNG.standard_normal(feeds["m"].shape).astype(np.float32) * 0.1)
+        if fully_masked:
+            mask[0, ...] = -np.inf
+        feeds["m"] = mask
+    return feeds
+
+
+FUSED = ["com.microsoft.Attention", "IsNaN", "Where", "Reshape"]
+
+
+@pytest.mark.parametrize(("kt", "scale", "mask", "guard", "rank", "inner"), [
+    ("ts", "div", True, False, 3, False),     # TorchScript eager
+    ("ts", "sdpa", True, True, 3, False),     # TorchScript SDPA: sqrt(scale) on both, NaN guard
+    ("dynamo", "mul", True, False, 2, True),  # dynamo: 3-D key reshapes, head merge to [b*s, H]
+    ("two", "q", False, False, 3, False),     # no mask, scale folded into q
+    ("two", "div", False, True, 2, False),
+])
+def test_self_attention_fires(kt, scale, mask, guard, rank, inner):
+    m = _self_attention(kt, scale, (B, 1, S, S) if mask else None, guard, rank, inner)
+    got = check_fires(m, "self-attention", FUSED, feeds=_feeds(m), rtol=1e-4, atol=1e-4)
+    att = got.graph.node[0]
+    assert _attrs(att)["num_heads"] == N and _attrs(att)["scale"] == pytest.approx(1 / np.sqrt(D))
+    assert list(att.input)[:1] == ["x"] and (att.input[5] == "m" if mask else len(att.input) == 3)
+    inits = {t.name: numpy_helper.to_array(t) for t in got.graph.initializer}
+    np.testing.assert_array_equal(inits[att.input[1]], np.concatenate([WQ, WK, WV], axis=1))
+    np.testing.assert_array_equal(inits[att.input[2]], np.concatenate([BQ, BK, BV]))
+    fill = inits[got.graph.node[2].input[1]]
+    assert (fill == 0) if guard else np.isnan(fill)  # the guard's value, or NaN (a no-op) where there was none
+    assert list(inits[got.graph.node[3].input[1]]) == ([0, 0, H] if rank == 3 else [-1, H])
+
+
+@pytest.mark.parametrize("guard", [False, True], ids=["unguarded", "guarded"])
+def test_self_attention_fully_masked_rows(guard):
+    """A row masked with -inf: NaN in the unguarded original and in Attention, 0 where the original guards."""
+    m = _self_attention(guard=guard)
+    rules = ("self-attention", "nan-guard-identity")
+    ops = FUSED if guard else ["com.microsoft.Attention", "Reshape"]
+    fired = {"self-attention": 1} | ({} if guard else {"nan-guard-identity": 1})
+    check_fires(m, rules, ops, fired=fired, feeds=_feeds(m, fully_masked=True), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("kw", "reason"), [
+    ({"mask": (B, 1, 1, S)}, "M has shape [2, 1, 1, 8], rule needs ['_', '_', 's', '_']"),  # the row-mask rule's
+    ({"bias_input": True}, None),  # a bias that is not constant cannot be packed offline
+    ({"cross": True}, None),  # key / value from another input: not self-attention
+    ({"softmax_axis": 2}, "Softmax axis=2, rule needs -1"),  # over the queries
+    ({"probs_out": True}, "its output 'p' is a graph output"),  # attention probabilities are read
+])
+def test_self_attention_near_misses(kw, reason):
+    check_misses(_self_attention(**kw), "self-attention", reason)
+
+
+def test_self_attention_row_mask_fires():
+    m = _self_attention(mask=(B, 1, 1, S))
+    # fold=False: with static shapes folding would turn Shape -> Gather -> Concat into a constant afterwards
+    got = check_fires(m, "self-attention-row-mask", ["Shape", "Gather", "Concat", "Expand"] + FUSED,
+                      feeds=_feeds(m), rtol=1e-4, atol=1e-4, fold=False)
+    assert got.graph.node[3].input[0] == "m" and got.graph.node[4].input[5] == got.graph.node[3].output[0]
+
+
+def test_self_attention_row_mask_near_miss():
+    check_misses(_self_attention(mask=(B, 1, S, S)), "self-attention-row-mask",
+                 "M has shape [2, 1, 8, 8], rule needs ['_', 1, 1, '_']")
+
+
+def _packed(proj="gemm", past=True, trans_b=0, order=("q", "k", "v"), mask=(1, 1, S, S)):
+    """GPT-2: one projection to [b, s, 3H], Split, K and V through an (empty) KV cache Concat."""
+    nodes, inits = [], {}
+    if proj == "gemm":  # Conv1D: on [b*s, E]
+        inits |= {"s0": _i64(-1, E), "s1": _i64(B, S, 3 * H), "w": WQKV.T.copy() if trans_b else WQKV, "b": BQKV}
+        nodes += [oh.make_node("Reshape", ["x", "s0"], ["x2"], name="flat"),
+                  oh.make_node("Gemm", ["x2", "w", "b"], ["g"], transB=trans_b, name="gemm"),
+                  oh.make_node("Reshape", ["g", "s1"], ["qkv"], name="qkv")]
+    else:
+        inits |= {"w": WQKV, "b": BQKV}
+        nodes += [oh.make_node("MatMul", ["x", "w"], ["xw"], name="mm"),
+                  oh.make_node("Add", ["xw", "b"], ["qkv"], name="qkv")]
+    inits["sp"] = _i64(H, H, H)
+    nodes.append(oh.make_node("Split", ["qkv", "sp"], list(order), axis=2, name="split"))
+    qh, _, vh = _heads(nodes, inits, {"q": "q", "k": "k", "v": "v"}, "two")
+    if past:  # key / value through a Concat of one input (an empty KV cache)
+        kh_node = next(n for n in nodes if n.name == "kh")
+        kh_node.output[0] = "kh0"
+        nodes.insert(nodes.index(kh_node) + 1, oh.make_node("Concat", ["kh0"], ["kh"], axis=-2, name="kcat"))
+        vh_node = next(n for n in nodes if n.name == "vh")
+        vh_node.output[0] = "vh0"
+        nodes.insert(nodes.index(vh_node) + 1, oh.make_node("Concat", ["vh0"], ["vh"], axis=-2, name="vcat"))
+    inputs = [("x", [B, S, E])]
+    if mask is not None:
+        causal = np.triu(np.full((S, S), -1e4, np.float32), 1).reshape(mask)
+        inits["m"] = causal
+    _sdpa(nodes, inits, qh, "kt", vh, "div", "m" if mask is not None else None)
+    _merge(nodes, inits)
+    return make_model(nodes, inputs, [("y", [B, S, H])], inits)
+
+
+@pytest.mark.parametrize(("proj", "past"), [("gemm", True), ("gemm", False), ("matmul", True)])
+def test_self_attention_packed_fires(proj, past):
+    m = _packed(proj, past)
+    got = check_fires(m, "self-attention-packed", FUSED, rtol=1e-4, atol=1e-4)
+    att = got.graph.node[0]
+    assert list(att.input)[:3] == ["x", "w", "b"] and _attrs(att)["num_heads"] == N
+
+
+@pytest.mark.parametrize(("kw", "reason"), [
+    ({"trans_b": 1}, "Gemm transB=1, rule needs 0"),  # the weight is [3H, E]: not the packed layout
+    ({"order": ("k", "q", "v")}, "uses output 1 of Split, expected 0"),  # the query is the second third: Attention takes Q, K, V in order
+])
+def test_self_attention_packed_near_misses(kw, reason):
+    check_misses(_packed(**kw), "self-attention-packed", reason)
+
+
+def _mask_rank(s_rank=4, m_rank=2):
+    s_shape = [B, N, S, S][4 - s_rank:]
+    nodes = [oh.make_node("Add", ["s", "m"], ["a"], name="add"),
+             oh.make_node("Softmax", ["a"], ["y"], axis=-1, name="softmax")]
+    return make_model(nodes, [("s", s_shape), ("m", [1] * (m_rank - 2) + [S, S])], [("y", s_shape)])
+
+
+def test_attention_mask_rank4_fires():
+    got = check_fires(_mask_rank(), "attention-mask-rank4", ["Unsqueeze", "Add", "Softmax"])
+    assert got.graph.node[0].input[0] == "m"
+
+
+@pytest.mark.parametrize(("kw", "reason"), [({"m_rank": 3}, None), ({"s_rank": 3}, None)])
+def test_attention_mask_rank4_near_misses(kw, reason):
+    check_misses(_mask_rank(**kw), "attention-mask-rank4", reason)
+
+
+def _guard(fill=np.nan, fill_shape=(), as_output=False):
+    nodes = [oh.make_node("Relu", ["x"], ["a"], name="relu"),
+             oh.make_node("IsNaN", ["a"], ["bad"], name="isnan"),
+             oh.make_node("Where", ["bad", "f", "a"], ["g"] if not as_output else ["y"], name="guard")]
+    if not as_output:
+        nodes.append(oh.make_node("Neg", ["g"], ["y"], name="neg"))
+    return make_model(nodes, [("x", [2, 3])], [("y", [2, 3])], {"f": np.full(fill_shape, fill, np.float32)})
+
+
+@pytest.mark.parametrize("fill_shape", [(), (1,)])
+def test_nan_guard_identity_fires(fill_shape):
+    m = _guard(fill_shape=fill_shape)
+    feeds = {"x": np.array([[np.nan, 1, -1], [2, np.nan, 0]], np.float32)}
+    got = check_fires(m, "nan-guard-identity", ["Relu", "Neg"], feeds=feeds)
+    assert list(got.graph.node[1].input) == ["a"]
+    check_fires(_guard(as_output=True), "nan-guard-identity", ["Relu", "Identity"], feeds=feeds)
+
+
+@pytest.mark.parametrize(("kw", "reason"), [({"fill": 0.0}, "require failed: not F == F"),  # a real guard
+                                            ({"fill_shape": (3,)}, "F has shape [3], rule needs [] or [1]")])
+def test_nan_guard_identity_near_misses(kw, reason):
+    check_misses(_guard(**kw), "nan-guard-identity", reason)
+
+
+def _split_heads(kt="transpose", scale="div", guard=False, mask_rank=4, softmax_axis=-1, tail="reshape",
+                 merge_rank=3, v_rank=4, trans_b=0, wo_input=False):
+    """Query, key and value already [b, N, s, D] (after rotary / repeat_kv)."""
+    nodes, inits = [], {}
+    if kt == "transpose":
+        nodes.append(oh.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2], name="kt"))
+    else:
+        inits["k3"], inits["k4"] = _i64(B * N, S, D), _i64(B, N, D, S)
+        nodes += [oh.make_node("Reshape", ["k", "k3"], ["k3v"], name="k3v"),
+                  oh.make_node("Transpose", ["k3v"], ["k3t"], perm=[0, 2, 1], name="k3t"),
+                  oh.make_node("Reshape", ["k3t", "k4"], ["kt"], name="kt")]
+    _sdpa(nodes, inits, "q", "kt", "v", scale, "m", guard, softmax_axis)
+    inputs = [("q", [B, N, S, D]), ("k", [B, N, S, D]), ("v", [B, N, S, D][4 - v_rank:]),
+              ("m", [B, 1, S, S][4 - mask_rank:])]
+    if tail == "reshape":
+        _merge(nodes, inits, rank=merge_rank)
+        out = [B, S, H] if merge_rank == 3 else [B * S, H]
+    else:  # every Reshape target computed with -1 / 0: the head count only from the output weight
+        _merge(nodes, inits, out="mg", os=(0, 0, -1) if merge_rank == 3 else (-1, H))
+        if wo_input:
+            inputs.append(("wo", [H, 12]))
+        else:
+            inits["wo"] = WO.T.copy() if trans_b else WO
+        if tail == "matmul":
+            nodes.append(oh.make_node("MatMul", ["mg", "wo"], ["y"], name="o_proj"))
+        else:  # GPT-2 Conv1D
+            inits |= {"s2": _i64(-1, H), "s3": _i64(B, S, 12), "bo": BO}
+            nodes += [oh.make_node("Reshape", ["mg", "s2"], ["mg2"], name="mg2"),
+                      oh.make_node("Gemm", ["mg2", "wo", "bo"], ["gm"], transB=trans_b, name="c_proj"),
+                      oh.make_node("Reshape", ["gm", "s3"], ["y"], name="y3")]
+        out = [B, S, 12]
+    return make_model(nodes, inputs, [("y", out)], inits)
+
+
+MHA = ["Transpose", "Reshape", "com.microsoft.MultiHeadAttention", "IsNaN", "Where", "Reshape"]
+
+
+@pytest.mark.parametrize(("kt", "scale", "guard", "merge_rank"), [
+    ("transpose", "div", False, 3), ("transpose", "sdpa", True, 3), ("dynamo", "mul", False, 2), ("dynamo", "q", True, 3)])
+def test_attention_heads_split_fires(kt, scale, guard, merge_rank):
+    m = _split_heads(kt, scale, guard, merge_rank=merge_rank)
+    got = check_fires(m, "attention-heads-split", MHA, feeds=_feeds(m), rtol=1e-4, atol=1e-4)
+    mha = got.graph.node[2]
+    assert list(mha.input) == [got.graph.node[1].output[0], "k", "v", "", "", "m"]
+    assert _attrs(mha)["num_heads"] == N and _attrs(mha)["scale"] == pytest.approx(1 / np.sqrt(D))
+
+
+@pytest.mark.parametrize(("kw", "reason"), [
+    ({"softmax_axis": 2}, "Softmax axis=2, rule needs -1"),
+    ({"mask_rank": 2}, "M has rank 2, rule allows 4"),
+    ({"v_rank": 3}, "V has rank 3, rule allows 4"),  # one value for every batch row, broadcast by MatMul
+])
+def test_attention_heads_split_near_misses(kw, reason):
+    check_misses(_split_heads(**kw), "attention-heads-split", reason)
+
+
+def test_attention_heads_split_matmul_fires():
+    m = _split_heads(tail="matmul")
+    got = check_fires(m, "attention-heads-split-matmul", MHA + ["MatMul"], feeds=_feeds(m), rtol=1e-4, atol=1e-4)
+    assert _attrs(got.graph.node[2])["num_heads"] == N and got.graph.node[-1].input[1] == "wo"
+
+
+@pytest.mark.parametrize(("kw", "reason"), [
+    ({"merge_rank": 2}, "mg has rank 2, rule allows 3"),
+    ({"wo_input": True}, "WO ('wo') is not a constant"),
+])
+def test_attention_heads_split_matmul_near_misses(kw, reason):
+    check_misses(_split_heads(tail="matmul", **kw), "attention-heads-split-matmul", reason)
+
+
+def test_attention_heads_split_gemm_fires():
+    m = _split_heads(tail="gemm")
+    # fold=False: with static shapes folding would turn the rebuilt Reshape target into a constant afterwards
+    got = check_fires(m, "attention-heads-split-gemm", MHA + ["Gemm", "Shape", "Gather", "Concat", "Reshape"],
+                      feeds=_feeds(m), rtol=1e-4, atol=1e-4, fold=False)
+    assert _attrs(got.graph.node[2])["num_heads"] == N
+
+
+def test_attention_heads_split_gemm_near_miss():
+    # the projection weight stored [H', H] (transB=1): the rewrite's Gemm would read it the wrong way round
+    check_misses(_split_heads(tail="gemm", trans_b=1), "attention-heads-split-gemm", "Gemm transB=1, rule needs 0")
+
+
+def _fused_attention(mb=-3.0e38, mb_input=False):
+    """com.microsoft.Attention whose mask is Where(cond, 0, mb), followed by the NaN guard the attention rules
+    leave."""
+    inits = {"w": WQKV, "b": BQKV, "ma": np.float32(0), "zero": np.float32(0)}
+    inputs = [("x", [B, S, E]), ("cond", [B, 1, S, S], TensorProto.BOOL)]
+    if mb_input:
+        inputs.append(("mb", [], TensorProto.FLOAT))
+    else:
+        inits["mb"] = np.float32(mb)
+    nodes = [oh.make_node("Where", ["cond", "ma", "mb"], ["m"], name="mask"),
+             oh.make_node("Attention", ["x", "w", "b", "", "", "m"], ["att"], domain="com.microsoft", num_heads=N,
+                          name="attention"),
+             oh.make_node("IsNaN", ["att"], ["bad"], name="isnan"),
+             oh.make_node("Where", ["bad", "zero", "att"], ["g"], name="guard"),
+             oh.make_node("Neg", ["g"], ["y"], name="neg")]
+    m = make_model(nodes, inputs, [("y", [B, S, H])], inits)
+    m.opset_import.append(oh.make_opsetid("com.microsoft", 1))
+    return m
+
+
+def _cond_feeds(m):
+    feeds = rand_feeds(m)
+    feeds["cond"] = np.broadcast_to(np.tril(np.ones((S, S), bool)), (B, 1, S, S)).copy()
+    return feeds
+
+
+def test_attention_guard_finite_mask_fires():
+    m = _fused_attention()
+    got = check_fires(m, "attention-guard-finite-mask", ["Where", "com.microsoft.Attention", "Neg"],
+                      feeds=_cond_feeds(m), rtol=1e-5, atol=1e-5)
+    att, neg = got.graph.node[1:]
+    assert list(neg.input) == list(att.output) and _attrs(att) == {"num_heads": N}
+
+
+@pytest.mark.parametrize(("kw", "reason"), [
+    ({"mb": -np.inf}, "require failed: all(abs(MA) < 1e38 * 10) and all(abs(MB) < 1e38 * 10)"),  # rows can be NaN
+    ({"mb_input": True}, "MB ('mb') is not a constant"),
+])
+def test_attention_guard_finite_mask_near_misses(kw, reason):
+    check_misses(_fused_attention(**kw), "attention-guard-finite-mask", reason)
+
+
+def test_self_attention_fires_for_cuda_too():
+    # CUDA has an Attention kernel too (checked against onnxruntime's published table; no numbers without CUDA)
+    r, _ = fuse(_self_attention(), "self-attention", target="cuda")
+    assert r.fired == {"self-attention": 1} and r.skipped == []

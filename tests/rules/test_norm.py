@@ -1,0 +1,298 @@
+"""patterns/norm.yaml: decomposed LayerNorm (opset 17 axes attribute, opset 18 axes input; Pow or Mul squares;
+Div or Reciprocal), RMSNorm (opset 23), residual Add + RMSNorm / LayerNorm -> Skip*LayerNormalization, BERT
+embeddings -> EmbedLayerNormalization."""
+
+import numpy as np
+import onnx.helper as oh
+import pytest
+from onnx import TensorProto, numpy_helper
+
+from .conftest import assert_same, check_fires, check_misses, fuse, make_model, op_types
+
+RNG = np.random.default_rng(0)
+K = 8
+SHAPE = [2, 4, K]
+GAMMA = RNG.uniform(0.5, 1.5, K).astype(np.float32)
+BETA = RNG.standard_normal(K).astype(np.float32)
+
+
+def _reduce_mean(x, out, opset, axes=(-1,), name=None):
+    if opset >= 18:
+        return oh.make_node("ReduceMean", [x, "axes"], [out], keepdims=1, name=name or out)
+    return oh.make_node("ReduceMean", [x], [out], axes=list(axes), keepdims=1, name=name or out)
+
+
+def _layernorm(opset=17, square="pow", div="div", beta=True, swap=False, axes=(-1,), eps=1e-5, eps_shape=(),
+               gamma_shape=(K,), extra_reader=None):
+    nodes = [_reduce_mean("x", "mean", opset, axes),
+             oh.make_node("Sub", ["x", "mean"], ["d"], name="d")]
+    if square == "pow":
+        nodes.append(oh.make_node("Pow", ["d", "two"], ["sq"], name="sq"))
+    else:
+        nodes.append(oh.make_node("Mul", ["d", "d"], ["sq"], name="sq"))
+    nodes += [_reduce_mean("sq", "var", opset, axes),
+              oh.make_node("Add", ["eps", "var"] if swap else ["var", "eps"], ["ve"], name="ve"),
+              oh.make_node("Sqrt", ["ve"], ["std"], name="std")]
+    if div == "div":
+        nodes.append(oh.make_node("Div", ["d", "std"], ["n"], name="n"))
+    else:
+        nodes += [oh.make_node("Reciprocal", ["std"], ["rstd"], name="rstd"),
+                  oh.make_node("Mul", ["rstd", "d"] if swap else ["d", "rstd"], ["n"], name="n")]
+    out = "g" if beta else "y"
+    nodes.append(oh.make_node("Mul", ["gamma", "n"] if swap else ["n", "gamma"], [out], name="scale"))
+    if beta:
+        nodes.append(oh.make_node("Add", ["beta", "g"] if swap else ["g", "beta"], ["y"], name="shift"))
+    inits = {"two": np.float32(2.0), "eps": np.full(eps_shape, eps, np.float32),
+             "gamma": np.resize(GAMMA, gamma_shape).astype(np.float32)}
+    if beta:
+        inits["beta"] = BETA
+    if opset >= 18:
+        inits["axes"] = np.array(axes, np.int64)
+    if square != "pow":
+        del inits["two"]
+    outputs = [("y", SHAPE)]
+    if extra_reader:
+        nodes.append(oh.make_node("Neg", [extra_reader], ["probe"], name="probe"))
+        outputs.append(("probe", None))
+    return make_model(nodes, [("x", SHAPE)], outputs, inits, opset=opset)
+
+
+@pytest.mark.parametrize(("opset", "square", "div", "beta", "swap"), [
+    (17, "pow", "div", True, False),   # TorchScript, opset 17: axes attribute
+    (18, "pow", "div", True, False),   # dynamo, opset 18: axes input
+    (17, "mul", "recip", True, True),
+    (18, "mul", "recip", False, False),
+    (17, "pow", "div", False, True),
+    (18, "pow", "recip", True, True),
+])
+def test_layernorm_decomposed_fires(opset, square, div, beta, swap):
+    got = check_fires(_layernorm(opset, square, div, beta, swap, eps=1e-6), "layernorm-decomposed",
+                      ["LayerNormalization"], rtol=1e-4, atol=1e-4)
+    ln = got.graph.node[0]
+    assert list(ln.input) == ["x", "gamma"] + (["beta"] if beta else [])
+    attrs = {a.name: oh.get_attribute_value(a) for a in ln.attribute}
+    assert attrs["axis"] == -1 and abs(attrs["epsilon"] - 1e-6) < 1e-12
+
+
+# (the reasons explain reports are those of later alternatives / operand orders: not asserted)
+@pytest.mark.parametrize("opset", [17, 18])
+@pytest.mark.parametrize("kw", [{"axes": (1,)}, {"extra_reader": "mean"}, {"extra_reader": "d"},
+                                {"extra_reader": "std"}, {"gamma_shape": (4, K)}, {"eps_shape": (K,)}],
+                         ids=["mean-over-axis-1", "mean-read", "centered-read", "std-read", "gamma-2d", "eps-per-channel"])
+def test_layernorm_decomposed_near_misses(opset, kw):
+    check_misses(_layernorm(opset, **kw), "layernorm-decomposed")
+
+
+def test_layernorm_decomposed_needs_opset_17():
+    r, _ = fuse(_layernorm(13), "layernorm-decomposed")
+    assert r.fired == {} and r.skipped[0].reason == "model opset 13 outside the rule's range 17..10000"
+
+
+def _rms(opset=23, square="pow", div="div", ax=(-1,), skip=False, extra_reader=None, gamma_input=False,
+         s_shape=SHAPE, a_shape=SHAPE):
+    nodes = []
+    x = "x"
+    inputs = [("x", list(a_shape))]
+    if skip:
+        nodes.append(oh.make_node("Add", ["x", "skip"], ["s"], name="residual"))
+        inputs.append(("skip", list(s_shape)))
+        x = "s"
+    nodes.append(oh.make_node("Pow", [x, "two"], ["sq"], name="sq") if square == "pow"
+                 else oh.make_node("Mul", [x, x], ["sq"], name="sq"))
+    nodes += [_reduce_mean("sq", "ms", opset, ax),
+              oh.make_node("Add", ["ms", "eps"], ["me"], name="me"),
+              oh.make_node("Sqrt", ["me"], ["r"], name="r")]
+    if div == "div":
+        nodes.append(oh.make_node("Div", [x, "r"], ["n"], name="n"))
+    elif div == "recip":
+        nodes += [oh.make_node("Reciprocal", ["r"], ["rr"], name="rr"), oh.make_node("Mul", [x, "rr"], ["n"], name="n")]
+    else:  # x * (1 / r)
+        nodes += [oh.make_node("Div", ["one", "r"], ["rr"], name="rr"), oh.make_node("Mul", ["rr", x], ["n"], name="n")]
+    nodes.append(oh.make_node("Mul", ["n", "gamma"], ["y"], name="scale"))
+    inits = {"two": np.float32(2), "one": np.float32(1), "eps": np.float32(1e-6)}
+    if opset >= 18:
+        inits["axes"] = np.array(ax, np.int64)
+    if gamma_input:
+        inputs.append(("gamma", [K]))
+    else:
+        inits["gamma"] = GAMMA
+    inits = {k: v for k, v in inits.items() if any(k in n.input for n in nodes)}
+    outputs = [("y", SHAPE)]
+    if extra_reader:
+        nodes.append(oh.make_node("Neg", [extra_reader], ["probe"], name="probe"))
+        outputs.append(("probe", None))
+    return make_model(nodes, inputs, outputs, inits, opset=opset)
+
+
+@pytest.mark.parametrize(("square", "div"), [("pow", "div"), ("mul", "recip"), ("pow", "one_div")])
+def test_rmsnorm_fires(square, div):
+    got = check_fires(_rms(23, square, div), "rmsnorm", ["RMSNormalization"], rtol=1e-4, atol=1e-4)
+    attrs = {a.name: oh.get_attribute_value(a) for a in got.graph.node[0].attribute}
+    assert attrs["axis"] == -1 and abs(attrs["epsilon"] - 1e-6) < 1e-12
+
+
+def test_rmsnorm_near_misses():
+    r, _ = fuse(_rms(22), "rmsnorm")
+    assert r.fired == {} and r.skipped[0].reason == "model opset 22 outside the rule's range 23..10000"
+    check_misses(_rms(23, ax=(1,)), "rmsnorm", "AX: const 1 not within tolerance of -1")
+    check_misses(_rms(23, extra_reader="ms"), "rmsnorm", "ReduceMean 'ms' (line ms) has 1 consumer(s)")
+
+
+@pytest.mark.parametrize(("opset", "square", "div"), [(17, "pow", "div"), (18, "mul", "recip"), (18, "pow", "one_div")])
+def test_skip_rmsnorm_fires(opset, square, div):
+    got = check_fires(_rms(opset, square, div, skip=True), "skip-rmsnorm",
+                      ["com.microsoft.SkipSimplifiedLayerNormalization"], rtol=1e-4, atol=1e-4)
+    assert list(got.graph.node[0].input) == ["x", "skip", "gamma"]
+
+
+def test_skip_rmsnorm_keeps_the_sum_for_other_readers():
+    """The residual stream continues from the sum: its readers read output 3 of the fused op."""
+    m = _rms(18, skip=True, extra_reader="s")
+    got = check_fires(m, "skip-rmsnorm", ["com.microsoft.SkipSimplifiedLayerNormalization", "Neg"], rtol=1e-4,
+                      atol=1e-4)
+    fused, neg = got.graph.node
+    assert len(fused.output) == 4 and fused.output[3] == "s" and list(neg.input) == ["s"]
+
+
+@pytest.mark.parametrize(("kw", "reason"), [
+    ({"gamma_input": True}, None),
+    ({"s_shape": [K]}, None),  # a bias broadcast over the rows, not a skip
+    ({"a_shape": [8, K], "s_shape": [8, K]}, None),  # rank 2
+    ({"extra_reader": "ms"}, "ReduceMean 'ms' (line ms) has 1 consumer(s) outside the match"),
+])
+def test_skip_rmsnorm_near_misses(kw, reason):
+    m = _rms(18, skip=True, **kw)
+    if "a_shape" in kw:
+        m.graph.output[0].type.tensor_type.shape.dim.pop(0)
+    check_misses(m, "skip-rmsnorm", reason)
+
+
+def _skip_ln(bias=False, beta=True, axis=-1, bias_input=False, s_shape=SHAPE, sum_reader=False):
+    nodes = []
+    a = "x"
+    inputs = [("x", SHAPE), ("skip", list(s_shape))]
+    inits = {"gamma": GAMMA}
+    if beta:
+        inits["beta"] = BETA
+    if bias:
+        nodes.append(oh.make_node("Add", ["x", "bias"], ["xb"], name="bias_add"))
+        a = "xb"
+        if bias_input:
+            inputs.append(("bias", [K]))
+        else:
+            inits["bias"] = RNG.standard_normal(K).astype(np.float32)
+    nodes += [oh.make_node("Add", [a, "skip"], ["s"], name="residual"),
+              oh.make_node("LayerNormalization", ["s", "gamma"] + (["beta"] if beta else []), ["y"], axis=axis,
+                           epsilon=1e-5, name="ln")]
+    outputs = [("y", SHAPE)]
+    if sum_reader:
+        nodes.append(oh.make_node("Neg", ["s"], ["probe"], name="probe"))
+        outputs.append(("probe", SHAPE))
+    return make_model(nodes, inputs, outputs, inits, opset=17)
+
+
+@pytest.mark.parametrize("beta", [True, False], ids=["beta", "no-beta"])
+@pytest.mark.parametrize("sum_reader", [False, True], ids=["", "sum-read"])
+def test_skip_layernorm_fires(beta, sum_reader):
+    want = ["com.microsoft.SkipLayerNormalization"] + (["Neg"] if sum_reader else [])
+    got = check_fires(_skip_ln(beta=beta, sum_reader=sum_reader), "skip-layernorm", want, rtol=1e-4, atol=1e-4)
+    fused = got.graph.node[0]
+    assert list(fused.input) == ["x", "skip", "gamma"] + (["beta"] if beta else [])
+    assert list(fused.output)[3] == "s"  # the sum, for its other readers
+    assert [list(n.input) for n in got.graph.node[1:]] == ([["s"]] if sum_reader else [])
+
+
+@pytest.mark.parametrize("beta", [True, False], ids=["beta", "no-beta"])
+def test_skip_layernorm_bias_fires(beta):
+    got = check_fires(_skip_ln(bias=True, beta=beta), "skip-layernorm-bias", ["com.microsoft.SkipLayerNormalization"],
+                      rtol=1e-4, atol=1e-4)
+    assert list(got.graph.node[0].input) == ["x", "skip", "gamma", "beta" if beta else "", "bias"]
+
+
+@pytest.mark.parametrize("rule_id", ["skip-layernorm", "skip-layernorm-bias"])
+@pytest.mark.parametrize(("kw", "reason"), [
+    ({"axis": 1}, "LayerNormalization axis=1, rule needs -1"),
+    ({"s_shape": [1, 1, K]}, None),  # broadcast: not a skip
+])
+def test_skip_layernorm_near_misses(rule_id, kw, reason):
+    check_misses(_skip_ln(bias=rule_id.endswith("bias"), **kw), rule_id, reason)
+
+
+def test_skip_layernorm_bias_needs_a_constant_bias():
+    check_misses(_skip_ln(bias=True, bias_input=True), "skip-layernorm-bias")
+
+
+def _embeddings(pbuf=None, start=0, rank1_buffer=False, axes=True, steps=True, ids_type=TensorProto.INT64,
+                pos_rows=16):
+    """HF BERT embeddings as exported: word[ids] + token_type[tt] + position[buffer[:, 0:s]], LayerNorm."""
+    h = 8
+    pbuf = np.arange(16, dtype=np.int64) if pbuf is None else np.asarray(pbuf, np.int64)
+    if not rank1_buffer:
+        pbuf = pbuf[None, :]
+    nodes = [oh.make_node("Shape", ["ids"], ["ids_shape"], name="shape"),
+             oh.make_node("Gather", ["ids_shape", "one"], ["seq"], axis=0, name="seq"),
+             oh.make_node("Unsqueeze", ["seq", "zero_ax"], ["end"], name="end"),
+             oh.make_node("Slice", ["pbuf", "start", "end"] + (["axes"] if axes else ([""] if steps else []))
+                          + (["steps"] if steps else []), ["pid"], name="pos_slice"),
+             oh.make_node("Gather", ["word", "ids"], ["we"], axis=0, name="word"),
+             oh.make_node("Gather", ["seg", "tt"], ["te"], axis=0, name="token_type"),
+             oh.make_node("Add", ["we", "te"], ["e1"], name="add1"),
+             oh.make_node("Gather", ["pos", "pid"], ["pe"], axis=0, name="position"),
+             oh.make_node("Add", ["e1", "pe"], ["e"], name="add2"),
+             oh.make_node("LayerNormalization", ["e", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-12, name="ln")]
+    inits = {"one": np.array(1, np.int64), "zero_ax": np.array([0], np.int64), "pbuf": pbuf,
+             "start": np.array([start], np.int64), "axes": np.array([pbuf.ndim - 1], np.int64),
+             "steps": np.array([1], np.int64),
+             "word": RNG.standard_normal((32, h)).astype(np.float32),
+             "seg": RNG.standard_normal((2, h)).astype(np.float32),
+             "pos": RNG.standard_normal((pos_rows, h)).astype(np.float32),
+             "gamma": RNG.uniform(0.5, 1.5, h).astype(np.float32), "beta": RNG.standard_normal(h).astype(np.float32)}
+    inits = {k: v for k, v in inits.items() if any(k in n.input for n in nodes)}
+    return make_model(nodes, [("ids", ["b", "s"], ids_type), ("tt", ["b", "s"], ids_type)], [("y", ["b", "s", h])],
+                      inits)
+
+
+def _embed_feeds(m, dtype=np.int64):
+    rng = np.random.default_rng(1)
+    return {"ids": rng.integers(0, 32, (2, 10)).astype(dtype), "tt": rng.integers(0, 2, (2, 10)).astype(dtype)}
+
+
+@pytest.mark.parametrize("kw", [{}, {"rank1_buffer": True}, {"rank1_buffer": True, "axes": False, "steps": False},
+                                {"rank1_buffer": True, "axes": False}, {"ids_type": TensorProto.INT32}],
+                         ids=["ts", "rank1-buffer", "no-axes-steps", "no-axes", "int32-ids"])
+def test_embed_layernorm_fires(kw):
+    m = _embeddings(**kw)
+    dtype = np.int32 if kw.get("ids_type") == TensorProto.INT32 else np.int64
+    got = check_fires(m, "embed-layernorm", ["Cast", "Cast", "com.microsoft.EmbedLayerNormalization"],
+                      feeds=_embed_feeds(m, dtype), rtol=1e-4, atol=1e-4)
+    emb = got.graph.node[2]
+    assert list(emb.input)[2:] == ["word", "pos", "seg", "gamma", "beta"]
+
+
+@pytest.mark.parametrize(("kw", "reason"), [
+    ({"pbuf": np.arange(16) * 2}, "require failed: all(reshape(PBUF, [-1]) == arange(PBUF.size))"),
+    ({"pbuf": np.arange(32), "pos_rows": 16}, "require failed: PBUF.size <= POS.shape[0]"),
+    ({"start": 1}, "START: const 1 not within tolerance of 0"),  # positions 1..s: not what the fused op reads
+])
+def test_embed_layernorm_near_misses(kw, reason):
+    check_misses(_embeddings(**kw), "embed-layernorm", reason)
+
+
+@pytest.mark.parametrize("rule_id", ["skip-layernorm", "skip-rmsnorm"])
+def test_skip_norm_needs_a_skip_of_the_same_shape(rule_id):
+    """S [batch, one, k] and A [batch, seq, k]: the model's own names say the dims may differ (the Add
+    broadcasts when one is 1); the fused op would refuse that input, so the rule must not fire."""
+    if rule_id == "skip-layernorm":
+        nodes = [oh.make_node("Add", ["x", "skip"], ["s"], name="residual"),
+                 oh.make_node("LayerNormalization", ["s", "gamma", "beta"], ["y"], axis=-1, name="ln")]
+        inits = {"gamma": GAMMA, "beta": BETA}
+    else:
+        m = _rms(18, skip=True)
+        nodes, inits = list(m.graph.node), {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    m = make_model(nodes, [("x", ["batch", "seq", K]), ("skip", ["batch", "one", K])], [("y", ["batch", "seq", K])],
+                   inits, opset=18)
+    feeds = {"x": RNG.standard_normal((2, 5, K)).astype(np.float32),
+             "skip": RNG.standard_normal((2, 1, K)).astype(np.float32)}
+    r, got = fuse(m, rule_id)
+    assert r.fired == {}, "fired: " + str(op_types(got))
+    assert_same(m, got, feeds)

@@ -1,0 +1,92 @@
+"""patterns/rotary.yaml: Llama-style rotate-half rotary embeddings -> com.microsoft.RotaryEmbedding, the cache
+being the model's own cos / sin rows (shared by q and k, kept)."""
+
+import numpy as np
+import onnx.helper as oh
+import pytest
+from onnx import TensorProto
+
+from .conftest import check_fires, check_misses, make_model, rand_feeds
+
+B, N, S, D = 2, 4, 8, 16
+INT64_MAX = np.iinfo(np.int64).max
+
+
+def _rotary(heads=("q", "k"), scale=None, axis=3, end=INT64_MAX, steps=True, swap=False, f_batch=1, other_half=False,
+            wrong_sign=False, half=D // 2, dtype=TensorProto.FLOAT):
+    """cos / sin of Concat(f, f) unsqueezed to [1, 1, s, D], applied to each of `heads` ([b, N, s, D])."""
+    nodes = [oh.make_node("Concat", ["f", "g" if other_half else "f"], ["emb"], axis=-1, name="emb")]
+    for fn in ("Cos", "Sin"):
+        lo = fn.lower()
+        src = lo
+        nodes.append(oh.make_node(fn, ["emb"], [lo], name=lo))
+        if scale is not None:
+            nodes.append(oh.make_node("Mul", [lo, "scale"], [f"{lo}_s"], name=f"{lo}_scale"))
+            src = f"{lo}_s"
+        nodes.append(oh.make_node("Unsqueeze", [src, "ax1"], [f"{lo}_u"], name=f"{lo}_u"))
+    for h in heads:
+        st = ["st"] if steps else []
+        nodes += [oh.make_node("Slice", [h, "half", "end", "axis"] + st, [f"{h}_x2"], name=f"{h}_x2"),
+                  oh.make_node("Neg", [f"{h}_x2"], [f"{h}_nx2"], name=f"{h}_neg"),
+                  oh.make_node("Slice", [h, "zero", "half", "axis"] + st, [f"{h}_x1"], name=f"{h}_x1")]
+        cat = [f"{h}_x1", f"{h}_nx2"] if wrong_sign else [f"{h}_nx2", f"{h}_x1"]  # [x1, -x2]: the other way
+        nodes += [oh.make_node("Concat", cat, [f"{h}_rot"], axis=-1, name=f"{h}_rot"),
+                  oh.make_node("Mul", ["cos_u", h] if swap else [h, "cos_u"], [f"{h}_c"], name=f"{h}_cos"),
+                  oh.make_node("Mul", ["sin_u", f"{h}_rot"] if swap else [f"{h}_rot", "sin_u"], [f"{h}_s"],
+                               name=f"{h}_sin"),
+                  oh.make_node("Add", [f"{h}_c", f"{h}_s"], [f"{h}_out"], name=f"{h}_out")]
+    inits = {"ax1": np.array([1], np.int64), "half": np.array([half], np.int64), "end": np.array([end], np.int64),
+             "zero": np.array([0], np.int64), "axis": np.array([axis], np.int64), "st": np.array([1], np.int64)}
+    if scale is not None:
+        inits["scale"] = np.float32(scale)
+    inputs = [(h, [B, N, S, D], dtype) for h in heads] + [("f", [f_batch, S, D // 2], dtype)]
+    if other_half:
+        inputs.append(("g", [f_batch, S, D // 2], dtype))
+    outputs = [(f"{h}_out", [B, N, S, D], dtype) for h in heads]
+    return make_model(nodes, inputs, outputs, {k: v for k, v in inits.items() if any(k in n.input for n in nodes)})
+
+
+def _feeds(m):
+    feeds = rand_feeds(m)
+    pos = np.arange(S, dtype=np.float32)[:, None] * (10000 ** (-np.arange(D // 2) / (D // 2)))[None, :]
+    feeds["f"] = np.broadcast_to(pos, feeds["f"].shape).astype(feeds["f"].dtype)
+    return feeds
+
+
+# cos / sin (and their Unsqueeze, shared by both heads) stay; each head gets its own Reshape + Slice of each
+# cache (the Reshape targets are separate initializers, so folding does not merge them) and RotaryEmbedding
+CACHE = ["Reshape", "Slice", "Reshape", "Slice"]
+
+
+@pytest.mark.parametrize("kw", [{}, {"axis": -1}, {"end": D}, {"steps": False}, {"swap": True}, {"scale": 0.5}],
+                         ids=["torchscript", "axis-1", "end-D", "no-steps", "swapped", "scaled"])
+def test_rotary_embedding_fires(kw):
+    m = _rotary(**kw)
+    head = ["Concat", "Cos"] + (["Mul"] if "scale" in kw else []) + ["Unsqueeze", "Sin"] + (
+        ["Mul"] if "scale" in kw else []) + ["Unsqueeze"]
+    got = check_fires(m, "rotary-embedding", head + (CACHE + ["com.microsoft.RotaryEmbedding"]) * 2,
+                      fired={"rotary-embedding": 2}, feeds=_feeds(m), rtol=1e-5, atol=1e-5)
+    rope = [n for n in got.graph.node if n.op_type == "RotaryEmbedding"]
+    assert [n.input[0] for n in rope] == ["q", "k"]
+    producer = {o: n for n in got.graph.node for o in n.output}
+    for n in rope:  # the caches are Slices of Reshapes of the model's own (shared) cos / sin
+        assert [producer[producer[c].input[0]].input[0] for c in n.input[2:4]] == ["cos_u", "sin_u"]
+    assert {a.name: oh.get_attribute_value(a) for a in rope[0].attribute} == {"interleaved": 0}
+
+
+def test_rotary_embedding_one_head():
+    m = _rotary(heads=("q",))
+    check_fires(m, "rotary-embedding", ["Concat", "Cos", "Unsqueeze", "Sin", "Unsqueeze"] + CACHE
+                + ["com.microsoft.RotaryEmbedding"], feeds=_feeds(m))
+
+
+@pytest.mark.parametrize(("kw", "reason"), [
+    ({"other_half": True}, "F must be the same value in both places"),  # halves differ: not a half-width cache
+    ({"f_batch": 2}, None),  # per-batch positions: the cache would be batch 0's
+    ({"wrong_sign": True}, None),  # rotates the other way
+    ({"half": D // 2 - 1}, "require failed: int(H1) == X.dims[3] // 2"),
+    ({"axis": 2}, "require failed: (int(A1) == 3 or int(A1) == -1)"),
+    ({"dtype": TensorProto.DOUBLE}, None),
+])
+def test_rotary_embedding_near_misses(kw, reason):
+    check_misses(_rotary(**kw), "rotary-embedding", reason)
