@@ -123,7 +123,9 @@ def select(
     if members and build_denying:
         partial = _regions(sel.report, sel.effects, groups, kept, members, build_denying, sel.rules_without,
                            sel.timed, original)
-    return sel.finish(kept, partial, t0)
+    final = (build_denying(sel.rules_without(kept | partial), frozenset(sel.report.denied))
+             if partial and build_denying else build(sel.rules_without(kept)))
+    return sel.finish(kept, partial, t0, final)
 
 
 class _Selection:
@@ -200,11 +202,13 @@ class _Selection:
         best.append((r.median if adding else -r.median, g))
         return True
 
-    def finish(self, kept: set[str], partial: set[str], t0: float) -> MeasureReport:
-        """Everything dropped when the kept selection is still slower than the original."""
+    def finish(self, kept: set[str], partial: set[str], t0: float, final: Source) -> MeasureReport:
+        """Everything dropped when the kept selection is still slower than the original: beyond the noise
+        floor, or confirmed in fresh sessions when only its median says so (see slower_confirmed)."""
         report = self.report
         report.dropped_everything = not kept and not partial
-        if report.final is not None and report.final.verdict_beyond(report.floor) == "slower" and (kept or partial):
+        if (kept or partial) and (report.final is not None and report.final.verdict_beyond(report.floor) == "slower"
+                                  or self.slower_confirmed(final)):
             for e in list(self.effects.values()) + report.groups:
                 e.kept = False
             report.denied = set()
@@ -212,6 +216,18 @@ class _Selection:
         report.groups = list(self.effects.values()) + report.groups
         report.seconds = time.perf_counter() - t0
         return report
+
+
+    def slower_confirmed(self, final: Source) -> bool:
+        """Never slower, where the noise floor hides it: a kept selection whose median is slower than the
+        original (beyond SIGNIFICANT) is timed once more against it in fresh sessions, and counts as slower if
+        both of its sessions are, each CI clear of 1 by SIGNIFICANT. The report's final ratio is that round's."""
+        if self.report.final is None or self.report.final.median <= 1 + SIGNIFICANT:
+            return False
+        times, _, _ = self.timed({"original": self.original, "current": final})
+        self.report.rounds += 1
+        return all(paired_ratio(times[s], times["original"]).verdict_beyond(0.0) == "slower"
+                   for s in ("current", CONTROL))
 
 
 def _effect(times: list[float], ref: list[float], adding: bool) -> Ratio:
