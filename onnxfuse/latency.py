@@ -95,10 +95,10 @@ def _load(path: str, provider: str, threads: int, level: str):
 
 
 def probed_inputs(path: str, proto: onnx.ModelProto, spec: ShapeSpec | None, inputs_npz: str | None,
-                   provider: str) -> dict:
-    """The inputs optimize would use (inputs.py): read from the model and probed on it (one session, closed
-    before timing starts)."""
-    probe = make_session(path, "disable", provider)
+                   provider: str, session=None) -> dict:
+    """The inputs optimize would use (inputs/): read from the model and probed on it, with `session` when the
+    caller has one of the model whose runs nothing times yet, else with a session of its own."""
+    probe = session if session is not None else make_session(path, "disable", provider)
     plan, _ = discover(proto, lambda feeds: run(probe, feeds), spec, inputs_npz)
     return plan.feeds
 

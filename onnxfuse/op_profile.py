@@ -263,8 +263,9 @@ def profile(path: str, provider: str = "cpu", threads: int = 1, level: str = "al
 
     spec = parse_shape_specs(shapes) if shapes else None
     proto = onnx.load(path, load_external_data=False)
-    feeds = probed_inputs(path, proto, spec, inputs_npz, provider)
-    result = _profile(path, proto, feeds, provider, threads, level, runs, warmup, latency_ms)
+    plain = make_session(path, level, provider, threads) if latency_ms is None else None  # unprofiled runs
+    feeds = probed_inputs(path, proto, spec, inputs_npz, provider, plain)
+    result = _profile(path, proto, feeds, provider, threads, level, runs, warmup, latency_ms, plain)
     if batches and len(batches) > 1:
         sweep = bench([path], provider=provider, threads=threads, level=level, shapes=shapes, min_runs=20,
                       budget_s=2.0, batches=batches).batches
@@ -274,8 +275,7 @@ def profile(path: str, provider: str = "cpu", threads: int = 1, level: str = "al
 
 
 def _profile(path: str, proto: onnx.ModelProto, feeds: dict, provider: str, threads: int, level: str, runs: int,
-             warmup: int, latency_ms: float | None) -> ProfileResult:
-    plain = make_session(path, level, provider, threads) if latency_ms is None else None
+             warmup: int, latency_ms: float | None, plain) -> ProfileResult:
     events, plain_times = _profiled_events(path, feeds, level, provider, threads, warmup + runs, plain)
     if latency_ms is None:  # unprofiled latency, measured in alternation with the profiled runs
         latency_ms = statistics.median(plain_times[warmup:]) * 1e3

@@ -31,7 +31,7 @@ from .runtime import make_session, peak_rss_bytes
 from .runtime import run as run_session
 from .select import MeasureReport, measured_selection
 from .static_shapes import fix_input_shapes
-from .targets import kernel_issue, provider_registered
+from .targets import kernel_issue, runs_on
 from .tensors import iter_nodes
 from .validate import Validator
 
@@ -129,9 +129,8 @@ def _load(path: str, opts: OptimizeOptions) -> _Loaded:
     if opts.validate and unknown:
         raise OnnxfuseError(f"{path}: ops with no known schema ({', '.join(unknown[:3])}): onnxruntime cannot "
                             "run the model, so it cannot be validated", hint="pass --no-validate to rewrite it anyway")
-    provider, note = opts.target, ""
-    if opts.target == "cuda" and not provider_registered("cuda"):
-        provider, note = "cpu", " on CPU (the installed onnxruntime has no CUDA execution provider)"
+    provider = runs_on(opts.target)
+    note = "" if provider == opts.target else " on CPU (the installed onnxruntime has no CUDA execution provider)"
     validator = Validator(path, model.proto, opts, provider) if opts.validate or opts.measure else None
     return _Loaded(model, info, before, provider, note, validator)
 
@@ -153,7 +152,7 @@ def _rewrite(loaded: _Loaded, rules: list[Rule], opts: OptimizeOptions) -> tuple
     base = EngineOptions(target=opts.target, fold=opts.fold, hot=hot)
     eng = run(model, rules, replace(base))
     eng.skipped.extend(held_back)
-    return rules, base, Rewritten(model, info, eng, model.export())
+    return rules, base, Rewritten(model, info, eng)
 
 
 def _validate(path: str, rules: list[Rule], base: EngineOptions, deny: set[tuple[str, str]], state: Rewritten,
@@ -229,7 +228,7 @@ def find_inputs(model: str | os.PathLike, shapes: list[str] | None = None, input
     path = os.fspath(model)
     loaded, _ = load_model(path)
     spec = parse_shape_specs(shapes or [])
-    provider = "cpu" if target == "cuda" and not provider_registered("cuda") else target
+    provider = runs_on(target)
     run_on = None
     if probe:
         sess = make_session(path, "disable", provider)

@@ -139,6 +139,12 @@ def table_source(target: str) -> KernelSource:
     return KernelSource(table_label(), False, table.get(PROVIDERS[target], {}), TABLE_DOMAINS)
 
 
+def runs_on(target: str) -> str:
+    """Where onnxfuse runs models for `target`: the target itself, or the CPU when the installed onnxruntime
+    has no provider for it (CUDA with the CPU-only wheel)."""
+    return target if provider_registered(target) else "cpu"
+
+
 def available_providers() -> list[str]:
     import onnxruntime as ort
 

@@ -75,10 +75,6 @@ class Validator:
         """The first profile's inputs (None before anything ran)."""
         return self._runs[0].plan if self._runs else None
 
-    @property
-    def feeds(self) -> dict:
-        return self.runs[0].plan.feeds
-
     def profiles(self) -> list[tuple[str, float, InputPlan]]:
         """(name, weight, inputs) of every profile that ran; [] before anything ran."""
         return [(r.profile.name, r.profile.weight, r.plan) for r in self._runs or []]

@@ -3,6 +3,7 @@ some rewrites denied (or stopped after the first k)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import onnx
@@ -22,7 +23,11 @@ class Rewritten:
     model: Model
     info: LoadInfo
     eng: EngineResult
-    proto: onnx.ModelProto
+
+    @functools.cached_property
+    def proto(self) -> onnx.ModelProto:
+        """The rewritten model exported, on first use (bisection and measuring often need only `eng`)."""
+        return self.model.export()
 
 
 def rebuild(input_path: str, rules: list[Rule], base: EngineOptions, deny: set[tuple[str, str]],
@@ -31,4 +36,4 @@ def rebuild(input_path: str, rules: list[Rule], base: EngineOptions, deny: set[t
     (rule, root) left out; `max_rewrites` stops after that many rule rewrites (folding still runs around them)."""
     model, info = load_model(input_path)
     result = run(model, rules, replace(base, deny=set(deny), max_rewrites=max_rewrites))
-    return Rewritten(model, info, result, model.export())
+    return Rewritten(model, info, result)
