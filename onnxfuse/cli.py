@@ -22,6 +22,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   rich_markup_mode=None, help="Make ONNX models faster on onnxruntime with validated YAML fusions.")
 patterns_app = typer.Typer(no_args_is_help=True, help="List, show, check and self-test fusion patterns.")
 app.add_typer(patterns_app, name="patterns")
+cache_app = typer.Typer(no_args_is_help=True, help="Show or clear the measured-decision cache.")
+app.add_typer(cache_app, name="cache")
 
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
@@ -66,8 +68,14 @@ def optimize(
                                              "them (default: time groups of rewrites, keep only those that help).")]
     = False,
     threads: Annotated[int, typer.Option("--threads", help="onnxruntime intra-op threads for --measure.")] = 1,
-    measure_budget: Annotated[float, typer.Option("--measure-budget", help="Seconds of timing per measuring "
-                                                  "round.")] = 2.0,
+    measure_budget: Annotated[float | None, typer.Option("--measure-budget", help="Seconds for the whole "
+                                                         "measuring phase (default 10; with --measure-by model, "
+                                                         "seconds per round, default 2).")] = None,
+    measure_by: Annotated[str, typer.Option("--measure-by", help="regions: time each class of alike regions "
+                                            "alone, then confirm on the whole model; model: rounds of "
+                                            "whole-model variants.")] = "regions",
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither reuse nor record measured decisions "
+                                           "(the decision cache: onnxfuse cache show).")] = False,
     bench_after: Annotated[bool, typer.Option("--bench", help="Benchmark the input against the output "
                                               "afterwards (interleaved, same options).")] = False,
     html: Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report (implies "
@@ -82,8 +90,9 @@ def optimize(
                            target=_target(target), validate=not no_validate, shapes=shape or [],
                            inputs_npz=inputs, rtol=rtol, atol=atol, force=force, dry_run=dry_run,
                            measure=not no_measure, fold=not no_fold, pad_channels=pad_channels, static=static,
-                           measure_threads=threads, measure_budget_s=measure_budget, profiles=profile or [])
-    if threads < 1 or measure_budget <= 0:
+                           measure_threads=threads, measure_budget_s=measure_budget, profiles=profile or [],
+                           measure_by=measure_by, cache=not no_cache)
+    if threads < 1 or (measure_budget is not None and measure_budget <= 0):
         raise OnnxfuseError("--threads must be >= 1 and --measure-budget > 0")
     if (bench_after or html) and dry_run:
         raise OnnxfuseError("--bench/--html need the written output; drop --dry-run")
@@ -384,6 +393,37 @@ def inputs_cmd(
         print(json.dumps({"schema": "onnxfuse.inputs/1", **plan.to_json()}, indent=2))
         return
     print_inputs(plan, out)
+
+
+@cache_app.command("show")
+def cache_show(as_json: Annotated[bool, typer.Option("--json", help="Print every decision as JSON.")] = False,
+               ) -> None:
+    """Where the decision cache is and what it holds (region decisions, whole-model confirmations)."""
+    from .decision_cache import DecisionCache
+
+    summary = DecisionCache().summary()
+    if as_json:
+        print(json.dumps({"schema": "onnxfuse.cache/1", **summary}, indent=2))
+        return
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(summary["by_kind"].items())) or "empty"
+    print(f"{summary['path']}: {summary['decisions']} decision(s) ({kinds}), {summary['bytes']} bytes")
+    for key, d in sorted(summary["entries"].items(), key=lambda kv: kv[1].get("when", "")):
+        what = d.get("label", "whole model")
+        verdict = ("kept" if d.get("keep") else "original") if d.get("kind") == "region" else "confirmation"
+        r = d.get("ratio")
+        how = (f"ratio {r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}]" if r else
+               f"not reached within {d.get('budget', 0):g} s")
+        print(f"  {d.get('when', '?')}  {d.get('kind', '?'):6} {what[:40]:40} {verdict:12} {how}  {key[:12]}")
+
+
+@cache_app.command("clear")
+def cache_clear() -> None:
+    """Forget every measured decision (the next optimize times everything again)."""
+    from .decision_cache import DecisionCache
+
+    cache = DecisionCache()
+    n = cache.clear()
+    print(f"{cache.path}: removed {n} decision(s)")
 
 
 @app.command()

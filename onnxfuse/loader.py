@@ -11,7 +11,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from .errors import ModelError
-from .ir import Graph, Model
+from .ir import Graph, Model, _shell
 from .ort_check import file_key, ort_probe
 from .repair import repair_model, unrepairable
 from .tensors import external_info, iter_nodes, type_from_proto
@@ -83,29 +83,13 @@ def _recheck(proto: onnx.ModelProto, path: str, refused: str | None) -> None:
     left = unrepairable(proto)
     if left:
         raise ModelError(f"{path}: {left[0]}", hint=left[1])
-    error = _checker_error(_checkable(proto))
+    error = _checker_error(weightless(proto))
     if error and refused:
         before = f" (before repair: {refused})" if refused != error else ""
         raise ModelError(f"{path}: invalid model: onnxruntime loads it, but onnx.checker still rejects it after "
                          f"repair: {error}{before}")
     if error:
         raise ModelError(f"{path}: invalid model: onnx.checker rejects the repaired copy: {error}")
-
-
-def _checkable(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """`proto`, or a copy whose external tensors are empty stubs: the checker resolves external data only for a
-    model given by path, and the data was checked when the original was."""
-    if not any(t.data_location == onnx.TensorProto.EXTERNAL for t in all_tensors(proto.graph)):
-        return proto
-    copy = onnx.ModelProto()
-    copy.CopyFrom(proto)
-    for t in all_tensors(copy.graph):
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            del t.external_data[:]
-            del t.dims[:]
-            t.dims.append(0)
-            t.data_location = onnx.TensorProto.DEFAULT
-    return copy
 
 
 def all_tensors(graph: onnx.GraphProto):
@@ -158,7 +142,8 @@ def _check_model(proto: onnx.ModelProto, path: str, external: bool) -> str | Non
             )
     _check_graph_structure(proto.graph, path, set())
     # with external data the checker must see the file's folder to resolve data locations
-    return _checker_error(path if external else proto)
+    # on a copy without the weights: the checker serializes what it is given (external data was checked above)
+    return _checker_error(weightless(proto))
 
 
 def _checker_error(model: onnx.ModelProto | str) -> str | None:
@@ -228,12 +213,46 @@ def _find_cycle(graph: onnx.GraphProto) -> list[str] | None:
     return None
 
 
+SMALL_ELEMENTS = 4096  # initializers up to this size stay in weightless copies (shapes, axes, small constants)
+
+
+def weightless(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `proto` without its large initializers (embedded or external): each becomes a graph input of the
+    same type and shape. Shape inference and onnx.checker serialize what they are given, so on a 140 MB model
+    this saves three copies of the weights and most of their time; data propagation still sees the small
+    constants (shape values, axes). Subgraphs are copied as they are. `proto` itself when it has no large ones."""
+    g = proto.graph
+    big = [t for t in g.initializer if t.data_location == onnx.TensorProto.EXTERNAL or _elements(t) > SMALL_ELEMENTS]
+    if not big:
+        return proto
+    out = onnx.ModelProto()
+    _shell(proto, out, skip=("graph",))
+    _shell(g, out.graph, skip=("initializer",))
+    dropped = {t.name for t in big}
+    out.graph.initializer.extend(t for t in g.initializer if t.name not in dropped)
+    known = {i.name for i in g.input}
+    out.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                           for t in big if t.name not in known)
+    return out
+
+
+def _elements(t: onnx.TensorProto) -> int:
+    n = 1
+    for d in t.dims:
+        n *= d
+    return n
+
+
 def infer_types(proto: onnx.ModelProto) -> onnx.ModelProto | None:
-    """Shape inference on a copy (symbolic dims stay symbolic); best effort: None when it fails."""
+    """Shape inference on a weightless copy (symbolic dims stay symbolic); best effort: None when it fails. The
+    result's graph has the inputs of `proto` (the large initializers' stand-in inputs are dropped again)."""
+    light = weightless(proto)
     try:
-        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
     except Exception:
         return None
+    del inferred.graph.input[len(proto.graph.input):]
+    return inferred
 
 
 def merge_types(g: Graph, src: onnx.GraphProto) -> None:
@@ -288,7 +307,7 @@ def save_model(
             written.append(os.path.join(out_dir, data_name))
         else:
             with open(tmp_model, "wb") as f:
-                f.write(proto.SerializeToString())
+                write_streamed(f, proto)
         default_mode(tmp_model)
         os.replace(tmp_model, out_path)
         tmp_files.clear()
@@ -330,6 +349,75 @@ def _externalize(graph: onnx.GraphProto, data_file, data_name: str, source_base_
         for k, v in (("location", data_name), ("offset", str(new_offset)), ("length", str(length))):
             e = t.external_data.add()
             e.key, e.value = k, v
+
+
+def write_streamed(f, proto: onnx.ModelProto) -> None:
+    """Write `proto` as SerializeToString() would (the same bytes), one initializer at a time: serializing the
+    whole model holds two more copies of its weights (the encoder's buffer and the bytes object)."""
+    head, tail = _split(proto, 7)  # ModelProto.graph
+    ghead, gtail = _split(proto.graph, 5)  # GraphProto.initializer
+    sizes = [_tensor_size(t) for t in proto.graph.initializer]
+    glen = len(ghead) + len(gtail) + sum(1 + len(_varint(n)) + n for n in sizes)
+    f.write(head)
+    f.write(b"\x3a" + _varint(glen))  # field 7, length-delimited
+    f.write(ghead)
+    for t, n in zip(proto.graph.initializer, sizes, strict=True):
+        f.write(b"\x2a" + _varint(n))  # field 5, length-delimited
+        if t.HasField("raw_data"):
+            thead, ttail = _split(t, 9)  # TensorProto.raw_data
+            raw = t.raw_data
+            f.write(thead + b"\x4a" + _varint(len(raw)))
+            f.write(raw)
+            f.write(ttail)
+            del raw
+        else:
+            f.write(t.SerializeToString())
+    f.write(gtail)
+    f.write(tail)
+
+
+def _split(msg, number: int) -> tuple[bytes, bytes]:
+    """`msg` serialized without the field `number`: the fields before it and the fields after it."""
+    head, tail = type(msg)(), type(msg)()
+    for field, value in msg.ListFields():
+        if field.number == number:
+            continue
+        target = getattr(head if field.number < number else tail, field.name)
+        if getattr(field, "is_repeated", None) or getattr(field, "label", None) == field.LABEL_REPEATED:
+            target.extend(value)
+        elif field.type == field.TYPE_MESSAGE:
+            target.CopyFrom(value)
+        else:
+            setattr(head if field.number < number else tail, field.name, value)
+    return head.SerializeToString(), tail.SerializeToString()
+
+
+def approx_bytes(proto: onnx.ModelProto) -> int:
+    """The serialized size of `proto`'s main-graph initializers plus its nodes, without serializing the model
+    (ByteSize() does, holding another copy of the weights): enough to decide whether it must be written with
+    external data."""
+    g = proto.graph
+    return sum(_tensor_size(t) for t in g.initializer) + sum(n.ByteSize() for n in g.node)
+
+
+def _tensor_size(t: onnx.TensorProto) -> int:
+    if not t.HasField("raw_data"):
+        return t.ByteSize()
+    thead, ttail = _split(t, 9)
+    n = len(t.raw_data)
+    return len(thead) + 1 + len(_varint(n)) + n + len(ttail)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
 
 
 def default_mode(path: str) -> None:

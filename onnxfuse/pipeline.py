@@ -14,14 +14,16 @@ from dataclasses import dataclass, replace
 import onnx
 
 from .compare import OutputCheck
+from .decision_cache import DecisionCache
 from .errors import ModelError, OnnxfuseError
 from .inputs import InputPlan, parse_shape_specs
 from .inputs import discover as discover_inputs
 from .ir import Model
-from .loader import LoadInfo, load_model, save_model
+from .loader import LoadInfo, approx_bytes, load_model, save_model
 from .opschema import RUNTIME_DOMAINS
 from .options import OptimizeOptions
 from .patterns.rules import Rule
+from .region_select import region_selection
 from .result import Result, op_counts
 from .rewrite.engine import EngineOptions, RuleSkip, run
 from .rewrite.rebuild import Rewritten
@@ -31,7 +33,7 @@ from .runtime import make_session, peak_rss_bytes
 from .runtime import run as run_session
 from .select import MeasureReport, measured_selection
 from .static_shapes import fix_input_shapes
-from .targets import kernel_issue, runs_on
+from .targets import kernel_issue, provider_registered, runs_on
 from .tensors import iter_nodes
 from .validate import Validator
 
@@ -58,7 +60,7 @@ def _source(model: str | os.PathLike | onnx.ModelProto, opts: OptimizeOptions,
     try:
         if isinstance(model, onnx.ModelProto):
             shown, path = "<ModelProto>", os.path.join(tmp, "model.onnx")
-            big = model.ByteSize() > 2**31 - 2**24
+            big = approx_bytes(model) > 2**31 - 2**24
             onnx.save(model, path, save_as_external_data=big, location="model.onnx.data" if big else None)
         else:
             shown = path = os.fspath(model)
@@ -112,14 +114,27 @@ def _optimize(shown: str, path: str, out: str | None, opts: OptimizeOptions) -> 
     if opts.measure and state.eng.applications:
         assert loaded.validator is not None
         with _timed(timings, "measure"):
-            measured, state = measured_selection(path, rules, opts, base, deny, state, loaded.validator)
+            measured, state = _measure(path, rules, opts, base, deny, state, loaded.validator)
     written: list[str] = []
     if out is not None and not opts.dry_run:
         with _timed(timings, "write"):
-            big = state.proto.ByteSize() > 2**31 - 2**24
+            big = approx_bytes(state.proto) > 2**31 - 2**24
             written = save_model(state.proto, out, loaded.model.base_dir,
                                  external=state.info.external_data or big)
     return _result(shown, out, opts, loaded, state, status, checks, rolled_back, measured, timings, written)
+
+
+def _measure(path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions, deny: set[tuple[str, str]],
+             state: Rewritten, validator: Validator) -> tuple[MeasureReport, Rewritten]:
+    """Measured selection on the target: by region (the default) or by whole-model rounds."""
+    if opts.target == "cuda" and not provider_registered("cuda"):
+        return MeasureReport("cuda", opts.measure_threads, 0, note="not measured: the installed onnxruntime "
+                             "has no CUDA execution provider"), state
+    if opts.measure_by == "model":
+        return measured_selection(path, rules, opts, base, deny, state, validator)
+    if opts.measure_by != "regions":
+        raise OnnxfuseError(f"--measure-by {opts.measure_by}: unknown strategy", hint="use regions or model")
+    return region_selection(path, rules, opts, base, deny, state, validator, DecisionCache(enabled=opts.cache))
 
 
 def _load(path: str, opts: OptimizeOptions) -> _Loaded:

@@ -89,13 +89,26 @@ def print_measure(m, console: Console) -> None:
     t = Table(title=f"measured on {m.provider}, {m.threads} thread(s), ORT_ENABLE_ALL, {m.rounds} round(s), "
                     f"{m.strategy} selection",
               title_justify="left")
-    for col in ("fused op group", "rules", "rewrites", "latency saved", "with / without [95% CI]", "kept"):
-        t.add_column(col, justify="right" if col in ("rewrites", "latency saved") else "left")
+    regions = m.strategy == "regions"
+    cols = ("fused op group", "rules", "rewrites", "regions" if regions else "",
+            "region time saved" if regions else "latency saved", "with / without [95% CI]", "kept", "how")
+    for col in cols:
+        if col:
+            t.add_column(col, justify="right" if col in ("rewrites", "regions", "latency saved",
+                                                         "region time saved") else "left")
     for g in m.groups:
         gain = "" if g.gain is None else f"{g.gain * 100:+.1f}%"
-        t.add_row(g.group, ", ".join(g.rules), str(g.rewrites), gain, str(g.effect or ""),
-                  "[green]kept[/green]" if g.kept else "[red]dropped[/red]")
+        how = {"timed": "timed", "cached": "[cyan]cached[/cyan]", "exact": "exact, not timed",
+               "budget": "[yellow]budget ran out[/yellow]"}.get(g.source, g.why or g.source)
+        row = [g.group, ", ".join(g.rules), str(g.rewrites)] + ([str(g.instances)] if regions else []) + [
+            gain, str(g.effect or ""), "[green]kept[/green]" if g.kept else "[red]dropped[/red]", how]
+        t.add_row(*row)
     console.print(t)
+    if regions:
+        phases = ", ".join(f"{k} {v:.1f} s" for k, v in m.phases.items())
+        console.print(f"measure: {m.seconds:.1f} s of a {m.budget_s:.0f} s budget ({phases})"
+                      + (f"; {m.undecided} region class(es) not reached: left as the original" if m.undecided
+                         else "") + f"; whole-model confirmation: {m.confirmed or 'not needed'}")
     if m.final is not None:
         what = ("no rewrite group kept (none made it faster; exact folding, if any, stays)" if m.dropped_everything
                 else "kept rewrites")

@@ -4,6 +4,7 @@ against the session's inputs, and candidate models serialized where onnxruntime 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import shutil
@@ -15,13 +16,15 @@ import onnx
 
 from .errors import InputSpecError, ModelError, OnnxfuseError, first_line
 from .inputs.shapes import fmt_shape
-from .loader import LoadInfo, all_tensors
+from .ir import _shell
+from .loader import LoadInfo, all_tensors, write_streamed
 from .targets import PROVIDERS
 
 if TYPE_CHECKING:
     import onnxruntime
 
-__all__ = ["LEVELS", "Candidate", "failing_node", "make_session", "peak_rss_bytes", "run"]
+__all__ = ["LEVELS", "Candidate", "failing_node", "make_session", "peak_rss_bytes", "release_memory", "run",
+           "write_split"]
 
 # --------------------------------------------------------------------------------------------------------------
 # onnxruntime session / run
@@ -186,27 +189,28 @@ def _as_array(value: Any) -> np.ndarray:
 
 
 class Candidate:
-    """Serializes a candidate so onnxruntime (and onnx.checker) can load it. With external data it is written
-    as a hidden temporary file next to the source model, so the data's relative locations resolve; if that
-    folder is read-only, into a temporary folder with links to the data files (then the checker, which refuses
-    links, is skipped and onnxruntime's load is the check)."""
+    """A candidate written to temporary files onnxruntime loads by path. Without external data, its large
+    initializers go to a side file at page-aligned offsets, which onnxruntime maps instead of copying: a session
+    then costs the weights once (not a parse of them plus a copy) and no serialized copy of them is held in
+    memory. With external data the model is written next to the source model, so the data's relative locations
+    resolve; if that folder is read-only, into a temporary folder with links to the data files."""
 
     def __init__(self, proto: onnx.ModelProto, info: LoadInfo) -> None:
         self.path: str | None = None
         self.tmpdir: str | None = None
-        self.checkable = True
-        if not info.external_data:
-            self.source: str | bytes = proto.SerializeToString()
-            return
+        self.checkable = True  # onnx.checker runs on a weightless copy (validate.checker_accepts): always possible
         src_dir = os.path.dirname(os.path.abspath(info.path))
-        data = proto.SerializeToString()
-        if os.access(src_dir, os.W_OK):
+        if info.external_data and os.access(src_dir, os.W_OK):
             fd, self.path = tempfile.mkstemp(prefix=".onnxfuse-candidate-", suffix=".onnx", dir=src_dir)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            self.source = self.path
+            self.source: str | bytes = self.path
+            _write(fd, proto)
             return
         self.tmpdir = tempfile.mkdtemp(prefix="onnxfuse-")
+        path = os.path.join(self.tmpdir, "candidate.onnx")
+        self.source = path
+        if not info.external_data:
+            write_split(proto, path)
+            return
         for t in all_tensors(proto.graph):
             if t.data_location == onnx.TensorProto.EXTERNAL:
                 loc = {e.key: e.value for e in t.external_data}["location"]
@@ -214,11 +218,7 @@ class Candidate:
                 if not os.path.exists(link):
                     os.makedirs(os.path.dirname(link), exist_ok=True)
                     os.symlink(os.path.join(src_dir, loc), link)
-        path = os.path.join(self.tmpdir, "candidate.onnx")
-        with open(path, "wb") as f:
-            f.write(data)
-        self.source = path
-        self.checkable = False
+        _write(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), proto)
 
     def close(self) -> None:
         if self.path:
@@ -226,6 +226,67 @@ class Candidate:
                 os.unlink(self.path)
         if self.tmpdir:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+SPLIT_BYTES = 4096  # initializers at least this large go to the side file of a split candidate
+_PAGE = 4096
+
+
+def write_split(proto: onnx.ModelProto, path: str) -> None:
+    """`path` plus `path + ".weights"`: the main graph's embedded initializers of SPLIT_BYTES or more are written,
+    one at a time, to the weights file at page-aligned offsets (external data onnxruntime maps); the model file
+    holds the rest. `proto` is not changed."""
+    out = onnx.ModelProto()
+    _shell(proto, out, skip=("graph",))
+    _shell(proto.graph, out.graph, skip=("initializer",))
+    data_name = os.path.basename(path) + ".weights"
+    try:
+        with open(os.path.join(os.path.dirname(path), data_name), "wb") as f:
+            for t in proto.graph.initializer:
+                if t.data_location == onnx.TensorProto.EXTERNAL or not t.HasField("raw_data"):
+                    out.graph.initializer.append(t)
+                    continue
+                raw = t.raw_data
+                if len(raw) < SPLIT_BYTES:
+                    out.graph.initializer.append(t)
+                    continue
+                offset = f.tell() + (-f.tell()) % _PAGE
+                f.seek(offset)
+                f.write(raw)
+                stub = out.graph.initializer.add()
+                _shell(t, stub, skip=("raw_data", "external_data", "data_location"))
+                stub.data_location = onnx.TensorProto.EXTERNAL
+                for k, v in (("location", data_name), ("offset", str(offset)), ("length", str(len(raw)))):
+                    stub.external_data.add(key=k, value=v)
+                del raw
+        _write(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), out)
+    except OSError as e:
+        raise OnnxfuseError(f"cannot write a candidate model to a temporary file ({e.strerror or e})") from None
+
+
+def _write(fd: int, proto: onnx.ModelProto) -> None:
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write_streamed(f, proto)
+    except OSError as e:
+        raise OnnxfuseError(f"cannot write a candidate model to a temporary file ({e.strerror or e})") from None
+
+
+def release_memory() -> None:
+    """Hand freed heap back to the OS (glibc keeps it otherwise): after a session of a 140 MB model is gone, the
+    process's resident size drops by about that much before the next big step. A no-op without glibc."""
+    global _LIBC
+    if _LIBC is None:
+        try:
+            _LIBC = ctypes.CDLL("libc.so.6")
+            _LIBC.malloc_trim  # noqa: B018 (glibc only)
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC: Any = None
 
 
 def peak_rss_bytes() -> int:

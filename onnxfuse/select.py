@@ -29,7 +29,6 @@ from .patterns.rules import Rule
 from .rewrite.engine import EngineOptions, EngineResult
 from .rewrite.rebuild import Rewritten, rebuild
 from .runtime import Candidate, make_session
-from .targets import provider_registered
 from .timing import Ratio, paired_ratio, run_times, time_interleaved
 from .validate import Validator
 
@@ -49,6 +48,11 @@ class GroupEffect:
     rewrites: int
     kept: bool
     effect: Ratio | None = None  # latency with the group / without it, in the last round that measured it
+    source: str = "timed"  # timed | cached (decided by an earlier run) | exact | untimed | budget (not reached)
+    instances: int = 1  # regions decided together (alike regions are one class)
+    floor: float = 0.0  # the noise floor of the round that decided it
+    seconds_each: float = 0.0  # a region's original version, per run (region selection)
+    why: str = ""  # why it was not timed
 
     @property
     def gain(self) -> float | None:
@@ -69,6 +73,10 @@ class MeasureReport:
     strategy: str = ""  # "backward" (drop what costs) or "forward" (add what helps, after backward failed)
     floor: float = 0.0  # largest A/A difference between two sessions of one candidate, over the rounds
     denied: set[Key] = field(default_factory=set)  # rewrites left out of groups kept only in part (by region)
+    confirmed: str = ""  # the whole-model confirmation: timed, cached, or skipped: why (region selection)
+    undecided: int = 0  # region classes the budget did not reach (left as the original)
+    budget_s: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase (region selection)
 
     def to_json(self) -> dict:
         return {
@@ -78,8 +86,10 @@ class MeasureReport:
             "noise_floor": self.floor, "denied": [list(k) for k in sorted(self.denied)],
             "dropped_everything": self.dropped_everything,
             "groups": [{"group": g.group, "rules": g.rules, "rewrites": g.rewrites, "kept": g.kept, "gain": g.gain,
-                        "with_over_without": None if g.effect is None else asdict(g.effect)} for g in self.groups],
-            "strategy": self.strategy,
+                        "with_over_without": None if g.effect is None else asdict(g.effect), "source": g.source,
+                        "instances": g.instances, "noise_floor": g.floor, "why": g.why} for g in self.groups],
+            "strategy": self.strategy, "confirmed": self.confirmed, "undecided": self.undecided,
+            "budget_s": self.budget_s, "phases": self.phases,
         }
 
     @property
@@ -322,15 +332,12 @@ def measured_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions
     """Time groups of `state`'s rewrites on the target and keep only those that help; the kept selection is
     validated again. Rules a dropped group had shadowed get a second pass of their own."""
     weights = state.info.size_bytes + state.info.external_bytes
-    if opts.target == "cuda" and not provider_registered("cuda"):
-        return MeasureReport("cuda", opts.measure_threads, 0, note="not measured: the installed onnxruntime "
-                             "has no CUDA execution provider"), state
     if weights > MEASURE_MAX_BYTES:
         return MeasureReport(opts.target, opts.measure_threads, 0, note=(
             f"not measured: {weights / 2**30:.1f} GiB of weights; timing variants side by side would hold "
             "several copies in memory (validation still ran, one session at a time)")), state
     profiles = validator.timing_profiles()  # settles the inputs
-    time_fn = make_time_fn(opts.target, opts.measure_threads, opts.measure_budget_s / len(profiles))
+    time_fn = make_time_fn(opts.target, opts.measure_threads, opts.budget_s / len(profiles))
     if len(profiles) > 1:  # a group is kept only if it wins on the weighted total over the profiles
         time_fn = weighted_time_fn(time_fn, profiles)
     by_id = {r.id: r for r in rules}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import numpy as np
 import onnx
@@ -16,6 +17,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models")
 SHARED_MODELS = os.path.join(os.path.dirname(ROOT), "shared", "models")
 ort.set_default_logger_severity(3)
+# Measured decisions are cached across runs (decision_cache.py): the suite gets a fresh, empty cache of its own,
+# never the user's, so no state is carried between runs.
+os.environ["ONNXFUSE_CACHE_DIR"] = tempfile.mkdtemp(prefix="onnxfuse-test-cache-")
 
 # Property tests are deterministic in the suite: the same examples every run (derandomized), no example
 # database carried between runs, and no shrinking (a failure is reproducible as it is). Fresh seeds belong in

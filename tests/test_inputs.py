@@ -64,24 +64,42 @@ def _audio_frames_model(frame: int):
                       {"shape": np.array([0, -1, frame], np.int64)}, opset=13)
 
 
-def test_probe_walks_down_until_the_original_runs():
-    """Exactly 91 samples run (a Reshape to [batch, 7, 13]); every rung fails, and the error names the dims."""
+def test_a_reshape_to_known_dims_fixes_the_length():
+    """Exactly 91 samples run (a Reshape to [batch, 7, 13]): read from the Reshape's target, the first try runs."""
     nodes = [oh.make_node("Reshape", ["x", "shape"], ["y"])]
     model = make_model(nodes, [("x", ["batch", "samples"])], [("y", None)], {"shape": np.array([0, 7, 13], np.int64)},
                        opset=13)
+    plan, ref = discover(model, _probe(model))
+    assert plan.shapes["x"] == [2, 91] and plan.tried == []
+    assert "Reshape" in plan.dims[1].why and "exactly 91" in plan.dims[1].why
+    np.testing.assert_allclose(ref["y"], ort_run(model, plan.feeds)[0])
+
+
+def _conflicting_reshapes():
+    """[batch, samples] reshaped to [batch, 7, 13] (exactly 91 samples) and to [batch, -1, 10] (whole frames of
+    10): no length runs."""
+    nodes = [oh.make_node("Reshape", ["x", "shape"], ["y"]), oh.make_node("Reshape", ["x", "frames"], ["z"])]
+    return make_model(nodes, [("x", ["batch", "samples"])], [("y", None), ("z", None)],
+                      {"shape": np.array([0, 7, 13], np.int64), "frames": np.array([0, -1, 10], np.int64)}, opset=13)
+
+
+def test_no_shape_that_runs_is_one_error_naming_the_dims():
+    """Nothing runs: the error names the dims to give with --shape; a given shape is kept as it is."""
+    model = _conflicting_reshapes()
     with pytest.raises(InputSpecError, match="no input shapes found") as e:
         discover(model, _probe(model))
-    assert "8 tried" in str(e.value) and e.value.hint == "give them with --shape samples=N"
-    plan, ref = discover(model, _probe(model), parse_shape_specs(["samples=91"]))
-    assert plan.shapes["x"] == [2, 91] and plan.source == "--shape"
+    assert "tried; last: samples=" in str(e.value) and e.value.hint == "give them with --shape samples=N"
+    with pytest.raises(InputSpecError, match="cannot be reshaped"):
+        discover(model, _probe(model), parse_shape_specs(["samples=91"]))
 
 
 def test_a_length_that_is_not_whole_frames_is_cut_to_whole_frames():
+    """view(batch, -1, 512) on [batch, samples]: read from the Reshape, 1 s of audio is rounded to whole frames
+    (16000 -> 31 frames of 512) before anything runs."""
     model = _audio_frames_model(512)
     plan, ref = discover(model, _probe(model))
-    assert plan.shapes["x"] == [2, 15872]  # 16000 is not a whole number of 512-sample frames; 31 frames are
-    assert len(plan.tried) == 1 and "Reshape" in plan.tried[0]
-    assert "15872 after 1 failed" in plan.dims[1].why
+    assert plan.shapes["x"] == [2, 15872] and plan.tried == []
+    assert "multiple of 512" in plan.dims[1].why and "Reshape" in plan.dims[1].why
     np.testing.assert_allclose(ref["y"], ort_run(model, plan.feeds)[0])
 
 
@@ -158,9 +176,12 @@ def test_inputs_command_and_optimize_report(cli, tmp_path):
     code, stdout, stderr = cli("inputs", src, "--json")
     assert code == 0, stderr
     data = json.loads(stdout)
-    assert data["shapes"]["x"] == [2, 15872] and len(data["tried"]) == 1
+    assert data["shapes"]["x"] == [2, 15872] and data["tried"] == []
+    assert "multiple of 512" in data["dims"][1]["why"]
     code, stdout, _ = cli("inputs", src)
-    assert code == 0 and "samples = 15872 (audio" in stdout and "did not run: samples=16000" in stdout
+    assert code == 0 and "samples = 15872 (audio" in stdout
+    code, stdout, _ = cli("inputs", save(_tiled_bias_model(), tmp_path / "t.onnx"))
+    assert code == 0 and "n = 192" in stdout and "did not run: n=16000" in stdout
     code, stdout, stderr = cli("optimize", save(_conv_model(["n", 3, "h", "w"]), tmp_path / "c.onnx"),
                                tmp_path / "o.onnx", "--json")
     assert code == 0, stderr
@@ -169,11 +190,8 @@ def test_inputs_command_and_optimize_report(cli, tmp_path):
 
 
 def test_no_runnable_shape_is_one_clear_line(cli, tmp_path):
-    """Only 91 samples run: nothing the search tries does, so one line names the dim and nothing is written."""
-    nodes = [oh.make_node("Reshape", ["x", "shape"], ["y"]), oh.make_node("Relu", ["y"], ["z"])]
-    model = make_model(nodes, [("x", ["batch", "samples"])], [("z", None)], {"shape": np.array([0, 7, 13], np.int64)},
-                       opset=13)
-    src = save(model, tmp_path / "a.onnx")
+    """Two Reshapes that disagree: nothing runs, so one line names the dim and nothing is written."""
+    src = save(_conflicting_reshapes(), tmp_path / "a.onnx")
     code, stdout, stderr = cli("optimize", src, tmp_path / "o.onnx")
     assert code == 1 and stderr.count("\n") == 1
     assert "no input shapes found that the original model runs on" in stderr and "--shape samples=N" in stderr
@@ -236,12 +254,83 @@ def test_weighted_time_fn_adds_profiles_per_round():
     assert timed({"a": None, "b": None}, {}) == {"a": [41.0] * 3, "b": [82.0] * 3}
 
 
-def test_frames_of_a_fixed_size_are_found_from_the_reshape_error():
-    """Frames of 480 samples: no rung of the audio ladder divides, but onnxruntime names the requested shape, so
-    the next try is the largest whole number of frames (16000 -> 15840)."""
-    model = _audio_frames_model(480)
+def test_frames_of_a_fixed_size_are_read_from_the_reshape_target():
+    """Frames of 480 samples (the target [batch, -1, 480] built from Shape(x)[0], as torch exports `view`):
+    ~1 s of audio rounded to whole frames (16000 -> 15840), and every rung of the ladder divides too."""
+    nodes = [oh.make_node("Shape", ["x"], ["s"]), oh.make_node("Gather", ["s", "zero"], ["b"], axis=0),
+             oh.make_node("Unsqueeze", ["b", "ax0"], ["b1"]),
+             oh.make_node("Concat", ["b1", "minus1", "k"], ["target"], axis=0),
+             oh.make_node("Reshape", ["x", "target"], ["f"]),
+             oh.make_node("ReduceMean", ["f"], ["y"], axes=[2], keepdims=0)]
+    inits = {"zero": np.array(0, np.int64), "ax0": np.array([0], np.int64), "minus1": np.array([-1], np.int64),
+             "k": np.array([480], np.int64)}
+    model = make_model(nodes, [("x", ["batch", "samples"])], [("y", None)], inits, opset=13)
+    plan, ref = discover(model, _probe(model))
+    assert plan.shapes["x"] == [2, 15840] and plan.tried == []
+    np.testing.assert_allclose(ref["y"], ort_run(model, plan.feeds)[0])
+    from onnxfuse.inputs.discover import plan_dims
+    from onnxfuse.inputs.shapes import model_inputs
+    ladder = plan_dims(model, model_inputs(model), ShapeSpec(), 2)["samples"].ladder
+    assert all(v % 480 == 0 for v in ladder) and ladder[0] == 15840
+
+
+def test_a_reshape_baked_to_the_export_length_is_found_from_the_error():
+    """A traced model that cut frames of 480 and then baked the export's 20 frames into a later Reshape: the
+    error names input {33,2,16} and target {20,8,4}, so the next try scales the length to exactly that
+    (15840 -> 9600 samples), which runs."""
+    nodes = [oh.make_node("Reshape", ["x", "frames"], ["f"]), oh.make_node("Transpose", ["f"], ["t"], perm=[1, 0, 2]),
+             oh.make_node("Slice", ["t", "st", "en", "ax"], ["u"]),
+             oh.make_node("Reshape", ["u", "baked"], ["y"])]
+    inits = {"frames": np.array([0, -1, 480], np.int64), "baked": np.array([20, -1, 4], np.int64),
+             "st": np.array([0], np.int64), "en": np.array([16], np.int64), "ax": np.array([2], np.int64)}
+    nodes[-1] = oh.make_node("Reshape", ["u", "baked2"], ["y"])
+    inits["baked2"] = np.array([20, 8, 4], np.int64)
+    model = make_model(nodes, [("x", [2, "samples"])], [("y", None)], inits, opset=13)
+    plan, ref = discover(model, _probe(model))
+    assert plan.shapes["x"] == [2, 9600] and len(plan.tried) == 1 and "needs exactly 20x8x4" in plan.dims[0].why
+    assert "Input shape:{33,2,16}" in plan.tried[0]
+    np.testing.assert_allclose(ref["y"], ort_run(model, plan.feeds)[0])
+
+
+def test_a_dim_a_constant_fixes_gets_that_size_not_a_toy_one():
+    """x[batch, c] + bias[768]: c runs at 768 or 1 (a broadcast), and 1 is a toy size. Read from the constant,
+    768 is the first try; the why names the node."""
+    model = make_model([oh.make_node("Add", ["x", "b"], ["y"])], [("x", ["batch", "c"])], [("y", None)],
+                       {"b": np.ones(768, np.float32)})
+    plan, ref = discover(model, _probe(model))
+    assert plan.shapes["x"] == [2, 768] and plan.tried == []
+    assert "Add 'y' meets a constant dim of 768" in plan.dims[1].why
+    w = np.ones((3, 8), np.float32)  # the inner dim of a MatMul with a constant weight
+    model = make_model([oh.make_node("MatMul", ["x", "w"], ["y"])], [("x", ["batch", "t", "k"])], [("y", None)],
+                       {"w": w})
     plan, _ = discover(model, _probe(model))
-    assert plan.shapes["x"] == [2, 15840] and len(plan.tried) == 1
+    assert plan.shapes["x"][2] == 3 and "MatMul" in plan.dims[2].why
+
+
+def _tiled_bias_model():
+    nodes = [oh.make_node("Tile", ["b", "r"], ["bt"]), oh.make_node("Add", ["x", "bt"], ["y"])]
+    return make_model(nodes, [("x", [1, 4, "n"])], [("y", None)],
+                      {"b": np.ones(96, np.float32), "r": np.array([2], np.int64)})
+
+
+def test_a_broadcast_against_a_computed_tensor_takes_its_size_from_the_error():
+    """x[1, 4, n] + Tile(b, 2) (192 values, not a constant the graph reader sees): the broadcast error names 192,
+    so the next try is 192 (not the ladder's toy sizes); the why says what decided it."""
+    model = _tiled_bias_model()
+    plan, ref = discover(model, _probe(model))
+    assert plan.shapes["x"] == [1, 4, 192] and len(plan.tried) == 1
+    assert "broadcast against 192" in plan.dims[0].why
+    np.testing.assert_allclose(ref["y"], ort_run(model, plan.feeds)[0])
+
+
+def test_a_dim_that_only_runs_at_a_toy_size_says_so():
+    """A dim of no role that runs only at 1 (Expand to [1, 3, 4] needs n=1 or 3; the error names neither):
+    the why says it is a toy size and to give the real one."""
+    model = make_model([oh.make_node("Expand", ["x", "s"], ["y"])], [("x", [1, "n", 4])], [("y", None)],
+                       {"s": np.array([1, 3, 4], np.int64)})
+    plan, _ = discover(model, _probe(model))
+    assert plan.shapes["x"] == [1, 1, 4] and len(plan.tried) == 5 and plan.dims[0].role == "other"
+    assert "toy size" in plan.dims[0].why and "--shape" in plan.dims[0].why
 
 
 def test_feature_frames_get_their_own_ladder():
@@ -265,3 +354,70 @@ def test_a_bucket_table_is_not_a_position_table():
     model = make_model(nodes, [("ids", ["batch", "sequence"], TensorProto.INT64)], [("y", None)], inits)
     plan, _ = discover(model, None)
     assert plan.shapes["ids"] == [2, 128]
+
+
+# ---- memory: weights are not copied for shape inference, the checker, candidates and the written model --------
+
+
+def _weighted_model():
+    """x[batch, 64] @ W[64, 128] (8192 floats: a 'large' initializer) + b, then a Reshape by a small constant."""
+    rng = np.random.default_rng(0)
+    inits = {"w": rng.standard_normal((64, 128)).astype(np.float32), "b": np.ones(128, np.float32),
+             "shape": np.array([0, -1, 32], np.int64)}
+    nodes = [oh.make_node("MatMul", ["x", "w"], ["m"]), oh.make_node("Add", ["m", "b"], ["a"]),
+             oh.make_node("Reshape", ["a", "shape"], ["y"])]
+    model = make_model(nodes, [("x", ["batch", 64])], [("y", ["batch", 4, 32])], inits, opset=13)
+    model.metadata_props.add(key="k", value="v")
+    return model
+
+
+def test_streamed_write_is_byte_identical():
+    import io
+
+    from onnx import numpy_helper
+
+    from onnxfuse.loader import write_streamed
+
+    model = _weighted_model()
+    model.graph.initializer.append(numpy_helper.from_array(np.arange(5000, dtype=np.float32), "typed"))
+    model.graph.initializer[-1].float_data.extend(model.graph.initializer[-1].float_data)  # not raw_data
+    f = io.BytesIO()
+    write_streamed(f, model)
+    assert f.getvalue() == model.SerializeToString()
+
+
+def test_shape_inference_and_checker_run_without_the_weights():
+    import onnx
+
+    from onnxfuse.loader import infer_types, weightless
+
+    model = _weighted_model()
+    light = weightless(model)
+    assert [t.name for t in light.graph.initializer] == ["b", "shape"]  # w (8192 floats) became a typed input
+    assert light.graph.input[-1].name == "w" and model.graph.initializer[0].name == "w"  # the model is unchanged
+    onnx.checker.check_model(light)
+    full = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    got = infer_types(model)
+    assert [i.name for i in got.graph.input] == [i.name for i in model.graph.input]
+    assert {v.name: v.type for v in got.graph.value_info} == {v.name: v.type for v in full.graph.value_info}
+
+
+def test_candidates_keep_their_weights_in_a_mapped_side_file(tmp_path):
+    """A candidate is written as a model plus a page-aligned weights file onnxruntime maps; it runs like the
+    model and the validator's checks pass on it."""
+    import os
+
+    from onnxfuse.loader import LoadInfo
+    from onnxfuse.runtime import Candidate
+
+    model = _weighted_model()
+    cand = Candidate(model, LoadInfo(str(tmp_path / "m.onnx"), 0, False, 0))
+    try:
+        assert isinstance(cand.source, str) and os.path.exists(cand.source + ".weights")
+        assert os.path.getsize(cand.source) < 4096 < os.path.getsize(cand.source + ".weights")
+        feeds = {"x": np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)}
+        got = run(make_session(cand.source, "all"), feeds)["y"]
+        np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-5)
+    finally:
+        cand.close()
+    assert not os.path.exists(cand.source)

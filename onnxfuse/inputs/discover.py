@@ -12,6 +12,7 @@ shapes were used and why; when nothing runs, one error names the dims to give wi
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -198,22 +199,243 @@ def _positional(index: GraphIndex, value: str, inputs: set[str], depth: int = 0)
     return False
 
 
-def _whole_frames(message: str, values: dict[str, int], dims: dict[str, _Dim]) -> list[dict[str, int]]:
-    """A Reshape into frames of a fixed size failed (onnxruntime names the requested shape): with one free dim,
-    the next try is the largest multiple of each frame size below its value (480 samples: 16000 -> 15840)."""
-    m = re.search(r"requested shape:\s*\{([-\d, ]+)\}", message)
+# ---- constraints read from the graph: Reshape targets, constants a dim meets -----------------------------------
+
+
+def _small_consts(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Values of small integer constants (initializers and Constant nodes of the main graph): shape targets."""
+    out: dict[str, np.ndarray] = {}
+    for t in model.graph.initializer:
+        if t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and int(np.prod(t.dims)) <= 16 \
+                and t.data_location != onnx.TensorProto.EXTERNAL:
+            out[t.name] = onnx.numpy_helper.to_array(t)
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
+            for a in node.attribute:
+                if a.name == "value" and a.t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) \
+                        and int(np.prod(a.t.dims)) <= 16:
+                    out[node.output[0]] = onnx.numpy_helper.to_array(a.t)
+                elif a.name in ("value_int", "value_ints"):
+                    out[node.output[0]] = np.array(onnx.helper.get_attribute_value(a), np.int64)
+    return out
+
+
+_SAME_SHAPE = {"Cast", "Identity", "Neg", "Abs", "Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "Exp", "CastLike"}
+
+
+def _source_input(index: GraphIndex, value: str, inputs: dict[str, InputInfo]) -> str | None:
+    """The graph input `value` is (through ops that keep the shape), or None."""
+    for _ in range(8):
+        if value in inputs:
+            return value
+        node = index.producers.get(value)
+        if node is None or node.op_type not in _SAME_SHAPE or not node.input:
+            return None
+        value = node.input[0]
+    return None
+
+
+def _shape_items(index: GraphIndex, consts: dict[str, np.ndarray], value: str,
+                 inputs: dict[str, InputInfo]) -> list[int | tuple[str, int]] | None:
+    """A Reshape target as items: an int, or (graph input, axis) for `Shape(input)[axis]`; None if unreadable."""
+    if value in consts:
+        return [int(v) for v in np.asarray(consts[value]).reshape(-1)]
+    node = index.producers.get(value)
+    if node is None:
+        return None
+    if node.op_type == "Concat":
+        out: list[int | tuple[str, int]] = []
+        for i in node.input:
+            part = _shape_items(index, consts, i, inputs)
+            if part is None:
+                return None
+            out.extend(part)
+        return out
+    if node.op_type in ("Unsqueeze", "Squeeze", "Cast", "Identity") and node.input:
+        return _shape_items(index, consts, node.input[0], inputs)
+    if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] in consts:
+        shape = index.producers.get(node.input[0])
+        src = _source_input(index, shape.input[0], inputs) if shape is not None and shape.op_type == "Shape" \
+            and not shape.attribute else None
+        axes = np.asarray(consts[node.input[1]]).reshape(-1)
+        if src is None or len(axes) != 1:
+            return None
+        rank = len(inputs[src].shape or [])
+        axis = int(axes[0]) + (rank if axes[0] < 0 else 0)
+        return [(src, axis)] if 0 <= axis < rank else None
+    return None
+
+
+def reshape_multiples(model: onnx.ModelProto, inputs: list[InputInfo],
+                      batch_keys: set[str]) -> dict[str, tuple[str, int, str]]:
+    """What Reshapes of a graph input require of its one free dim: ('multiple', k, node) when the target has a -1
+    and constant dims of product K (`view(batch, -1, 480)`: samples must be a multiple of 480), ('exact', k, node)
+    when the target is all known. Dims the target copies (0, or Shape(input)[axis]) cancel; batch dims count as 1
+    (timing runs batch 1, so the rest must divide alone)."""
+    index = GraphIndex.build(model)
+    consts = _small_consts(model)
+    by_name = {i.name: i for i in inputs if i.shape is not None}
+    out: dict[str, tuple[str, int, str]] = {}
+    for node in model.graph.node:
+        if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+            continue
+        src = _source_input(index, node.input[0], by_name)
+        items = _shape_items(index, consts, node.input[1], by_name) if src is not None else None
+        if src is None or items is None or items.count(-1) > 1:
+            continue
+        info = by_name[src]
+        left = {a: d for a, d in enumerate(info.shape or [])}
+        if any(d is None for d in left.values()):
+            continue
+        k, readable = 1, True
+        for pos, item in enumerate(items):
+            if item == 0 and not any(a.name == "allowzero" and a.i for a in node.attribute):
+                item = (src, pos)
+            if isinstance(item, tuple):
+                if item[0] != src or item[1] not in left:
+                    readable = False
+                    break
+                left.pop(item[1])  # the same dim on both sides cancels
+            elif item > 0:
+                k *= item
+        if not readable:
+            continue
+        fixed = int(np.prod([d for d in left.values() if isinstance(d, int)], dtype=np.int64))
+        free = [_dim_key(info, a) for a, d in left.items() if not isinstance(d, int)]
+        free = [f for f in free if f not in batch_keys]
+        if len(free) != 1:
+            continue
+        key, name = free[0], node.name or node.output[0]
+        if -1 in items:
+            m = k // math.gcd(k, fixed)
+            if m > 1:
+                old = out.get(key)
+                if old is None or old[0] == "multiple":
+                    m = m if old is None else math.lcm(m, old[1])
+                    out[key] = ("multiple", m, name if old is None or m == old[1] else f"{old[2]}, {name}")
+        elif len(free) == len([d for d in left.values() if not isinstance(d, int)]) and k % fixed == 0:
+            out[key] = ("exact", k // fixed, name)  # no batch left over: the size is fully known
+    return out
+
+
+_BROADCAST_OPS = {"Add", "Sub", "Mul", "Div", "Pow", "PRelu", "Max", "Min", "Sum", "Equal", "Less", "Greater",
+                  "Where", "And", "Or"}
+
+
+def fixed_by_constants(model: onnx.ModelProto, inputs: list[InputInfo]) -> dict[str, tuple[int, str]]:
+    """Dims of no role that a constant fixes: broadcast against a constant's dim k > 1 (Add/Mul/... with an
+    initializer), the inner dim of a MatMul/Gemm with a constant weight, a Conv's input channels. Such a dim runs
+    at k (or, for a broadcast, 1: a toy size) and nothing else."""
+    index = GraphIndex.build(model)
+    by_name = {i.name: i for i in inputs if i.shape is not None}
+    out: dict[str, tuple[int, str]] = {}
+    for info in by_name.values():
+        rank = len(info.shape or [])
+        frontier, seen = [info.name], set()
+        while frontier:
+            value = frontier.pop()
+            if value in seen:
+                continue
+            seen.add(value)
+            for node in index.consumers.get(value, []):
+                if node.op_type in _SAME_SHAPE:
+                    frontier.extend(node.output[:1])
+                    continue
+                for axis, d in enumerate(info.shape or []):
+                    if isinstance(d, int):
+                        continue
+                    k = _constant_dim(index, node, value, axis, rank)
+                    if k is not None and k > 1:
+                        out.setdefault(_dim_key(info, axis), (k, f"{node.op_type} '{node.name or node.output[0]}'"))
+    return out
+
+
+def _constant_dim(index: GraphIndex, node: onnx.NodeProto, value: str, axis: int, rank: int) -> int | None:
+    """The size a constant operand of `node` gives `value`'s `axis` (see fixed_by_constants), or None."""
+    others = [i for i in node.input if i and i != value]
+    if node.op_type in _BROADCAST_OPS:
+        for o in others:
+            shape = index.static_shape(o)
+            if shape is not None and o in index.const_shapes:
+                i = axis - (rank - len(shape))
+                if 0 <= i < len(shape) and shape[i] > 1:
+                    return shape[i]
+        return None
+    if len(node.input) < 2 or node.input[0] != value:
+        return None
+    w = index.const_shapes.get(node.input[1])
+    if w is None:
+        return None
+    if node.op_type == "MatMul" and axis == rank - 1 and len(w) >= 2:
+        return w[-2]
+    if node.op_type == "Gemm" and axis == 1 and len(w) == 2:
+        trans_a = any(a.name == "transA" and a.i for a in node.attribute)
+        trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+        return None if trans_a else w[1] if trans_b else w[0]
+    if node.op_type == "Conv" and axis == 1 and len(w) >= 3:
+        group = next((a.i for a in node.attribute if a.name == "group"), 1)
+        return w[1] * group
+    return None
+
+
+def _round_to(ladder: tuple[int, ...], m: int) -> tuple[int, ...]:
+    """Each rung rounded to the nearest multiple of m (at least m), duplicates dropped."""
+    return tuple(dict.fromkeys(max(m, round(v / m) * m) for v in ladder))
+
+
+# ---- what a failed run says ---------------------------------------------------------------------------------
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _retry_from_error(message: str, values: dict[str, int], dims: dict[str, _Dim]) -> list[tuple[dict, str]]:
+    """Next tries a failed run suggests, with why, for one free dim: a Reshape whose target is fully known needs
+    exactly its element count (scale the dim by requested/actual: {33,2,256} -> {20,8,64} takes 15840 samples to
+    9600); one with a -1 needs a multiple of the known dims' product (the largest multiple below); a broadcast of
+    v against k takes k."""
     free = [k for k, d in dims.items() if d.fixed is None and d.role not in ("past", "total")]
-    if m is None or len(free) != 1:
+    if len(free) != 1:
         return []
-    v = values[free[0]]
-    sizes = sorted({int(x) for x in m.group(1).split(",") if int(x) > 1 and v % int(x)}, reverse=True)
-    return [{**values, free[0]: v // k * k} for k in sizes if v // k * k > 0]
+    key = free[0]
+    v = values[key]
+    out: list[tuple[dict, str]] = []
+    m = re.search(r"Input shape:\s*\{([-\d, ]*)\},\s*requested shape:\s*\{([-\d, ]+)\}", message)
+    node = re.findall(r"running (\w+) node\. Name:'([^']*)'", message)
+    where = (f"{node[-1][0]} '{node[-1][1]}'" if node[-1][1] else node[-1][0]) if node else "a Reshape"
+    if m:
+        have, want = _ints(m.group(1)), _ints(m.group(2))
+        want = [have[i] if w == 0 and i < len(have) else w for i, w in enumerate(want)]
+        n_have = int(np.prod(have, dtype=np.int64)) if have else 1
+        if -1 not in want:
+            n_want = int(np.prod(want, dtype=np.int64))
+            if n_have and (v * n_want) % n_have == 0 and v * n_want // n_have > 0:
+                out.append(({**values, key: v * n_want // n_have},
+                            f"{where} needs exactly {'x'.join(map(str, want))} elements"))
+        else:
+            p = int(np.prod([w for w in want if w != -1], dtype=np.int64))
+            if p > 0 and n_have % v == 0:
+                step = p // math.gcd(p, n_have // v)
+                if v // step * step > 0 and v % step:
+                    out.append(({**values, key: v // step * step}, f"{where} cuts it into multiples of {step}"))
+        for k in sorted({w for w in want if w > 1 and v % w}, reverse=True):  # frames of a size named there
+            if v // k * k > 0 and all(t[key] != v // k * k for t, _ in out):
+                out.append(({**values, key: v // k * k}, f"{where} cuts it into frames of {k}"))
+    b = re.search(r"broadcast an axis by a dimension other than 1\. (\d+) by (\d+)", message)
+    if b and v in (int(b.group(1)), int(b.group(2))):
+        k = int(b.group(2)) if int(b.group(1)) == v else int(b.group(1))
+        if k > 1:
+            out.append(({**values, key: k}, f"broadcast against {k} ({where})"))
+    return out
 
 
 def _short(message: str, limit: int = 160) -> str:
     """onnxruntime's innermost status message (it nests one per If/Loop level), on one line."""
     text = " ".join(message.removeprefix("onnxruntime failed to run the model: ").split())
     inner = text.rsplit("Status Message: ", 1)[-1]
+    inner = re.sub(r"^/\S+:\d+ .*? was false\. ", "", inner)  # onnxruntime's source line and failed condition
+    inner = re.sub(r"^/\S+:\d+ \S+\(.*?\) ", "", inner)
     node = re.findall(r"running (\w+) node\. Name:'([^']*)'", text)
     where = f"{node[-1][0]} '{node[-1][1]}': " if node else ""
     out = where + inner
@@ -265,6 +487,20 @@ def plan_dims(model: onnx.ModelProto, inputs: list[InputInfo], spec: ShapeSpec,
         if dim.ladder[0] > limit:
             dim.ladder = (limit, *[v for v in dim.ladder if v < limit])
             dim.why = f"position table '{name}' has {rows} rows" + (" (past + new share it)" if has_past else "")
+    batch_keys = {k for k, d in dims.items() if d.role == "batch"}
+    for key, (kind_, k, node) in reshape_multiples(model, inputs, batch_keys).items():
+        dim = dims.get(key)
+        if dim is None or dim.fixed is not None:
+            continue
+        if kind_ == "exact":
+            dim.ladder, dim.why = (k,), f"Reshape '{node}' needs exactly {k}"
+        else:
+            dim.ladder = _round_to(dim.ladder, k)
+            dim.why += f", rounded to a multiple of {k} (Reshape '{node}' cuts it into {k}s)"
+    for key, (k, node) in fixed_by_constants(model, inputs).items():
+        dim = dims.get(key)
+        if dim is not None and dim.fixed is None and dim.role not in ("batch", "past", "total"):
+            dim.ladder, dim.why = (k, *[v for v in dim.ladder if v != k]), f"{node} meets a constant dim of {k}"
     return dims
 
 
@@ -285,7 +521,9 @@ def shapes_at(inputs: list[InputInfo], spec: ShapeSpec, values: dict[str, int]) 
 
 
 _DEFAULT_WHY = {"seq": "text length 128", "past": "KV cache length (new length - 1)",
-                "total": "past + new length", "image": "image side 224", "other": "default", "batch": "batch",
+                "total": "past + new length", "image": "image side 224", "batch": "batch",
+                "other": "no role from the graph (not batch, text, image or audio) and no constant fixes it: "
+                         "a mid-size default",
                 "frames": "30 s of 10 ms feature frames"}
 
 
@@ -320,6 +558,18 @@ def _total_of(key: str, values: dict[str, int], dims: dict[str, _Dim]) -> int | 
     return total
 
 
+def _why(d: _Dim, value: int, decided: str, tried: list[str]) -> str:
+    """What decided a dim's value: its default and bounds, and, after failed tries, what the failure said."""
+    if d.fixed is not None or not tried:
+        return d.why
+    if decided:
+        return f"{d.why}; {value}: {decided} (after {len(tried)} failed try(s))"
+    if d.role == "other" and value <= 8 and value < d.ladder[0]:
+        return (f"{d.why}; only {value} ran after {len(tried)} failed try(s) (a toy size: a dim that only broadcasts? "
+                "give the real one with --shape)")
+    return f"{d.why}; {value} after {len(tried)} failed try(s)"
+
+
 def discover(model: onnx.ModelProto, probe: Callable[[dict], object] | None, spec: ShapeSpec | None = None,
              npz_path: str | None = None, batch: int = BATCH_DEFAULT, budget_bytes: int | None = None,
              seed: int = 0, given: str = "--shape") -> tuple[InputPlan, object]:
@@ -339,11 +589,11 @@ def discover(model: onnx.ModelProto, probe: Callable[[dict], object] | None, spe
     tried: list[str] = []
     first_error: InputSpecError | None = None
     levels = max([len(d.ladder) for d in dims.values() if d.fixed is None], default=1)
-    queue = [_values_at(dims, level) for level in range(levels)]
+    queue: list[tuple[dict[str, int], str]] = [(_values_at(dims, level), "") for level in range(levels)]
     seen: set[tuple] = set()
     probes = 0
     while queue and probes < MAX_PROBES:
-        values = queue.pop(0)
+        values, decided = queue.pop(0)
         if tuple(sorted(values.items())) in seen:
             continue
         seen.add(tuple(sorted(values.items())))
@@ -368,10 +618,9 @@ def discover(model: onnx.ModelProto, probe: Callable[[dict], object] | None, spe
             tried.append(f"{label}: {_short(e.message)}")
             if not [d for d in dims.values() if d.fixed is None]:
                 raise
-            queue[:0] = _whole_frames(e.message, values, dims)
+            queue[:0] = _retry_from_error(e.message, values, dims)
             continue
-        choices = [DimChoice(k, d.role, values[k], d.why if not tried or d.fixed is not None else
-                             f"{d.why}; {values[k]} after {len(tried)} failed try(s)") for k, d in dims.items()]
+        choices = [DimChoice(k, d.role, values[k], _why(d, values[k], decided, tried)) for k, d in dims.items()]
         return InputPlan(feeds, choices, tried, given if spec.tensors or spec.dims else "discovered",
                          est, budget), result
     free = [k for k, d in dims.items() if d.fixed is None]

@@ -1,0 +1,409 @@
+"""Measured selection by region: each class of alike regions (see regions.py) is timed once, its original
+version against its fused one, as two small models on the inputs they had when the original model ran; then one
+whole-model confirmation, candidate against original. The whole phase keeps to one budget (--measure-budget):
+what the budget did not reach stays as the original, and the report says so. Decisions go to the persistent
+decision cache (decision_cache.py), so a second run, or a model of the same architecture, times nothing it has
+decided before and writes the same output.
+
+A region's decision: its fused version must be faster than its original by more than SIGNIFICANT plus the noise
+floor (the difference between two sessions of the original version, timed alongside). A region within noise
+stays as the original: a decision that would be a coin flip never changes the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .decision_cache import DecisionCache, digest, environment_key
+from .errors import OnnxfuseError
+from .inputs.budget import default_budget_bytes
+from .ir import Model
+from .loader import load_model
+from .options import OptimizeOptions
+from .patterns.rules import Rule
+from .regions import Region, find_regions, region_model, signature
+from .rewrite.engine import EngineOptions
+from .rewrite.rebuild import Rewritten, rebuild
+from .runtime import Candidate, make_session, release_memory
+from .select import GroupEffect, Key, MeasureReport
+from .timing import Ratio, paired_ratio
+from .validate import Validator
+
+__all__ = ["region_selection"]
+
+CAPTURE_CHUNK = 32  # region inputs fetched per run of the original (bounds the memory they take)
+MIN_RUNS = 20  # interleaved runs per session for a region class, budget permitting
+MIN_RUNS_FLOOR = 8  # never fewer: a verdict on fewer runs is not one
+CONFIRM_RUNS = 20  # whole-model confirmation, budget permitting
+MAX_REBUILDS = 3
+SHAPE_VALUES = 64  # a region whose inputs are all integers this small computes shapes (see RegionClass.shape_only)
+
+
+@dataclass
+class RegionClass:
+    """Alike regions, timed once through the first."""
+
+    sig: str
+    regions: list[Region]
+    feeds: list[dict[str, np.ndarray]] = field(default_factory=list)  # per profile, the first region's inputs
+    decision: GroupEffect | None = None
+
+    @property
+    def shape_only(self) -> bool:
+        """The region reads only a few integers (shape arithmetic): there is nothing to time; it is kept."""
+        return all(a.size <= SHAPE_VALUES and a.dtype.kind in "iu" for feeds in self.feeds for a in feeds.values())
+
+    @property
+    def keys(self) -> list[Key]:
+        return [k for r in self.regions for k in r.keys]
+
+    @property
+    def weight(self) -> int:
+        return len(self.regions) * len(self.regions[0].original)
+
+
+class _Filtered:
+    """A session that takes a superset of its inputs (regions' two versions read different values)."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+        self.names = [i.name for i in session.get_inputs()]
+
+    def run(self, _outputs, feeds: dict) -> list:
+        return self.session.run(None, {k: feeds[k] for k in self.names})
+
+
+def _interleaved(sessions: dict[str, object], profiles: list[tuple[float, dict]], min_runs: int,
+                 deadline: float) -> dict[str, list[float]]:
+    """Weighted sum over profiles of per-run times, sessions interleaved in rotating order: at least
+    MIN_RUNS_FLOOR runs, then up to `min_runs` while the deadline allows."""
+    order = list(sessions)
+    for s in sessions.values():  # warm-up
+        for _, feeds in profiles:
+            s.run(None, feeds)
+    totals: dict[str, list[float]] = {k: [] for k in sessions}
+    i = 0
+    while i < MIN_RUNS_FLOOR or (i < min_runs and time.perf_counter() < deadline):
+        rot = order[i % len(order):] + order[: i % len(order)]
+        per = dict.fromkeys(order, 0.0)
+        for weight, feeds in profiles:
+            for k in rot:
+                t = time.perf_counter()
+                sessions[k].run(None, feeds)
+                per[k] += weight * (time.perf_counter() - t)
+        for k in order:
+            totals[k].append(per[k])
+        i += 1
+    return totals
+
+
+def _verdict(times: dict[str, list[float]], a: str, b: str, f: str) -> tuple[Ratio, float]:
+    """(fused / mean of the two original sessions, noise floor |b/a - 1|)."""
+    ref = [(x + y) / 2 for x, y in zip(times[a], times[b], strict=True)]
+    floor = abs(paired_ratio(times[b], times[a]).median - 1)
+    return paired_ratio(times[f], ref), floor
+
+
+class _Run:
+    """One region selection: the state shared by its steps."""
+
+    def __init__(self, input_path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions,
+                 deny: set[Key], state: Rewritten, validator: Validator, cache: DecisionCache) -> None:
+        self.input_path, self.rules, self.opts, self.base, self.deny = input_path, rules, opts, base, deny
+        self.state, self.validator, self.cache = state, validator, cache
+        self.t0 = time.perf_counter()
+        self.deadline = self.t0 + opts.budget_s
+        self.env = environment_key(opts.target, opts.measure_threads)
+        self.report = MeasureReport(opts.target, opts.measure_threads, 0, strategy="regions")
+        self.provider = validator.provider
+        self.profiles = validator.timing_profiles()
+        self.session_s = 0.0  # creating a session of the original (measured by capture)
+        self.latency_s = 0.0  # one run of the original, slowest profile (measured by capture)
+
+    # ---- capture: the values at region boundaries, from runs of the original -----------------------------------
+
+    def capture(self, original: Model, regions: list[Region]) -> list[RegionClass]:
+        """Run the original with the regions' inputs as extra outputs (CAPTURE_CHUNK at a time) and group the
+        regions into classes by signature; the first region of a class keeps its inputs for timing."""
+        g = original.proto.graph
+        have = {o.name for o in g.output}
+        feeds_names = {i.name for i in g.input}
+        wanted = [v for v in dict.fromkeys(v for r in regions for v in r.inputs) if v not in feeds_names]
+        added = len(g.output)
+        for v in wanted:
+            if v not in have:
+                g.output.add().name = v
+        cand = Candidate(original.proto, self.state.info)
+        del g.output[added:]
+        t = time.perf_counter()
+        try:
+            session = make_session(cand.source, "disable", self.provider, self.opts.measure_threads)
+            self.session_s = time.perf_counter() - t
+            classes: dict[str, RegionClass] = {}
+            pending = list(regions)
+            while pending:
+                chunk: list[Region] = []
+                names: set[str] = set()
+                while pending and (not chunk or len(names | set(pending[0].inputs)) <= CAPTURE_CHUNK):
+                    chunk.append(pending.pop(0))
+                    names.update(chunk[-1].inputs)
+                fetch = [v for v in wanted if v in names]
+                per_profile = []
+                for _, feeds in self.profiles:
+                    t = time.perf_counter()
+                    values = dict(zip(fetch, session.run(fetch, feeds), strict=True)) if fetch else {}
+                    self.latency_s = max(self.latency_s, time.perf_counter() - t)
+                    values.update({k: v for k, v in feeds.items() if k in names})
+                    per_profile.append(values)
+                for r in chunk:
+                    shapes = [[(str(p[v].dtype), tuple(p[v].shape)) for v in r.inputs] for p in per_profile]
+                    sig = signature(r, shapes)
+                    if sig not in classes:
+                        classes[sig] = RegionClass(sig, [], [{v: p[v] for v in r.inputs} for p in per_profile])
+                    classes[sig].regions.append(r)
+        finally:
+            cand.close()
+        return list(classes.values())
+
+    # ---- timing one class ------------------------------------------------------------------------------------
+
+    def time_class(self, c: RegionClass, deadline: float) -> GroupEffect:
+        rep = c.regions[0]
+        m = self.state.model
+        opsets, ir = dict(m.opsets), m.proto.ir_version
+        orig = region_model(rep, False, opsets, ir, c.feeds[0])
+        fused = region_model(rep, True, opsets, ir, c.feeds[0])
+        threads = self.opts.measure_threads
+        sessions = {"a": _Filtered(make_session(orig, "all", self.provider, threads)),
+                    "b": _Filtered(make_session(orig, "all", self.provider, threads)),
+                    "f": _Filtered(make_session(fused, "all", self.provider, threads))}
+        profiles = [(w, feeds) for (w, _), feeds in zip(self.profiles, c.feeds, strict=True)]
+        times = _interleaved(sessions, profiles, MIN_RUNS, deadline)
+        self.report.rounds += 1
+        ratio, floor = _verdict(times, "a", "b", "f")
+        keep = ratio.verdict_beyond(floor) == "faster"
+        return GroupEffect(rep.label, rep.rules, len(c.keys), keep, ratio, source="timed",
+                           instances=len(c.regions), floor=floor, seconds_each=float(np.median(times["a"])))
+
+    def _cached(self, key: str) -> dict | None:
+        """A cached decision, unless it is "not reached" under a smaller budget than this run's (then a larger
+        budget times it now). A run reuses every decision made with the same or a larger budget, so two runs
+        with the same flags write the same model."""
+        hit = self.cache.get(key)
+        if hit is not None and hit.get("source") == "budget" and self.opts.budget_s > hit.get("budget", 0.0):
+            return None
+        return hit
+
+    def decide(self, classes: list[RegionClass], region_deadline: float) -> None:
+        todo = []
+        for c in classes:
+            rep = c.regions[0]
+            hit = self._cached(digest("region", c.sig, self.env))
+            if hit is not None:
+                c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), bool(hit["keep"]),
+                                         Ratio(*hit["ratio"]) if hit.get("ratio") else None,
+                                         source="cached" if hit.get("source") != "budget" else "budget",
+                                         instances=len(c.regions), floor=hit.get("floor", 0.0),
+                                         why="decided by an earlier run" if hit.get("source") != "budget" else
+                                         f"not reached within {hit.get('budget', 0):g} s by an earlier run")
+            elif c.shape_only:
+                c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), True, None, source="exact",
+                                         instances=len(c.regions), why="acts on shape values only")
+            else:
+                todo.append(c)
+        todo.sort(key=lambda c: -c.weight)
+        for k, c in enumerate(todo):
+            rep = c.regions[0]
+            key = digest("region", c.sig, self.env)
+            now = time.perf_counter()
+            share = (region_deadline - now) / (len(todo) - k)
+            if share <= 0:
+                c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), False, None, source="budget",
+                                         instances=len(c.regions))
+                self.cache.put(key, {"kind": "region", "keep": False, "source": "budget",
+                                     "budget": self.opts.budget_s, "label": rep.label, "rules": rep.rules})
+                continue
+            try:
+                c.decision = self.time_class(c, now + share)
+            except OnnxfuseError as e:  # a region that cannot run alone stays as the original
+                c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), False, None, source="untimed",
+                                         instances=len(c.regions), why=str(e)[:200])
+                continue
+            d = c.decision
+            assert d.effect is not None
+            self.cache.put(key, {"kind": "region", "keep": d.kept, "source": "timed",
+                                 "ratio": [d.effect.median, d.effect.low, d.effect.high], "floor": d.floor,
+                                 "label": d.group, "rules": d.rules})
+
+    # ---- the whole model -------------------------------------------------------------------------------------
+
+    def build(self, kept: set[Key], dropped: set[Key], deny_unmeasured: bool = True) -> Rewritten:
+        """The model with the dropped rewrites denied; with `deny_unmeasured`, a rewrite that was not measured
+        (a rule that fires only once a dropped one is gone) is denied too."""
+        deny = set(self.deny) | dropped
+        by_id = {r.id for r in self.rules}
+        for _ in range(MAX_REBUILDS if deny_unmeasured else 0):
+            state = rebuild(self.input_path, self.rules, self.base, deny)
+            new = {a.key for a in state.eng.applications if a.rule in by_id and a.key not in kept}
+            if not new:
+                return state
+            deny |= new
+        return rebuild(self.input_path, self.rules, self.base, deny)
+
+    def fingerprint(self, original: Model) -> str:
+        h = hashlib.sha256()
+        for n in original.proto.graph.node:
+            h.update(n.SerializeToString())
+        for t in original.proto.graph.initializer:
+            h.update(f"{t.name}{t.data_type}{list(t.dims)}".encode())
+        for _, feeds in self.profiles:
+            h.update(repr(sorted((k, v.dtype.str, v.shape) for k, v in feeds.items())).encode())
+        return h.hexdigest()
+
+    def confirm(self, candidate: Rewritten, key: str) -> Ratio | None:
+        """Candidate against original on the whole model, interleaved (two sessions of the candidate give the
+        noise floor). None when the budget or memory does not allow it (that, too, is recorded: a run with the
+        same budget then makes the same choice)."""
+        hit = self._cached(key)
+        if hit is not None:
+            self.report.confirmed = "cached" if hit.get("source") != "budget" else hit.get("why", "skipped")
+            self.report.floor = hit.get("floor", 0.0)
+            return Ratio(*hit["ratio"]) if hit.get("ratio") else None
+        weights = candidate.info.size_bytes + candidate.info.external_bytes
+        why = ""
+        cost = 3 * self.session_s + 3 * (MIN_RUNS_FLOOR + 1) * self.latency_s * len(self.profiles)
+        if 3 * weights > default_budget_bytes():
+            why = "skipped: three sessions of the model would not fit the memory budget"
+        elif time.perf_counter() + cost > self.deadline:
+            why = f"skipped: it would take about {cost:.1f} s, past the budget"
+        if why:
+            self.report.confirmed = why
+            self.cache.put(key, {"kind": "model", "source": "budget", "budget": self.opts.budget_s, "why": why})
+            return None
+        cand = Candidate(candidate.proto, candidate.info)  # a file onnxruntime maps: no copy held here
+        try:
+            threads = self.opts.measure_threads
+            sessions = {"o": make_session(self.input_path, "all", self.provider, threads),
+                        "c": make_session(cand.source, "all", self.provider, threads),
+                        "c2": make_session(cand.source, "all", self.provider, threads)}
+            times = _interleaved(sessions, self.profiles, CONFIRM_RUNS, self.deadline)
+            del sessions
+        finally:
+            cand.close()
+            release_memory()
+        self.report.rounds += 1
+        ref = [(x + y) / 2 for x, y in zip(times["c"], times["c2"], strict=True)]
+        floor = abs(paired_ratio(times["c2"], times["c"]).median - 1)
+        ratio = paired_ratio(ref, times["o"])
+        self.report.floor = floor
+        self.report.confirmed = "timed"
+        self.cache.put(key, {"kind": "model", "source": "timed", "ratio": [ratio.median, ratio.low, ratio.high],
+                             "floor": floor})
+        return ratio
+
+
+def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions,
+                     deny: set[Key], state: Rewritten, validator: Validator,
+                     cache: DecisionCache) -> tuple[MeasureReport, Rewritten]:
+    """Keep the region classes that are faster (timed, or decided before), confirm on the whole model, and
+    return the report and the rewritten model to write."""
+    run = _Run(input_path, rules, opts, base, deny, state, validator, cache)
+    report = run.report
+    phase = _Phases(report.phases)
+    rule_ids = {r.id for r in rules}
+    kept: set[Key] = set()
+    dropped: set[Key] = set()
+    all_regions: list[Region] = []
+    all_classes: list[RegionClass] = []
+    current, apps = state, state.eng.applications
+    for pass_no in range(2):
+        # pass 2: rules that fire only once a dropped rewrite is gone (a FusedMatMul inside an Attention that
+        # did not pay) are measured too; later ones are left out
+        with phase("regions"):
+            original, _ = load_model(input_path)
+            fingerprint = run.fingerprint(original)
+            regions = find_regions(original, current.model, apps, rule_ids)
+            timeable = [r for r in regions if not r.untimeable]
+        with phase("capture"):
+            classes = run.capture(original, timeable) if timeable else []
+            del original
+        if pass_no == 0:  # keep time for the confirmation: three sessions of the model and a few runs of each
+            reserve = 3 * run.session_s + 3 * CONFIRM_RUNS * run.latency_s * len(run.profiles)
+            region_deadline = max(run.deadline - reserve, time.perf_counter() + 0.3 * opts.budget_s)
+        with phase("time regions"):
+            run.decide(classes, region_deadline)
+        all_regions += regions
+        all_classes += classes
+        kept |= {k for c in classes if c.decision and c.decision.kept for k in c.keys}
+        kept |= {k for r in regions if r.untimeable.endswith("(exact)") for k in r.keys}
+        dropped |= {k for r in regions for k in r.keys} - kept
+        if not dropped:
+            candidate = current
+            break
+        with phase("rebuild"):
+            candidate = run.build(kept, dropped, deny_unmeasured=pass_no == 1)
+        new = {a.key for a in candidate.eng.applications if a.rule in rule_ids} - kept
+        if not new:
+            break
+        current, apps = candidate, [a for a in candidate.eng.applications if a.key in new]
+    report.groups = [c.decision for c in all_classes if c.decision is not None] + _untimed_rows(all_regions)
+    regions, classes = all_regions, all_classes
+    applied = {a.key for a in candidate.eng.applications if a.rule in rule_ids}
+    report.undecided = sum(1 for c in classes if c.decision and c.decision.source == "budget")
+    if applied:
+        with phase("confirm"):
+            ratio = run.confirm(candidate, digest("model", fingerprint, repr(sorted(applied)), run.env))
+        report.final = ratio
+        if ratio is not None and ratio.verdict_beyond(report.floor) == "slower":
+            report.dropped_everything = True
+            for gr in report.groups:
+                gr.kept = False
+            with phase("rebuild"):
+                candidate = run.build(set(), {k for r in regions for k in r.keys})
+    else:
+        report.dropped_everything = True
+        report.confirmed = "not needed: no rewrite kept"
+    cache.save()
+    report.seconds = time.perf_counter() - run.t0
+    report.budget_s = opts.budget_s
+    if opts.validate and candidate is not state and candidate.eng.applications:
+        with phase("validate"):
+            outcome = validator.check(candidate.proto, candidate.info)
+        if not outcome.ok:
+            raise OnnxfuseError(f"the measured selection does not validate: {outcome.reason}; nothing written")
+    return report, candidate
+
+
+def _untimed_rows(regions: list[Region]) -> list[GroupEffect]:
+    """One report row per kind of region that was not timed alone (exact ones are kept)."""
+    alike: dict[tuple, list[Region]] = {}
+    for r in regions:
+        if r.untimeable:
+            alike.setdefault((r.label, tuple(r.rules), r.untimeable), []).append(r)
+    rows = []
+    for (label, rules_, why), rs in alike.items():
+        exact = why.endswith("(exact)")
+        rows.append(GroupEffect(label, list(rules_), sum(len(r.keys) for r in rs), exact, None,
+                                source="exact" if exact else "untimed", instances=len(rs), why=why))
+    return rows
+
+
+class _Phases:
+    """Seconds per phase, added up (a phase may run twice)."""
+
+    def __init__(self, into: dict[str, float]) -> None:
+        self.into = into
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.into[name] = self.into.get(name, 0.0) + time.perf_counter() - t

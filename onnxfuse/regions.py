@@ -1,0 +1,313 @@
+"""Regions: where a rewrite acts, cut out of the model as two small models (the original nodes and the fused ones)
+so that its effect can be timed without running the whole model.
+
+A region is a cluster of applied rewrites (rewrites that replaced the same original nodes, directly or through
+an earlier rewrite, form one cluster) together with context: the nodes one edge away on each side (the
+producers of its inputs and the readers of its outputs), taken from the original model and the same in both
+versions. The context is there so that onnxruntime's own fusions across the region's boundary (a MatMul's bias
+Add, an activation after a Conv) happen in the timed models as they would in the whole model.
+
+Regions whose two versions are alike (same op types, attributes, constants up to their values where large,
+and the shapes their inputs had when the model ran) are one *class*: twelve BERT layers are timed once. The
+class signature is a digest of that canonical form.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .ir import Graph, Model, Node
+from .rewrite.apply import Application
+from .tensors import TensorType
+
+__all__ = ["Region", "find_regions", "region_model", "signature"]
+
+Key = tuple[str, str]
+SMALL_CONST = 64  # constants up to this many elements enter a signature by value (shapes, axes, scales)
+
+
+@dataclass
+class Region:
+    """One cluster of rewrites, with everything needed to time it alone."""
+
+    keys: list[Key]
+    rules: list[str]
+    ops: list[str]  # fused op types created (qualified)
+    original: list[onnx.NodeProto] = field(default_factory=list)  # original nodes + context, graph order
+    fused: list[onnx.NodeProto] = field(default_factory=list)  # fused nodes + the same context
+    orig_consts: dict[str, np.ndarray] = field(default_factory=dict)
+    fused_consts: dict[str, np.ndarray] = field(default_factory=dict)
+    inputs: list[str] = field(default_factory=list)  # runtime values either version reads (from a run)
+    outputs: list[str] = field(default_factory=list)
+    types: dict[str, TensorType] = field(default_factory=dict)  # declared types of inputs/outputs (original)
+    untimeable: str = ""  # why this region cannot be timed alone ("" when it can)
+
+    @property
+    def label(self) -> str:
+        from .select import group_key
+
+        return group_key(tuple(self.ops))
+
+
+class _Clusters:
+    """Union-find over applications by the original nodes they replaced."""
+
+    def __init__(self, n: int) -> None:
+        self.parent = list(range(n))
+
+    def find(self, i: int) -> int:
+        while self.parent[i] != i:
+            self.parent[i] = self.parent[self.parent[i]]
+            i = self.parent[i]
+        return i
+
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)
+
+
+def _node_name(n: Node) -> str:
+    return n.name or n.outputs[0]
+
+
+def find_regions(original: Model, final: Model, apps: list[Application], rule_ids: set[str]) -> list[Region]:
+    """The regions of `final`'s rule rewrites (those of `rule_ids`; folding is exact and not a region), in
+    graph order. `original` is the input model as loaded (not rewritten)."""
+    root_name = final.graph.proto.name
+    rule_apps = [a for a in apps if a.rule in rule_ids]
+    clusters = _Clusters(len(rule_apps))
+    first_by_node: dict[str, int] = {}
+    for i, a in enumerate(rule_apps):
+        for name in a.replaced:
+            if name in first_by_node:
+                clusters.union(first_by_node[name], i)
+            else:
+                first_by_node[name] = i
+    members: dict[int, list[Application]] = {}
+    for i, a in enumerate(rule_apps):
+        members.setdefault(clusters.find(i), []).append(a)
+    og, fg = original.graph, final.graph
+    orig_by_name = {_node_name(n): n for n in og.nodes if n.alive}
+    fused_by_name = {n.name: n for n in fg.nodes if n.alive and n.name}
+    in_any = set(first_by_node)
+    regions = []
+    for group in members.values():
+        region = Region([a.key for a in group], sorted({a.rule for a in group}),
+                        sorted({o for a in group for o in a.ops}))
+        if any(a.graph != root_name for a in group):
+            region.untimeable = "inside a subgraph"
+        else:
+            _fill(region, group, og, fg, orig_by_name, fused_by_name, in_any)
+        regions.append(region)
+    return regions
+
+
+def _fill(region: Region, group: list[Application], og: Graph, fg: Graph, orig_by_name: dict[str, Node],
+          fused_by_name: dict[str, Node], in_any: set[str]) -> None:
+    replaced = {n for a in group for n in a.replaced}
+    orig = [orig_by_name[n] for n in sorted(replaced) if n in orig_by_name]
+    if len(orig) != len(replaced):
+        region.untimeable = "replaces nodes that folding had made"
+        return
+    fused = [fused_by_name[n] for a in group for n in a.created if n in fused_by_name]
+    if not fused:
+        region.untimeable = "removes nodes only (exact)"
+        return
+    if any(n.subgraphs for n in orig + fused):
+        region.untimeable = "holds a subgraph"
+        return
+    f_in, f_out = _boundary(fused, fg)
+    if any(not _known(v, og) and not fg.is_constant(v) for v in f_in):
+        region.untimeable = "reads a value another rewrite renamed"
+        return
+    o_produced = {o for n in orig for o in n.outputs if o}
+    if any(v not in o_produced for v in f_out):
+        region.untimeable = "writes a value the original nodes do not"
+        return
+    o_in = [v for v in dict.fromkeys(i for n in orig for i in n.inputs if i) if v not in o_produced]
+    # context: readers of the outputs and producers of the runtime inputs, from the original model
+    alive = {_node_name(n) for n in fg.nodes if n.alive}
+
+    def usable(n: Node) -> bool:
+        return (n.alive and not n.subgraphs and _node_name(n) not in in_any and _node_name(n) in alive
+                and n.op_type != "Constant")
+
+    after = [c for v in f_out for c in og.consumers.get(v, ()) if usable(c)]
+    before = [p for v in dict.fromkeys(o_in + f_in) if not og.is_constant(v) and not fg.is_constant(v)
+              and (p := og.producer.get(v)) is not None and usable(p)]
+    context = list({id(n): n for n in before + after}.values())
+    orig_all = _graph_order(orig + context)
+    fused_all = _graph_order(context) + fused  # fused nodes are in a valid order among themselves
+    fused_all = _topo(fused_all)
+    if fused_all is None:
+        region.untimeable = "its context depends on itself"
+        return
+    region.original = [n.proto for n in orig_all]
+    region.fused = [n.proto for n in fused_all]
+    o_in2, _ = _boundary(orig_all, og)
+    f_in2, _ = _boundary(fused_all, fg)
+    o_out = _outputs(orig_all, fused_all, og, fg, in_any)
+    runtime: list[str] = []
+    for v in o_in2:
+        if og.is_constant(v):
+            region.orig_consts[v] = og.const_value(v)
+        else:
+            runtime.append(v)
+    for v in f_in2:
+        if fg.is_constant(v):
+            region.fused_consts[v] = fg.const_value(v)
+        elif og.is_constant(v):
+            region.fused_consts[v] = og.const_value(v)
+        else:
+            runtime.append(v)
+    region.inputs = list(dict.fromkeys(runtime))
+    region.outputs = list(dict.fromkeys(o_out))
+    missing = [v for v in region.outputs if v not in {o for n in fused_all for o in n.outputs}]
+    if missing:
+        region.untimeable = f"the fused nodes do not write {missing[0]}"
+        return
+    for v in region.inputs + region.outputs:
+        t = og.type_of(v)
+        if t is not None:
+            region.types[v] = t
+
+
+def _known(v: str, g: Graph) -> bool:
+    return v in g.producer or v in g.input_names or g.initializer(v) is not None
+
+
+def _boundary(nodes: list[Node], g: Graph) -> tuple[list[str], list[str]]:
+    """(values the nodes read but do not write, values they write that another node of `g` reads or that `g`
+    outputs)."""
+    ids = {id(n) for n in nodes}
+    produced = [o for n in nodes for o in n.outputs if o]
+    produced_set = set(produced)
+    ins = [v for v in dict.fromkeys(i for n in nodes for i in n.inputs if i) if v not in produced_set]
+    outs = [v for v in produced if g.is_graph_output(v)
+            or any(id(c) not in ids and c.alive for c in g.consumers.get(v, ()))]
+    return ins, outs
+
+
+def _outputs(orig: list[Node], fused: list[Node], og: Graph, fg: Graph, in_any: set[str]) -> list[str]:
+    """What the region must write: values of its original version that a node outside it still reads (in the
+    original graph, a node no rewrite replaced and folding kept; in the rewritten graph, any live node), or a
+    graph output."""
+    o_ids, f_ids = {id(n) for n in orig}, {id(n) for n in fused}
+    alive = {_node_name(n) for n in fg.nodes if n.alive}
+    outs = []
+    for v in (o for n in orig for o in n.outputs if o):
+        if (og.is_graph_output(v)
+                or any(id(c) not in o_ids and _node_name(c) in alive and _node_name(c) not in in_any
+                       for c in og.consumers.get(v, ()))
+                or any(id(c) not in f_ids and c.alive for c in fg.consumers.get(v, ()))):
+            outs.append(v)
+    return outs
+
+
+def _graph_order(nodes: list[Node]) -> list[Node]:
+    return sorted(nodes, key=lambda n: n.seq)
+
+
+def _topo(nodes: list[Node]) -> list[Node] | None:
+    """Nodes in an order where each reads only what earlier ones (or the outside) wrote; None on a cycle."""
+    producer = {o: i for i, n in enumerate(nodes) for o in n.outputs if o}
+    order: list[Node] = []
+    state = [0] * len(nodes)  # 0 new, 1 on stack, 2 done
+
+    def visit(i: int) -> bool:
+        if state[i] == 2:
+            return True
+        if state[i] == 1:
+            return False
+        state[i] = 1
+        for v in nodes[i].inputs:
+            j = producer.get(v)
+            if j is not None and j != i and not visit(j):
+                return False
+        state[i] = 2
+        order.append(nodes[i])
+        return True
+
+    return order if all(visit(i) for i in range(len(nodes))) else None
+
+
+# ---- signature ------------------------------------------------------------------------------------------------
+
+def _const_text(a: np.ndarray) -> str:
+    text = f"c{a.dtype.str}{list(a.shape)}"
+    if a.size <= SMALL_CONST:
+        text += hashlib.sha1(np.ascontiguousarray(a).tobytes()).hexdigest()[:16]
+    return text
+
+
+def _side_text(nodes: list[onnx.NodeProto], consts: dict[str, np.ndarray], region: Region) -> str:
+    ids: dict[str, str] = {}
+
+    def ref(v: str) -> str:
+        if not v:
+            return "_"
+        if v not in ids:
+            if v in consts:
+                ids[v] = f"{len(ids)}:{_const_text(consts[v])}"
+            elif v in region.inputs:
+                ids[v] = f"{len(ids)}:in{region.inputs.index(v)}"
+            else:
+                ids[v] = f"{len(ids)}"
+            return ids[v]
+        return ids[v].split(":")[0]
+
+    parts = []
+    for n in nodes:
+        attrs = ";".join(f"{a.name}={hashlib.sha1(a.SerializeToString()).hexdigest()[:16]}"
+                         for a in sorted(n.attribute, key=lambda a: a.name))
+        ins = ",".join(ref(v) for v in n.input)
+        outs = ",".join(ref(v) for v in n.output)
+        parts.append(f"{n.domain}::{n.op_type}({ins})->({outs}){{{attrs}}}")
+    outs = ",".join(ref(v) for v in region.outputs)
+    return "|".join(parts) + f"=>{outs}"
+
+
+def signature(region: Region, shapes: list[list[tuple[str, tuple[int, ...]]]]) -> str:
+    """The class of a region: both versions' canonical form, and the dtype and shape of each input as it ran
+    (one list per shape profile, in region.inputs order)."""
+    text = _side_text(region.original, region.orig_consts, region) + "##" + \
+        _side_text(region.fused, region.fused_consts, region) + "##" + repr(shapes)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# ---- a region as a model ----------------------------------------------------------------------------------------
+
+def region_model(region: Region, fused: bool, opsets: dict[str, int], ir_version: int,
+                 feeds: dict[str, np.ndarray]) -> bytes:
+    """One version of the region as a serialized model whose inputs are the runtime values it reads (typed
+    as in the original model, so that onnxruntime sees the same static and symbolic dims)."""
+    nodes = region.fused if fused else region.original
+    consts = region.fused_consts if fused else region.orig_consts
+    read = {i for n in nodes for i in n.input if i}
+    inputs = []
+    for v in region.inputs:
+        if v not in read:
+            continue
+        t = region.types.get(v)
+        arr = feeds[v]
+        dims = list(t.shape) if t is not None and t.shape is not None and len(t.shape) == arr.ndim else \
+            list(arr.shape)
+        elem = onnx.helper.np_dtype_to_tensor_dtype(arr.dtype)
+        inputs.append(onnx.helper.make_tensor_value_info(v, elem, [d if d is not None else None for d in dims]))
+    outputs = []
+    for v in region.outputs:
+        vi = onnx.ValueInfoProto()
+        vi.name = v
+        outputs.append(vi)
+    inits = [numpy_helper.from_array(np.asarray(a), name) for name, a in consts.items() if name in read]
+    graph = onnx.helper.make_graph(list(nodes), "region", inputs, outputs, inits)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(d, v)
+                                                         for d, v in sorted(opsets.items())])
+    model.ir_version = ir_version
+    return model.SerializeToString()

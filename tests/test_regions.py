@@ -1,0 +1,262 @@
+"""Region selection: regions cut out of a model run alone and compute what the whole model computes there;
+alike regions are one class; decisions are cached, reproducible and bounded by the budget."""
+
+import json
+import os
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnxruntime as ort
+import pytest
+from conftest import MODELS, make_model
+
+from onnxfuse import OptimizeOptions, find_inputs, optimize
+from onnxfuse import region_select as rs
+from onnxfuse.compare import default_tolerance
+from onnxfuse.decision_cache import DecisionCache
+from onnxfuse.loader import load_model
+from onnxfuse.regions import find_regions, region_model, signature
+from onnxfuse.rewrite.engine import EngineOptions, run
+from onnxfuse.ruleset import load_rules
+from onnxfuse.timing import Ratio
+
+TRANSFORMER = os.path.join(MODELS, "transformer_small.onnx")
+CNN = os.path.join(MODELS, "cnn_small.onnx")
+BERT = os.path.join(MODELS, "transformers", "bert_ts17.onnx")
+LLAMA = os.path.join(MODELS, "transformers", "llama_dynamo18.onnx")
+
+
+def _all_values(path: str, feeds: dict) -> dict[str, np.ndarray]:
+    """Every intermediate value of the original model on `feeds`."""
+    m = onnx.load(path)
+    have = {o.name for o in m.graph.output}
+    for n in m.graph.node:
+        for o in n.output:
+            if o and o not in have:
+                m.graph.output.add().name = o
+                have.add(o)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    s = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in s.get_outputs()]
+    return {**feeds, **dict(zip(names, s.run(names, feeds), strict=True))}
+
+
+def _regions(path: str):
+    rules = load_rules([], True, [], [])
+    model, _ = load_model(path)
+    original, _ = load_model(path)
+    eng = run(model, rules, EngineOptions())
+    return original, model, find_regions(original, model, eng.applications, {r.id for r in rules})
+
+
+def _feeds(path: str) -> dict:
+    return find_inputs(path).feeds
+
+
+@pytest.mark.parametrize("path", [TRANSFORMER, CNN, BERT, LLAMA])
+def test_each_region_alone_computes_what_the_model_computes_there(path):
+    original, final, regions = _regions(path)
+    values = _all_values(path, _feeds(path))
+    timeable = [r for r in regions if not r.untimeable]
+    assert timeable, [r.untimeable for r in regions]
+    opsets = dict(final.opsets)
+    for r in timeable:
+        feeds = {v: values[v] for v in r.inputs}
+        outs = {}
+        for fused in (False, True):
+            sess = ort.InferenceSession(region_model(r, fused, opsets, final.proto.ir_version, feeds),
+                                        providers=["CPUExecutionProvider"])
+            names = [o.name for o in sess.get_outputs()]
+            assert names == r.outputs
+            outs[fused] = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})
+        for name, a, b, whole in zip(r.outputs, outs[False], outs[True], (values[o] for o in r.outputs),
+                                     strict=True):
+            tol = default_tolerance(onnx.helper.np_dtype_to_tensor_dtype(a.dtype))
+            np.testing.assert_allclose(a, whole, rtol=tol.rtol, atol=tol.atol, err_msg=f"{r.label}: {name}")
+            np.testing.assert_allclose(b, whole, rtol=tol.rtol, atol=tol.atol, err_msg=f"{r.label}: {name}")
+        assert {n.op_type for n in r.fused} & {o.rpartition(".")[2] for o in r.ops}
+
+
+def _gelu_chain(path, blocks=5, width=16):
+    """x -> [MatMul -> erf-Gelu written out] x blocks: alike blocks, the last one wider."""
+    nodes, inits = [], {}
+    rng = np.random.default_rng(0)
+    x = "x"
+    for i in range(blocks):
+        out_w = width * 2 if i == blocks - 1 else width
+        inits[f"w{i}"] = rng.standard_normal((width, out_w)).astype(np.float32) * 0.1
+        nodes += [oh.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]),
+                  oh.make_node("Div", [f"m{i}", "sqrt2"], [f"d{i}"]),
+                  oh.make_node("Erf", [f"d{i}"], [f"e{i}"]),
+                  oh.make_node("Add", [f"e{i}", "one"], [f"a{i}"]),
+                  oh.make_node("Mul", [f"m{i}", f"a{i}"], [f"p{i}"]),
+                  oh.make_node("Mul", [f"p{i}", "half"], [f"g{i}"])]
+        x = f"g{i}"
+    inits.update(sqrt2=np.array(1.4142135, np.float32), one=np.array(1.0, np.float32),
+                 half=np.array(0.5, np.float32))
+    onnx.save(make_model(nodes, [("x", ["batch", width])], [(x, ["batch", width * 2])], inits), path)
+    return path
+
+
+def test_alike_regions_share_a_signature_and_others_do_not(tmp_path):
+    path = _gelu_chain(str(tmp_path / "chain.onnx"))
+    _, _, regions = _regions(path)
+    values = _all_values(path, {"x": np.ones((4, 16), np.float32)})
+    sigs: dict[str, list[int]] = {}
+    for k, r in enumerate(regions):
+        assert not r.untimeable, r.untimeable
+        shapes = [[(str(values[v].dtype), values[v].shape) for v in r.inputs]]
+        sigs.setdefault(signature(r, shapes), []).append(k)
+    # a region's class includes its context (the MatMuls around it): the first three blocks are alike; the one
+    # before the wider last block, and the last block, are classes of their own
+    assert sorted(len(v) for v in sigs.values()) == [1, 1, 3]
+    r = regions[0]
+    shapes = [[(str(values[v].dtype), values[v].shape) for v in r.inputs]]
+    bigger = [[(d, (s[0] * 2, *s[1:])) for d, s in shapes[0]]]
+    assert signature(r, shapes) != signature(r, bigger)  # the shapes a region ran at are part of its class
+
+
+def _fake_interleaved(ratio_of):
+    """Times where a region's fused version takes ratio_of(label) of its original version's time."""
+    def fake(sessions, profiles, min_runs, deadline):
+        rng = np.random.default_rng(0)
+        n = 30
+        base = 1e-3 * (1 + 0.001 * rng.standard_normal(n))
+        out = {"a": list(base), "b": list(base * (1 + 0.0005 * rng.standard_normal(n)))}
+        if "f" in sessions:
+            out["f"] = list(base * fake.ratio)
+        else:  # whole-model confirmation
+            out = {"o": list(base), "c": list(base * fake.whole), "c2": list(base * fake.whole)}
+        return out
+    fake.ratio, fake.whole = ratio_of, 1.0
+    return fake
+
+
+def _optimize(tmp_path, name, **kw):
+    out = tmp_path / name
+    r = optimize(CNN, str(out), OptimizeOptions(**kw))
+    return r, out
+
+
+@pytest.mark.parametrize("ratio,kept", [(0.8, True), (1.0, False), (1.2, False)])
+def test_a_region_class_is_kept_only_when_faster_beyond_noise(tmp_path, monkeypatch, ratio, kept):
+    monkeypatch.setattr(rs, "_interleaved", _fake_interleaved(ratio))
+    r, _ = _optimize(tmp_path, "o.onnx", cache=False)
+    timed = [g for g in r.measure.groups if g.source == "timed"]
+    assert timed and all(g.kept is kept for g in timed)
+    assert r.measure.strategy == "regions"
+    assert r.measure.confirmed in (("timed",) if kept else ("timed", "not needed: no rewrite kept"))
+    fused = sum(v for k, v in r.ops_after.items() if k.startswith("com.microsoft"))
+    assert (fused > 0) is kept
+
+
+def test_a_slower_whole_model_confirmation_writes_the_original(tmp_path, monkeypatch):
+    fake = _fake_interleaved(0.8)
+    fake.whole = 1.2
+    monkeypatch.setattr(rs, "_interleaved", fake)
+    r, out = _optimize(tmp_path, "o.onnx", cache=False)
+    assert r.measure.dropped_everything and r.measure.final.verdict == "slower"
+    assert not any(k.startswith("com.microsoft") for k in r.ops_after)
+    onnx.checker.check_model(onnx.load(str(out)))
+
+
+def test_decisions_are_cached_and_a_second_run_writes_the_same_bytes(tmp_path, monkeypatch):
+    monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    r1, out1 = _optimize(tmp_path, "a.onnx")
+    assert {g.source for g in r1.measure.groups} >= {"timed"}, [(g.group, g.source) for g in r1.measure.groups]
+    assert os.path.exists(tmp_path / "cache" / "decisions.json")
+
+    def no_timing(*a, **k):
+        raise AssertionError("a cached decision was timed again")
+
+    real = rs._interleaved
+    monkeypatch.setattr(rs, "_interleaved", no_timing)
+    r2, out2 = _optimize(tmp_path, "b.onnx")
+    assert "timed" not in {g.source for g in r2.measure.groups}
+    assert {g.source for g in r2.measure.groups} >= {"cached"} and r2.measure.confirmed == "cached"
+    assert out1.read_bytes() == out2.read_bytes()
+    monkeypatch.setattr(rs, "_interleaved", real)
+    r3, _ = _optimize(tmp_path, "c.onnx", cache=False)  # --no-cache times again
+    assert "cached" not in {g.source for g in r3.measure.groups}
+
+
+def test_a_budget_too_small_leaves_the_unreached_regions_as_the_original(tmp_path, monkeypatch):
+    monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(rs, "_interleaved", _fake_interleaved(0.5))
+    monkeypatch.setattr(rs.time, "perf_counter", _clock())
+    r, out = _optimize(tmp_path, "o.onnx", measure_budget_s=1.0)
+    sources = [g.source for g in r.measure.groups]
+    assert "budget" in sources and r.measure.undecided == sources.count("budget")
+    assert not any(g.kept for g in r.measure.groups if g.source == "budget")
+    onnx.checker.check_model(onnx.load(str(out)))
+    # the same budget again: the same choices (what was not reached is not reached again), the same bytes
+    r2, out2 = _optimize(tmp_path, "o2.onnx", measure_budget_s=1.0)
+    assert [g.source for g in r2.measure.groups].count("budget") == r.measure.undecided
+    assert out.read_bytes() == out2.read_bytes()
+    # a larger budget times what the smaller one did not reach
+    monkeypatch.setattr(rs.time, "perf_counter", _clock(step=1e-4))
+    r3, _ = _optimize(tmp_path, "o3.onnx", measure_budget_s=100.0)
+    assert "budget" not in [g.source for g in r3.measure.groups]
+
+
+def _clock(step=0.4):
+    """A clock that advances `step` seconds per reading: a budget of 1 s runs out after a few steps."""
+    t = [0.0]
+
+    def now():
+        t[0] += step
+        return t[0]
+
+    return now
+
+
+def test_cache_survives_a_broken_file_and_is_cleared(tmp_path):
+    c = DecisionCache(directory=str(tmp_path))
+    (tmp_path / "decisions.json").write_text("{not json")
+    assert c.get("k") is None
+    c.put("k", {"kind": "region", "keep": True, "ratio": [0.9, 0.8, 1.0]})
+    c.save()
+    data = json.loads((tmp_path / "decisions.json").read_text())
+    assert data["decisions"]["k"]["keep"] is True
+    assert DecisionCache(directory=str(tmp_path)).get("k")["ratio"] == [0.9, 0.8, 1.0]
+    assert DecisionCache(directory=str(tmp_path)).clear() == 1
+    assert not (tmp_path / "decisions.json").exists()
+    off = DecisionCache(enabled=False, directory=str(tmp_path))
+    off.put("k", {"keep": True})
+    off.save()
+    assert not (tmp_path / "decisions.json").exists()
+
+
+def test_verdict_uses_the_two_original_sessions_as_noise_floor():
+    a = [1.0] * 20
+    b = [1.03] * 20  # two sessions of one model differ by 3%
+    f = [0.99] * 20
+    ratio, floor = rs._verdict({"a": a, "b": b, "f": f}, "a", "b", "f")
+    assert abs(floor - 0.03) < 1e-9 and ratio.median < 1
+    assert ratio.verdict_beyond(floor) == "no significant change"
+    assert Ratio(0.9, 0.88, 0.92).verdict_beyond(floor) == "faster"
+
+
+def test_rules_shadowed_by_a_dropped_region_are_timed_in_a_second_pass(tmp_path, monkeypatch):
+    """self-attention consumes the Q.K scale that matmul-scale would fuse. With Attention regions slower and
+    FusedMatMul regions faster, the first pass drops Attention; the second lets matmul-scale fire, times it
+    and keeps it. Nothing enters the output untimed."""
+    from onnxfuse.select import GroupEffect
+
+    def fake_time_class(self, c, deadline):
+        rep = c.regions[0]
+        ratio = 1.2 if any("Attention" in o for o in rep.ops) else 0.8
+        return GroupEffect(rep.label, rep.rules, len(c.keys), ratio < 1, Ratio(ratio, ratio - 0.01, ratio + 0.01),
+                           instances=len(c.regions))
+
+    monkeypatch.setattr(rs._Run, "time_class", fake_time_class)
+    monkeypatch.setattr(rs, "_interleaved", _fake_interleaved(1.0))  # the confirmation: no change
+    r = optimize(BERT, str(tmp_path / "out.onnx"), OptimizeOptions(cache=False))
+    assert "self-attention" not in r.fired and r.fired.get("matmul-scale", 0) >= 2, r.fired
+    rows = {g.group: g for g in r.measure.groups if g.source == "timed"}
+    assert rows["com.microsoft.FusedMatMul"].kept
+    assert any(not g.kept for name, g in rows.items() if "Attention" in name)
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "out.onnx")).graph.node]
+    assert ops.count("FusedMatMul") == r.fired["matmul-scale"] and "Attention" not in ops
