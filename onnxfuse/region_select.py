@@ -79,14 +79,23 @@ class _Filtered:
         return self.session.run(None, {k: feeds[k] for k in self.names})
 
 
+class OutOfBudget(Exception):
+    """Not even MIN_RUNS_FLOOR runs fit before the end of the budget."""
+
+
 def _interleaved(sessions: dict[str, object], profiles: list[tuple[float, dict]], min_runs: int,
-                 deadline: float) -> dict[str, list[float]]:
+                 deadline: float, hard_deadline: float | None = None) -> dict[str, list[float]]:
     """Weighted sum over profiles of per-run times, sessions interleaved in rotating order: at least
-    MIN_RUNS_FLOOR runs, then up to `min_runs` while the deadline allows."""
+    MIN_RUNS_FLOOR runs, then up to `min_runs` while `deadline` allows. Raises OutOfBudget when, after one
+    warm-up run of each, MIN_RUNS_FLOOR more would end past `hard_deadline` (the end of the whole budget)."""
     order = list(sessions)
+    t0 = time.perf_counter()
     for s in sessions.values():  # warm-up
         for _, feeds in profiles:
             s.run(None, feeds)
+    now = time.perf_counter()
+    if hard_deadline is not None and now + (now - t0) * MIN_RUNS_FLOOR > hard_deadline:
+        raise OutOfBudget
     totals: dict[str, list[float]] = {k: [] for k in sessions}
     i = 0
     while i < MIN_RUNS_FLOOR or (i < min_runs and time.perf_counter() < deadline):
@@ -184,7 +193,7 @@ class _Run:
                     "b": _Filtered(make_session(orig, "all", self.provider, threads)),
                     "f": _Filtered(make_session(fused, "all", self.provider, threads))}
         profiles = [(w, feeds) for (w, _), feeds in zip(self.profiles, c.feeds, strict=True)]
-        times = _interleaved(sessions, profiles, MIN_RUNS, deadline)
+        times = _interleaved(sessions, profiles, MIN_RUNS, deadline, self.deadline)
         self.report.rounds += 1
         ratio, floor = _verdict(times, "a", "b", "f")
         keep = ratio.verdict_beyond(floor) == "faster"
@@ -223,14 +232,16 @@ class _Run:
             key = digest("region", c.sig, self.env)
             now = time.perf_counter()
             share = (region_deadline - now) / (len(todo) - k)
-            if share <= 0:
+            try:
+                if share <= 0:
+                    raise OutOfBudget
+                c.decision = self.time_class(c, now + share)
+            except OutOfBudget:
                 c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), False, None, source="budget",
                                          instances=len(c.regions))
                 self.cache.put(key, {"kind": "region", "keep": False, "source": "budget",
                                      "budget": self.opts.budget_s, "label": rep.label, "rules": rep.rules})
                 continue
-            try:
-                c.decision = self.time_class(c, now + share)
             except OnnxfuseError as e:  # a region that cannot run alone stays as the original
                 c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), False, None, source="untimed",
                                          instances=len(c.regions), why=str(e)[:200])
@@ -292,8 +303,13 @@ class _Run:
             sessions = {"o": make_session(self.input_path, "all", self.provider, threads),
                         "c": make_session(cand.source, "all", self.provider, threads),
                         "c2": make_session(cand.source, "all", self.provider, threads)}
-            times = _interleaved(sessions, self.profiles, CONFIRM_RUNS, self.deadline)
+            times = _interleaved(sessions, self.profiles, CONFIRM_RUNS, self.deadline, self.deadline)
             del sessions
+        except OutOfBudget:
+            why = "skipped: its runs would end past the budget"
+            self.report.confirmed = why
+            self.cache.put(key, {"kind": "model", "source": "budget", "budget": self.opts.budget_s, "why": why})
+            return None
         finally:
             cand.close()
             release_memory()

@@ -120,7 +120,7 @@ def test_alike_regions_share_a_signature_and_others_do_not(tmp_path):
 
 def _fake_interleaved(ratio_of):
     """Times where a region's fused version takes ratio_of(label) of its original version's time."""
-    def fake(sessions, profiles, min_runs, deadline):
+    def fake(sessions, profiles, min_runs, deadline, hard_deadline=None):
         rng = np.random.default_rng(0)
         n = 30
         base = 1e-3 * (1 + 0.001 * rng.standard_normal(n))
