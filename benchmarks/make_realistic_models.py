@@ -37,6 +37,11 @@ t5_enc         T5EncoderModel (small-like): d_model 512, 4 layers, 8 heads, FFN 
 bert_pos64     BertModel hidden 384, 4 layers, max_position_embeddings=64 (the position-table bound)
 llama_kv       LlamaForCausalLM: hidden 512, 8 query / 2 KV heads, 4 layers, FFN 1536, with KV cache:
                input_ids, attention_mask, position_ids, past_key_values.N.key/value -> logits, present.N.*
+llama_gqa      LlamaForCausalLM: hidden 1024, 16 query / 4 KV heads (grouped KV), 4 layers, FFN 2816, KV cache
+               (the inputs of llama_kv)
+llama_gqa_static  the same exported with static shapes (no dynamic axes): the dynamo export then merges
+               repeat_kv's Reshape into the attention's key Reshape (a 5-D grouped key) and folds cos / sin
+               into constants
 gpt2_kv        GPT2LMHeadModel (small-like): n_embd 768, 4 layers, 12 heads, n_positions 1024, with KV cache
                (TorchScript only)
 phi3_kv        Phi3ForCausalLM: hidden 512, 8 / 2 KV heads, 4 layers, max_position_embeddings 256, KV cache
@@ -240,6 +245,16 @@ def _llama() -> torch.nn.Module:
     return causal_wrapper(m, 4, with_positions=True)
 
 
+def _llama_gqa() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=1024, num_hidden_layers=4, num_attention_heads=16,
+                      num_key_value_heads=4, intermediate_size=2816, max_position_embeddings=2048,
+                      tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    m = LlamaForCausalLM(cfg).eval()
+    perturb_vectors(m)
+    return causal_wrapper(m, 4, with_positions=True)
+
+
 def _gpt2() -> torch.nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
     cfg = GPT2Config(vocab_size=VOCAB, n_embd=768, n_layer=4, n_head=12, n_positions=1024,
@@ -381,6 +396,9 @@ def corpus() -> list[Spec]:
         Spec("bert_pos64", _bert(384, 4, 6, 1536, 64), _text(["input_ids", "attention_mask", "token_type_ids"]),
              ["last_hidden_state"], enc),
         Spec("llama_kv", _llama, _kv_inputs(4, 2, 64), kv_out, kv_dyn, kv_layers=4),
+        Spec("llama_gqa", _llama_gqa, _kv_inputs(4, 4, 64), kv_out, kv_dyn, kv_layers=4),
+        Spec("llama_gqa_static", _llama_gqa, _kv_inputs(4, 4, 64), kv_out, kv_dyn, kv_layers=4,
+             extra={"static": True}, note="static shapes: only the export-time sizes run"),
         Spec("gpt2_kv", _gpt2, _kv_inputs(4, 12, 64), kv_out, kv_dyn, kv_layers=4, ts_only=True),
         Spec("phi3_kv", _phi3, _kv_inputs(4, 2, 64), kv_out, kv_dyn, kv_layers=4),
         Spec("crnn", _plain(CRNN), [In("x", "float32", [BATCH, 3, 48, 320], {0: "batch", 3: "width"})],
@@ -423,7 +441,7 @@ def export_ts(module: torch.nn.Module, spec: Spec, args: tuple, path: Path) -> N
     axes.update(spec.out_dynamic)
     torch.onnx.export(module, args, str(path), dynamo=False, opset_version=17,
                       input_names=[i.name for i in spec.inputs], output_names=spec.outputs,
-                      dynamic_axes=axes, do_constant_folding=True)
+                      dynamic_axes=None if spec.extra.get("static") else axes, do_constant_folding=True)
 
 
 def export_dynamo(module: torch.nn.Module, spec: Spec, args: tuple, path: Path) -> None:
@@ -441,7 +459,8 @@ def export_dynamo(module: torch.nn.Module, spec: Spec, args: tuple, path: Path) 
     shapes = [{ax: dim(n) for ax, n in i.dynamic.items()} for i in spec.inputs]
     program = torch.onnx.export(module, args, dynamo=True, opset_version=18,
                                 input_names=[i.name for i in spec.inputs], output_names=spec.outputs,
-                                dynamic_shapes=tuple(shapes), external_data=False)
+                                dynamic_shapes=None if spec.extra.get("static") else tuple(shapes),
+                                external_data=False)
     proto = program.model_proto
     strip_metadata(proto)
     onnx.save_model(proto, str(path), save_as_external_data=False)

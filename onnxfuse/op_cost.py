@@ -41,6 +41,7 @@ WHOLE_IO_OPS = {
     "Concat", "Split", "Transpose", "Pad", "Resize", "ReduceMean", "ReduceSum", "Softmax", "LayerNormalization",
     "BatchNormalization", "InstanceNormalization", "RMSNormalization", "SkipLayerNormalization",
     "SkipSimplifiedLayerNormalization", "Conv", "FusedConv", "NhwcConv", "MultiHeadAttention",
+    "Range",  # reads three scalars, writes its output (rotary-embedding-batch: the position ids)
 }
 CONTROL_FLOW = {"If", "Loop", "Scan"}  # their events include their subgraphs' nodes, which are listed themselves
 INT_TYPES = {"int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64"}

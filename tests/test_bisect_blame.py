@@ -177,3 +177,92 @@ def test_a_bisection_prefix_keeps_the_folding_after_its_rewrites(tmp_path):
     assert seqs[0] == ["constant-fold"]  # folding only, no rule rewrite
     assert seqs[1] == seqs[None]  # the one rule rewrite, with the folding after it
     assert seqs[1][0] == "constant-fold" and seqs[1][1] == "x-minus-x" and seqs[1].count("constant-fold") > 1
+
+
+# ---- grouped KV heads: a MultiHeadAttention the CPU kernel rejects -------------------------------------------
+UNGUARDED_MHA = """rules:
+- id: unguarded-mha
+  doc: >
+    wrong on purpose: passes the key as it is, also a 5-D grouped key [b, kv, rep, s, D] (what
+    attention-heads-split-matmul once did; the CPU kernel reads a 5-D key as packed KV and fails)
+  match:
+    kt: Reshape(Transpose(Reshape(K, K3), perm=[0, 2, 1]), K4)
+    p: Softmax(Add(Div(MatMul(Q, kt), CD), M), axis=-1)
+    o: MatMul(p, V)
+    Y: Reshape(Transpose(o, perm=[0, 2, 1, 3]), OS)
+  compute:
+    Q3: int64([0, 0, 16])
+  rewrite:
+    qt: Transpose(Q, perm=[0, 2, 1, 3])
+    q3: Reshape(qt, Q3)
+    Y: com.microsoft.MultiHeadAttention(q3, K, V, _, _, M, num_heads=4, scale=0.5)
+"""
+
+
+def _grouped_kv_model(tmp_path) -> str:
+    """4 query heads, 2 KV heads repeated by Unsqueeze + Expand (its shape computed from constants: folding has
+    work before any rule), the K-transpose Reshape reading the 5-D Expand directly (as dynamo exports with static
+    shapes leave it) and the value's repeat reshaped to 4 heads; scores scaled by Div and a causal additive mask."""
+    b, s, d = 2, 8, 4
+    nodes = [oh.make_node("Add", ["xs0", "xs1"], ["xs"], name="expand_shape"),  # folds to [2, 2, 2, 8, 4]
+             oh.make_node("Unsqueeze", ["k", "ax2"], ["ku"], name="ku"),
+             oh.make_node("Expand", ["ku", "xs"], ["kx"], name="kx"),
+             oh.make_node("Unsqueeze", ["v", "ax2"], ["vu"], name="vu"),
+             oh.make_node("Expand", ["vu", "xs"], ["vx"], name="vx"),
+             oh.make_node("Reshape", ["vx", "r4"], ["vr"], name="vr"),
+             oh.make_node("Reshape", ["kx", "k3"], ["k3v"], name="k3v"),
+             oh.make_node("Transpose", ["k3v"], ["k3t"], perm=[0, 2, 1], name="k3t"),
+             oh.make_node("Reshape", ["k3t", "k4"], ["kt"], name="kt"),
+             oh.make_node("MatMul", ["q", "kt"], ["qk"], name="scores"),
+             oh.make_node("Div", ["qk", "cd"], ["sc"], name="scale"),
+             oh.make_node("Add", ["sc", "m"], ["scm"], name="masked"),
+             oh.make_node("Softmax", ["scm"], ["p"], axis=-1, name="softmax"),
+             oh.make_node("MatMul", ["p", "vr"], ["o"], name="pv"),
+             oh.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3], name="ot"),
+             oh.make_node("Reshape", ["ot", "os"], ["y"], name="merge")]
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    inits = {"xs0": i64(1, 1, 1, 4, 2), "xs1": i64(1, 1, 1, 4, 2), "ax2": i64(2), "r4": i64(b, 4, s, d),
+             "k3": i64(-1, s, d), "k4": i64(b, 4, d, s), "os": i64(b, s, 16), "cd": np.float32(2.0)}
+    m = make_model(nodes, [("q", [b, 4, s, d]), ("k", [b, 2, s, d]), ("v", [b, 2, s, d]), ("m", [b, 1, s, s])],
+                   [("y", [b, s, 16])], inits)
+    return save(m, tmp_path / "gqa.onnx")
+
+
+def _gqa_feeds():
+    rng = np.random.default_rng(0)
+    return {"q": rng.standard_normal((2, 4, 8, 4)).astype(np.float32),
+            "k": rng.standard_normal((2, 2, 8, 4)).astype(np.float32),
+            "v": rng.standard_normal((2, 2, 8, 4)).astype(np.float32),
+            "m": np.where(np.tril(np.ones((8, 8))), 0, -1e4).astype(np.float32)[None, None].repeat(2, 0)}
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_grouped_kv_heads_blame_the_rule_not_the_folding(tmp_path, monkeypatch, named):
+    """The grouped-KV Llama case: the rule's MultiHeadAttention fails in the CPU kernel ("Packed KV not
+    implemented for CPU"). The rule is rolled back, named by onnxruntime's message or (no node named) found by
+    bisection; the folding before it is kept, never blamed."""
+    if not named:
+        monkeypatch.setattr(validate, "failing_node", lambda message: "")
+    src = _grouped_kv_model(tmp_path)
+    r, out = _optimize(tmp_path, src, UNGUARDED_MHA)
+    assert [rb.rule for rb in r.rolled_back] == ["unguarded-mha"]
+    assert "Packed KV" in r.rolled_back[0].reason
+    assert bool(r.rolled_back[0].node) is named
+    assert r.fired == {"constant-fold": 1}
+    got = onnx.load(str(out))
+    assert "com.microsoft.MultiHeadAttention" not in op_types(got)
+    np.testing.assert_allclose(ort_run(got, _gqa_feeds())[0], ort_run(onnx.load(src), _gqa_feeds())[0], rtol=1e-6)
+
+
+def test_grouped_kv_heads_fuse_with_the_builtin_rule(tmp_path):
+    """The built-in attention-heads-split reshapes the 5-D grouped key to [b, 4, s, D]: the fused node runs in
+    the CPU kernel and validates; nothing is rolled back."""
+    src = _grouped_kv_model(tmp_path)
+    out = tmp_path / "fused.onnx"
+    r = optimize(src, str(out), OptimizeOptions(measure=False, only=["attention-heads-split"]))
+    assert r.fired.get("attention-heads-split") == 1 and r.rolled_back == []
+    assert r.validation.startswith("passed")
+    got = onnx.load(str(out))
+    assert "com.microsoft.MultiHeadAttention" in op_types(got)
+    np.testing.assert_allclose(ort_run(got, _gqa_feeds())[0], ort_run(onnx.load(src), _gqa_feeds())[0],
+                               rtol=1e-4, atol=1e-5)

@@ -67,6 +67,8 @@ def _sdpa(nodes, inits, qh, kt, vh, scale="div", mask=None, guard=False, softmax
         inits["cq"], inits["ck"] = np.float32(D ** -0.25), np.float32(D ** -0.25)
         nodes += [oh.make_node("Mul", [qh, "cq"], ["qs"], name="qs"), oh.make_node("Mul", [kt, "ck"], ["ks"], name="ks"),
                   oh.make_node("MatMul", ["qs", "ks"], ["sc"], name="sc")]
+    elif scale == "none":  # no scale on the scores (T5; Whisper, whose query was scaled after its projection)
+        nodes.append(oh.make_node("MatMul", [qh, kt], ["sc"], name="sc"))
     else:  # scale folded into q
         inits["cq"] = np.float32(1 / np.sqrt(D))
         nodes += [oh.make_node("Mul", [qh, "cq"], ["qs"], name="qs"), oh.make_node("MatMul", ["qs", kt], ["sc"], name="sc")]
@@ -97,11 +99,22 @@ def _merge(nodes, inits, out="y", rank=3, inner_reshape=False, os=None):
 
 
 def _self_attention(kt="ts", scale="div", mask=(B, 1, S, S), guard=False, rank=3, inner_reshape=False,
-                    bias_input=False, cross=False, softmax_axis=-1, probs_out=False, dtype=TensorProto.FLOAT):
+                    bias_input=False, cross=False, softmax_axis=-1, probs_out=False, dtype=TensorProto.FLOAT,
+                    no_bias=False, q_scale=None, k_bias=True):
     nodes, inits = [], {"wq": WQ, "wk": WK, "wv": WV}
     inputs = [("x", [B, S, E], dtype)]
     for n, b in (("q", BQ), ("k", BK), ("v", BV)):
         src = "x2" if cross and n != "q" else "x"
+        if no_bias or (n == "k" and not k_bias):  # T5: projections without bias; Whisper's k_proj
+            nodes.append(oh.make_node("MatMul", [src, f"w{n}"], [n], name=f"{n}m"))
+            continue
+        if n == "q" and q_scale is not None:  # Whisper / BART: the query scaled after its projection
+            inits["qc"] = np.float32(q_scale)
+            nodes += [oh.make_node("MatMul", [src, "wq"], ["qm"], name="qm"),
+                      oh.make_node("Add", ["qm", "bq"], ["qb"], name="qb"),
+                      oh.make_node("Mul", ["qb", "qc"], ["q"], name="q_scale")]
+            inits["bq"] = b
+            continue
         nodes += [oh.make_node("MatMul", [src, f"w{n}"], [f"{n}m"], name=f"{n}m"),
                   oh.make_node("Add", [f"{n}m", f"b{n}"], [n], name=f"{n}b")]
         if bias_input and n == "q":
@@ -175,6 +188,48 @@ def test_self_attention_fully_masked_rows(guard):
 ])
 def test_self_attention_near_misses(kw, reason):
     check_misses(_self_attention(**kw), "self-attention", reason)
+
+
+@pytest.mark.parametrize(("kt", "scale", "mask"), [
+    ("two", "sdpa", (B, N, S, S)),  # T5 (TorchScript): scale 1 on both, relative position bias + mask per head
+    ("ts", "div", (1, N, S, S)),    # one position bias for every batch row
+    ("dynamo", "mul", None),
+])
+def test_self_attention_nobias_fires(kt, scale, mask):
+    m = _self_attention(kt, scale, mask=mask, no_bias=True)
+    got = check_fires(m, "self-attention-nobias", FUSED, feeds=_feeds(m), rtol=1e-4, atol=1e-4)
+    att = got.graph.node[0]
+    bias = {t.name: numpy_helper.to_array(t) for t in got.graph.initializer}[att.input[2]]
+    assert bias.shape == (3 * H,) and not bias.any() and bias.dtype == np.float32
+    assert (list(att.input) + [""] * 6)[5] == ("m" if mask else "")
+
+
+@pytest.mark.parametrize(("kt", "scale", "k_bias", "mask"), [
+    ("ts", "sdpa", False, None),      # Whisper encoder (TorchScript): SDPA with scale 1 on both, k_proj without bias
+    ("dynamo", "none", False, None),  # Whisper encoder (dynamo): the scale-1 Muls gone
+    ("two", "div", True, (B, 1, S, S)),  # BART-like: every projection with bias, a mask
+])
+def test_self_attention_scaled_q_fires(kt, scale, k_bias, mask):
+    m = _self_attention(kt, scale, mask=mask, q_scale=D ** -0.5, k_bias=k_bias)
+    got = check_fires(m, "self-attention-scaled-q", FUSED, feeds=_feeds(m), rtol=1e-4, atol=1e-4)
+    att = got.graph.node[0]
+    inits = {t.name: numpy_helper.to_array(t) for t in got.graph.initializer}
+    np.testing.assert_array_equal(inits[att.input[1]], np.concatenate([WQ, WK, WV], axis=1))  # weights as they are
+    np.testing.assert_array_equal(inits[att.input[2]], np.concatenate([BQ, BK if k_bias else 0 * BK, BV]))
+    want = D ** -0.5 * {"sdpa": 1 / np.sqrt(D), "none": 1.0, "div": 1 / np.sqrt(D)}[scale]
+    assert _attrs(att)["scale"] == pytest.approx(want)
+
+
+def test_self_attention_scaled_q_needs_a_scalar_scale():
+    m = _self_attention(q_scale=D ** -0.5)
+    for init in m.graph.initializer:
+        if init.name == "qc":
+            init.CopyFrom(numpy_helper.from_array(np.full(H, D ** -0.5, np.float32), "qc"))  # per channel
+    check_misses(m, "self-attention-scaled-q", "QC has shape [16], rule needs [] or [1]")
+
+
+def test_self_attention_nobias_leaves_biased_projections():
+    check_misses(_self_attention(), "self-attention-nobias")
 
 
 def test_self_attention_row_mask_fires():
@@ -279,19 +334,37 @@ def test_nan_guard_identity_near_misses(kw, reason):
 
 
 def _split_heads(kt="transpose", scale="div", guard=False, mask_rank=4, softmax_axis=-1, tail="reshape",
-                 merge_rank=3, v_rank=4, trans_b=0, wo_input=False):
-    """Query, key and value already [b, N, s, D] (after rotary / repeat_kv)."""
+                 merge_rank=3, v_rank=4, trans_b=0, wo_input=False, heads=N, kv_heads=None, kv_form="repeat",
+                 mask_shape=None):
+    """Query, key and value already [b, N, s, D] (after rotary / repeat_kv). With kv_heads < heads (grouped KV):
+    key and value arrive with kv_heads heads and are repeated as repeat_kv does (Unsqueeze, Expand to
+    [b, kv, N/kv, s, D], Reshape to [b, N, s, D]); kv_form "collapsed": the K-transpose Reshape reads the 5-D
+    Expand directly (the exporter merged the two Reshapes); "broadcast": not repeated at all (kv_heads 1, MatMul
+    broadcasts the one head)."""
     nodes, inits = [], {}
+    dh = H // heads
+    k, v = "k", "v"
+    if kv_heads is not None and kv_form != "broadcast":
+        rep = heads // kv_heads
+        inits |= {"ax2": _i64(2), "kvx": _i64(B, kv_heads, rep, S, dh), "kvr": _i64(B, heads, S, dh)}
+        for n in ("k", "v"):
+            nodes += [oh.make_node("Unsqueeze", [n, "ax2"], [f"{n}u"], name=f"{n}u"),
+                      oh.make_node("Expand", [f"{n}u", "kvx"], [f"{n}x"], name=f"{n}x")]
+            if n == "v" or kv_form == "repeat":
+                nodes.append(oh.make_node("Reshape", [f"{n}x", "kvr"], [f"{n}r"], name=f"{n}r"))
+        k, v = ("kx" if kv_form == "collapsed" else "kr"), "vr"
     if kt == "transpose":
-        nodes.append(oh.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2], name="kt"))
+        nodes.append(oh.make_node("Transpose", [k], ["kt"], perm=[0, 1, 3, 2], name="kt"))
     else:
-        inits["k3"], inits["k4"] = _i64(B * N, S, D), _i64(B, N, D, S)
-        nodes += [oh.make_node("Reshape", ["k", "k3"], ["k3v"], name="k3v"),
+        kvh = heads if kv_form != "broadcast" or kv_heads is None else kv_heads
+        inits["k3"], inits["k4"] = _i64(-1, S, dh), _i64(B, kvh, dh, S)
+        nodes += [oh.make_node("Reshape", [k, "k3"], ["k3v"], name="k3v"),
                   oh.make_node("Transpose", ["k3v"], ["k3t"], perm=[0, 2, 1], name="k3t"),
                   oh.make_node("Reshape", ["k3t", "k4"], ["kt"], name="kt")]
-    _sdpa(nodes, inits, "q", "kt", "v", scale, "m", guard, softmax_axis)
-    inputs = [("q", [B, N, S, D]), ("k", [B, N, S, D]), ("v", [B, N, S, D][4 - v_rank:]),
-              ("m", [B, 1, S, S][4 - mask_rank:])]
+    _sdpa(nodes, inits, "q", "kt", v, scale, "m", guard, softmax_axis)
+    kv_shape = [B, kv_heads if kv_heads is not None else heads, S, dh]
+    inputs = [("q", [B, heads, S, dh]), ("k", kv_shape), ("v", kv_shape[4 - v_rank:]),
+              ("m", list(mask_shape or [B, 1, S, S])[4 - mask_rank:])]
     if tail == "reshape":
         _merge(nodes, inits, rank=merge_rank)
         out = [B, S, H] if merge_rank == 3 else [B * S, H]
@@ -312,7 +385,20 @@ def _split_heads(kt="transpose", scale="div", guard=False, mask_rank=4, softmax_
     return make_model(nodes, inputs, [("y", out)], inits)
 
 
-MHA = ["Transpose", "Reshape", "com.microsoft.MultiHeadAttention", "IsNaN", "Where", "Reshape"]
+MHA = ["Transpose", "Reshape", "Reshape", "com.microsoft.MultiHeadAttention", "IsNaN", "Where", "Reshape"]
+REPEAT_KV = ["Unsqueeze", "Expand", "Reshape", "Unsqueeze", "Expand", "Reshape"]  # repeat_kv of key and value
+
+
+def _mha(model):
+    return next(n for n in model.graph.node if n.op_type == "MultiHeadAttention")
+
+
+def _key_reshape(model):
+    """The target of the Reshape that feeds the fused node's key ([0, N, -1, D]: the kernel's [b, N, s, D])."""
+    kh = next(n for n in model.graph.node if n.output[0] == _mha(model).input[1])
+    assert kh.op_type == "Reshape"
+    init = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    return kh.input[0], list(init[kh.input[1]])
 
 
 @pytest.mark.parametrize(("kt", "scale", "guard", "merge_rank"), [
@@ -320,15 +406,48 @@ MHA = ["Transpose", "Reshape", "com.microsoft.MultiHeadAttention", "IsNaN", "Whe
 def test_attention_heads_split_fires(kt, scale, guard, merge_rank):
     m = _split_heads(kt, scale, guard, merge_rank=merge_rank)
     got = check_fires(m, "attention-heads-split", MHA, feeds=_feeds(m), rtol=1e-4, atol=1e-4)
-    mha = got.graph.node[2]
-    assert list(mha.input) == [got.graph.node[1].output[0], "k", "v", "", "", "m"]
+    mha = _mha(got)
+    assert list(mha.input) == [got.graph.node[1].output[0], got.graph.node[2].output[0], "v", "", "", "m"]
+    assert _key_reshape(got) == ("k", [0, N, -1, D])  # the key as it is: [b, N, s, D] already
     assert _attrs(mha)["num_heads"] == N and _attrs(mha)["scale"] == pytest.approx(1 / np.sqrt(D))
+
+
+@pytest.mark.parametrize("kt", ["transpose", "dynamo"])
+@pytest.mark.parametrize("tail", ["reshape", "matmul", "gemm"])
+def test_attention_heads_split_grouped_kv_heads(kt, tail):
+    """Grouped KV heads (4 query heads, 2 KV heads; Llama, Mistral, Qwen): key and value repeated to 4 heads
+    before the scores. The fused node gets the repeated key and value, which the CPU kernel runs."""
+    rid = "attention-heads-split" + ("" if tail == "reshape" else f"-{tail}")
+    m = _split_heads(kt, tail=tail, heads=4, kv_heads=2)
+    tail_ops = {"reshape": [], "matmul": ["MatMul"], "gemm": ["Gemm", "Shape", "Gather", "Concat", "Reshape"]}[tail]
+    got = check_fires(m, rid, REPEAT_KV + MHA + tail_ops, feeds=_feeds(m), rtol=1e-4, atol=1e-4, fold=False)
+    assert _attrs(_mha(got))["num_heads"] == 4
+    assert _key_reshape(got) == ("kr", [0, 4, -1, H // 4]) and _mha(got).input[2] == "vr"
+
+
+@pytest.mark.parametrize("tail", ["reshape", "matmul", "gemm"])
+def test_attention_heads_split_grouped_kv_heads_still_5d(tail):
+    """The K-transpose Reshape reads repeat_kv's 5-D Expand [b, 2, 2, s, D] directly (dynamo exports with static
+    shapes merge the two Reshapes). Passed as it is, the kernel would take the 5-D key for packed KV and fail
+    ("Packed KV not implemented for CPU"); the rule reshapes it to [b, 4, s, D] first: the same elements."""
+    rid = "attention-heads-split" + ("" if tail == "reshape" else f"-{tail}")
+    m = _split_heads("dynamo", tail=tail, heads=4, kv_heads=2, kv_form="collapsed")
+    repeat = ["Unsqueeze", "Expand", "Unsqueeze", "Expand", "Reshape"]
+    tail_ops = {"reshape": [], "matmul": ["MatMul"], "gemm": ["Gemm", "Shape", "Gather", "Concat", "Reshape"]}[tail]
+    got = check_fires(m, rid, repeat + MHA + tail_ops, feeds=_feeds(m), rtol=1e-4, atol=1e-4, fold=False)
+    assert _key_reshape(got) == ("kx", [0, 4, -1, H // 4])
+    assert _attrs(_mha(got))["num_heads"] == 4
 
 
 @pytest.mark.parametrize(("kw", "reason"), [
     ({"softmax_axis": 2}, "Softmax axis=2, rule needs -1"),
-    ({"mask_rank": 2}, "M has rank 2, rule allows 4"),
-    ({"v_rank": 3}, "V has rank 3, rule allows 4"),  # one value for every batch row, broadcast by MatMul
+    ({"mask_rank": 2}, "M has shape [8, 8], rule needs ['_', '_', 's', 't']"),
+    ({"v_rank": 3}, "V has shape [2, 8, 8]"),  # one value for every batch row, broadcast by MatMul
+    # one KV head not repeated, broadcast over the query heads by MatMul: the kernel needs every head
+    ({"kv_heads": 1, "kv_form": "broadcast", "heads": 4}, "K has shape [2, 1, 8, 4], rule needs ['b', 'n', 't', 'd']"),
+    ({"kv_heads": 1, "kv_form": "broadcast", "heads": 4, "kt": "dynamo"}, "K has shape [2, 1, 8, 4]"),
+    # one mask row broadcast over the queries: attention_bias needs all of them
+    ({"mask_shape": (B, 1, 1, S)}, "M has shape [2, 1, 1, 8], rule needs ['_', '_', 's', 't']"),
 ])
 def test_attention_heads_split_near_misses(kw, reason):
     check_misses(_split_heads(**kw), "attention-heads-split", reason)
@@ -337,12 +456,13 @@ def test_attention_heads_split_near_misses(kw, reason):
 def test_attention_heads_split_matmul_fires():
     m = _split_heads(tail="matmul")
     got = check_fires(m, "attention-heads-split-matmul", MHA + ["MatMul"], feeds=_feeds(m), rtol=1e-4, atol=1e-4)
-    assert _attrs(got.graph.node[2])["num_heads"] == N and got.graph.node[-1].input[1] == "wo"
+    assert _attrs(_mha(got))["num_heads"] == N and got.graph.node[-1].input[1] == "wo"
 
 
 @pytest.mark.parametrize(("kw", "reason"), [
     ({"merge_rank": 2}, "mg has rank 2, rule allows 3"),
     ({"wo_input": True}, "WO ('wo') is not a constant"),
+    ({"kv_heads": 1, "kv_form": "broadcast", "heads": 4}, "K has shape [2, 1, 8, 4], rule needs ['b', 'n', 't', 'd']"),
 ])
 def test_attention_heads_split_matmul_near_misses(kw, reason):
     check_misses(_split_heads(tail="matmul", **kw), "attention-heads-split-matmul", reason)
@@ -353,7 +473,7 @@ def test_attention_heads_split_gemm_fires():
     # fold=False: with static shapes folding would turn the rebuilt Reshape target into a constant afterwards
     got = check_fires(m, "attention-heads-split-gemm", MHA + ["Gemm", "Shape", "Gather", "Concat", "Reshape"],
                       feeds=_feeds(m), rtol=1e-4, atol=1e-4, fold=False)
-    assert _attrs(got.graph.node[2])["num_heads"] == N
+    assert _attrs(_mha(got))["num_heads"] == N
 
 
 def test_attention_heads_split_gemm_near_miss():

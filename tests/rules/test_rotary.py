@@ -6,7 +6,7 @@ import onnx.helper as oh
 import pytest
 from onnx import TensorProto
 
-from .conftest import check_fires, check_misses, make_model, rand_feeds
+from .conftest import check_fires, check_misses, fuse, make_model, rand_feeds
 
 B, N, S, D = 2, 4, 8, 16
 INT64_MAX = np.iinfo(np.int64).max
@@ -90,3 +90,81 @@ def test_rotary_embedding_one_head():
 ])
 def test_rotary_embedding_near_misses(kw, reason):
     check_misses(_rotary(**kw), "rotary-embedding", reason)
+
+
+def _batch_feeds(m):
+    """cos / sin rows of other positions in each batch row (position_ids [b, s] with a past of 3 * b)."""
+    feeds = rand_feeds(m)
+    inv = (10000 ** (-np.arange(D // 2) / (D // 2)))[None, :]
+    feeds["f"] = np.stack([(np.arange(S, dtype=np.float64)[:, None] + 3 * b) * inv
+                           for b in range(feeds["f"].shape[0])]).astype(feeds["f"].dtype)
+    return feeds
+
+
+# per head: the two caches, then the position ids Range(b * s) reshaped to [b, s], then RotaryEmbedding
+BATCH_CACHE = CACHE + ["Shape", "Gather", "Range", "Shape", "Gather", "Concat", "Reshape"]
+
+
+@pytest.mark.parametrize("kw", [{}, {"swap": True, "scale": 0.5}, {"dtype": TensorProto.FLOAT16}],
+                         ids=["torchscript", "swapped-scaled", "float16"])
+def test_rotary_embedding_batch_fires(kw):
+    """cos / sin [b, 1, s, D] (position_ids [b, s]: each batch row at its own positions, as KV-cache decoders
+    export them): the cache holds every (batch, position) row and the position ids pick each row's own."""
+    m = _rotary(f_batch=B, **kw)
+    head = ["Concat", "Cos"] + (["Mul"] if "scale" in kw else []) + ["Unsqueeze", "Sin"] + (
+        ["Mul"] if "scale" in kw else []) + ["Unsqueeze"]
+    tol = 1e-2 if kw.get("dtype") == TensorProto.FLOAT16 else 1e-5
+    got = check_fires(m, "rotary-embedding-batch", head + (BATCH_CACHE + ["com.microsoft.RotaryEmbedding"]) * 2,
+                      fired={"rotary-embedding-batch": 2}, feeds=_batch_feeds(m), rtol=tol, atol=tol, fold=False)
+    rope = [n for n in got.graph.node if n.op_type == "RotaryEmbedding"]
+    assert [n.input[0] for n in rope] == ["q", "k"]
+
+
+def test_rotary_embedding_batch_prefers_the_plain_rule_for_one_row():
+    """cos / sin without a batch dim: the plain rule (one offset, no run-time position ids) fires first."""
+    m = _rotary()
+    r, _ = fuse(m, "rotary-embedding", "rotary-embedding-batch")
+    assert r.fired == {"rotary-embedding": 2}
+
+
+@pytest.mark.parametrize(("kw", "reason"), [
+    ({"other_half": True}, "F must be the same value in both places"),
+    ({"wrong_sign": True}, None),
+    ({"half": D // 2 - 1}, "require failed: int(H1) == X.dims[3] // 2"),
+])
+def test_rotary_embedding_batch_near_misses(kw, reason):
+    check_misses(_rotary(f_batch=B, **kw), "rotary-embedding-batch", reason)
+
+
+def _rotary_const(equal_halves=True, batch_rows=1):
+    """cos / sin as constants [1, 1, s, D] (a static-shape export folds the positions away)."""
+    inv = (10000 ** (-np.arange(D // 2) / (D // 2)))[None, :]
+    ang = np.arange(S, dtype=np.float64)[:, None] * inv
+    emb = np.concatenate([ang, ang if equal_halves else ang * 1.5], axis=-1)
+    cos = np.broadcast_to(np.cos(emb), (batch_rows, 1, S, D)).astype(np.float32)
+    sin = np.broadcast_to(np.sin(emb), (batch_rows, 1, S, D)).astype(np.float32)
+    nodes = [oh.make_node("Slice", ["q", "half", "end", "axis"], ["x2"], name="x2"),
+             oh.make_node("Neg", ["x2"], ["nx2"], name="neg"),
+             oh.make_node("Slice", ["q", "zero", "half", "axis"], ["x1"], name="x1"),
+             oh.make_node("Concat", ["nx2", "x1"], ["rot"], axis=-1, name="rot"),
+             oh.make_node("Mul", ["q", "cos"], ["qc"], name="q_cos"),
+             oh.make_node("Mul", ["rot", "sin"], ["qs"], name="q_sin"),
+             oh.make_node("Add", ["qc", "qs"], ["y"], name="out")]
+    inits = {"half": np.array([D // 2], np.int64), "end": np.array([INT64_MAX], np.int64),
+             "zero": np.array([0], np.int64), "axis": np.array([3], np.int64), "cos": cos, "sin": sin}
+    return make_model(nodes, [("q", [B, N, S, D])], [("y", [B, N, S, D])], inits)
+
+
+def test_rotary_embedding_const_fires():
+    m = _rotary_const()
+    got = check_fires(m, "rotary-embedding-const", ["com.microsoft.RotaryEmbedding"], rtol=1e-5, atol=1e-5)
+    cache = {t.name: t for t in got.graph.initializer}
+    assert list(cache[got.graph.node[0].input[2]].dims) == [S, D // 2]  # the first half of every row
+
+
+@pytest.mark.parametrize(("kw", "reason"), [
+    ({"equal_halves": False}, "require failed: all(COS[:, :, :, :X.dims[3] // 2] == COS[:, :, :, X.dims[3] // 2:])"),
+    ({"batch_rows": 2}, None),  # a constant per batch row: not one cache for every row
+])
+def test_rotary_embedding_const_near_misses(kw, reason):
+    check_misses(_rotary_const(**kw), "rotary-embedding-const", reason)
