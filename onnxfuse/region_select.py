@@ -42,6 +42,7 @@ MIN_RUNS = 20  # interleaved runs per session for a region class, budget permitt
 MIN_RUNS_FLOOR = 8  # never fewer: a verdict on fewer runs is not one
 CONFIRM_RUNS = 20  # whole-model confirmation, budget permitting
 MAX_REBUILDS = 3
+CAPTURE_SHARE = 0.6  # capture may take at most this share of the budget, or nothing is measured
 SHAPE_VALUES = 64  # a region whose inputs are all integers this small computes shapes (see RegionClass.shape_only)
 
 
@@ -127,7 +128,11 @@ class _Run:
         self.input_path, self.rules, self.opts, self.base, self.deny = input_path, rules, opts, base, deny
         self.state, self.validator, self.cache = state, validator, cache
         self.t0 = time.perf_counter()
-        self.deadline = self.t0 + opts.budget_s
+        self.weights = state.info.size_bytes + state.info.external_bytes
+        # the default budget grows with the model past 1 GiB of weights (loading it is part of measuring)
+        self.budget = opts.measure_budget_s if opts.measure_budget_s is not None else \
+            opts.budget_s * max(1.0, self.weights / 2**30)
+        self.deadline = self.t0 + self.budget
         self.env = environment_key(opts.target, opts.measure_threads)
         self.report = MeasureReport(opts.target, opts.measure_threads, 0, strategy="regions")
         self.provider = validator.provider
@@ -180,10 +185,37 @@ class _Run:
             cand.close()
         return list(classes.values())
 
+    def capture_too_costly(self, regions: list[Region]) -> str:
+        """Why capturing would not fit the budget ("" when it would), from the validator's session and runs."""
+        values = len({v for r in regions for v in r.inputs})
+        runs = -(-values // CAPTURE_CHUNK) * len(self.profiles)
+        est = self.validator.session_s + runs * self.validator.run_s
+        if est <= CAPTURE_SHARE * self.budget:
+            return ""
+        return (f"not measured: capturing the regions' inputs would take about {est:.0f} s (a session of the "
+                f"model and {runs} run(s)), more than {CAPTURE_SHARE:.0%} of the {self.budget:g} s budget; only "
+                "exact rewrites are kept (raise --measure-budget to measure, or --no-measure keeps every "
+                "validated rewrite)")
+
+    def unmeasured(self, why: str, regions: list[Region]) -> tuple[MeasureReport, Rewritten]:
+        """Nothing timed: exact regions kept, the rest left as the original."""
+        self.report.note = why
+        exact = {k for r in regions if r.untimeable.endswith("(exact)") for k in r.keys}
+        dropped = {k for r in regions for k in r.keys} - exact
+        state = self.build(exact, dropped) if dropped else self.state
+        self.report.seconds = time.perf_counter() - self.t0
+        self.report.budget_s = self.budget
+        return self.report, state
+
     # ---- timing one class ------------------------------------------------------------------------------------
 
     def time_class(self, c: RegionClass, deadline: float) -> GroupEffect:
         rep = c.regions[0]
+        # building and loading its two versions (three sessions) costs about what loading that many bytes of
+        # the model did in the capture session
+        rate = self.weights / self.session_s if self.session_s > 0 and self.weights else float("inf")
+        if time.perf_counter() + 1.5 * rep.weight_bytes / rate > self.deadline:
+            raise OutOfBudget
         m = self.state.model
         opsets, ir = dict(m.opsets), m.proto.ir_version
         orig = region_model(rep, False, opsets, ir, c.feeds[0])
@@ -205,7 +237,7 @@ class _Run:
         budget times it now). A run reuses every decision made with the same or a larger budget, so two runs
         with the same flags write the same model."""
         hit = self.cache.get(key)
-        if hit is not None and hit.get("source") == "budget" and self.opts.budget_s > hit.get("budget", 0.0):
+        if hit is not None and hit.get("source") == "budget" and self.budget > hit.get("budget", 0.0):
             return None
         return hit
 
@@ -240,7 +272,7 @@ class _Run:
                 c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), False, None, source="budget",
                                          instances=len(c.regions))
                 self.cache.put(key, {"kind": "region", "keep": False, "source": "budget",
-                                     "budget": self.opts.budget_s, "label": rep.label, "rules": rep.rules})
+                                     "budget": self.budget, "label": rep.label, "rules": rep.rules})
                 continue
             except OnnxfuseError as e:  # a region that cannot run alone stays as the original
                 c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), False, None, source="untimed",
@@ -295,7 +327,7 @@ class _Run:
             why = f"skipped: it would take about {cost:.1f} s, past the budget"
         if why:
             self.report.confirmed = why
-            self.cache.put(key, {"kind": "model", "source": "budget", "budget": self.opts.budget_s, "why": why})
+            self.cache.put(key, {"kind": "model", "source": "budget", "budget": self.budget, "why": why})
             return None
         cand = Candidate(candidate.proto, candidate.info)  # a file onnxruntime maps: no copy held here
         try:
@@ -308,7 +340,7 @@ class _Run:
         except OutOfBudget:
             why = "skipped: its runs would end past the budget"
             self.report.confirmed = why
-            self.cache.put(key, {"kind": "model", "source": "budget", "budget": self.opts.budget_s, "why": why})
+            self.cache.put(key, {"kind": "model", "source": "budget", "budget": self.budget, "why": why})
             return None
         finally:
             cand.close()
@@ -346,12 +378,14 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
             fingerprint = run.fingerprint(original)
             regions = find_regions(original, current.model, apps, rule_ids)
             timeable = [r for r in regions if not r.untimeable]
+        if pass_no == 0 and (why := run.capture_too_costly(timeable)):
+            return run.unmeasured(why, regions)
         with phase("capture"):
             classes = run.capture(original, timeable) if timeable else []
             del original
         if pass_no == 0:  # keep time for the confirmation: three sessions of the model and a few runs of each
             reserve = 3 * run.session_s + 3 * CONFIRM_RUNS * run.latency_s * len(run.profiles)
-            region_deadline = max(run.deadline - reserve, time.perf_counter() + 0.3 * opts.budget_s)
+            region_deadline = max(run.deadline - reserve, time.perf_counter() + 0.3 * run.budget)
         with phase("time regions"):
             run.decide(classes, region_deadline)
         all_regions += regions
@@ -387,7 +421,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
         report.confirmed = "not needed: no rewrite kept"
     cache.save()
     report.seconds = time.perf_counter() - run.t0
-    report.budget_s = opts.budget_s
+    report.budget_s = run.budget
     if opts.validate and candidate is not state and candidate.eng.applications:
         with phase("validate"):
             outcome = validator.check(candidate.proto, candidate.info)

@@ -25,10 +25,35 @@ from .ir import Graph, Model, Node
 from .rewrite.apply import Application
 from .tensors import TensorType
 
-__all__ = ["Region", "find_regions", "region_model", "signature"]
+__all__ = ["Region", "const_bytes", "find_regions", "region_model", "signature"]
 
 Key = tuple[str, str]
 SMALL_CONST = 64  # constants up to this many elements enter a signature by value (shapes, axes, scales)
+CONTEXT_MAX_BYTES = 16 << 20  # a neighbour with more weights than this is not context: it would swamp the
+# region's time (and memory) with work both versions do alike
+
+
+@dataclass(frozen=True)
+class Const:
+    """A constant a region reads, read only when its model is built (a class's first region): regions of a
+    model over 2 GB would otherwise hold its weights several times over. Reads bypass the IR's value cache."""
+
+    graph: Graph
+    name: str
+
+    def value(self) -> np.ndarray:
+        t = self.graph.initializer(self.name)
+        if t is not None:
+            return self.graph.model.tensor_to_array(t)
+        return self.graph.const_value(self.name)
+
+    def text(self) -> str:
+        """Its part of a signature: dtype and shape; small ones (shapes, axes, scales) by value too."""
+        t = self.graph.type_of(self.name)
+        if t is not None and t.shape is not None and all(isinstance(d, int) for d in t.shape) and \
+                int(np.prod(t.shape)) > SMALL_CONST and self.graph.initializer(self.name) is not None:
+            return f"c{t.elem_type}{list(t.shape)}"
+        return _const_text(self.value())
 
 
 @dataclass
@@ -40,12 +65,18 @@ class Region:
     ops: list[str]  # fused op types created (qualified)
     original: list[onnx.NodeProto] = field(default_factory=list)  # original nodes + context, graph order
     fused: list[onnx.NodeProto] = field(default_factory=list)  # fused nodes + the same context
-    orig_consts: dict[str, np.ndarray] = field(default_factory=dict)
-    fused_consts: dict[str, np.ndarray] = field(default_factory=dict)
+    orig_consts: dict[str, Const] = field(default_factory=dict)
+    fused_consts: dict[str, Const] = field(default_factory=dict)
     inputs: list[str] = field(default_factory=list)  # runtime values either version reads (from a run)
     outputs: list[str] = field(default_factory=list)
     types: dict[str, TensorType] = field(default_factory=dict)  # declared types of inputs/outputs (original)
     untimeable: str = ""  # why this region cannot be timed alone ("" when it can)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the constants both versions hold (what building and loading them costs)."""
+        return sum(const_bytes(c.graph, [n]) for n, c in {**self.orig_consts}.items()) + \
+            sum(const_bytes(c.graph, [n]) for n, c in self.fused_consts.items())
 
     @property
     def label(self) -> str:
@@ -136,7 +167,7 @@ def _fill(region: Region, group: list[Application], og: Graph, fg: Graph, orig_b
 
     def usable(n: Node) -> bool:
         return (n.alive and not n.subgraphs and _node_name(n) not in in_any and _node_name(n) in alive
-                and n.op_type != "Constant")
+                and n.op_type != "Constant" and const_bytes(og, n.inputs) <= CONTEXT_MAX_BYTES)
 
     after = [c for v in f_out for c in og.consumers.get(v, ()) if usable(c)]
     before = [p for v in dict.fromkeys(o_in + f_in) if not og.is_constant(v) and not fg.is_constant(v)
@@ -156,14 +187,14 @@ def _fill(region: Region, group: list[Application], og: Graph, fg: Graph, orig_b
     runtime: list[str] = []
     for v in o_in2:
         if og.is_constant(v):
-            region.orig_consts[v] = og.const_value(v)
+            region.orig_consts[v] = Const(og, v)
         else:
             runtime.append(v)
     for v in f_in2:
         if fg.is_constant(v):
-            region.fused_consts[v] = fg.const_value(v)
+            region.fused_consts[v] = Const(fg, v)
         elif og.is_constant(v):
-            region.fused_consts[v] = og.const_value(v)
+            region.fused_consts[v] = Const(og, v)
         else:
             runtime.append(v)
     region.inputs = list(dict.fromkeys(runtime))
@@ -176,6 +207,22 @@ def _fill(region: Region, group: list[Application], og: Graph, fg: Graph, orig_b
         t = og.type_of(v)
         if t is not None:
             region.types[v] = t
+
+
+def const_bytes(g: Graph, names: list[str]) -> int:
+    """Bytes of the initializers among `names`, from their declared shapes (nothing is read)."""
+    total = 0
+    for v in names:
+        t = g.initializer(v) if v else None
+        if t is not None:
+            total += int(np.prod([int(d) for d in t.dims], dtype=np.int64)) * max(1, _ITEMSIZE.get(t.data_type, 4))
+    return total
+
+
+_ITEMSIZE = {onnx.TensorProto.DOUBLE: 8, onnx.TensorProto.INT64: 8, onnx.TensorProto.UINT64: 8,
+             onnx.TensorProto.FLOAT16: 2, onnx.TensorProto.BFLOAT16: 2, onnx.TensorProto.INT16: 2,
+             onnx.TensorProto.UINT16: 2, onnx.TensorProto.INT8: 1, onnx.TensorProto.UINT8: 1,
+             onnx.TensorProto.BOOL: 1}
 
 
 def _known(v: str, g: Graph) -> bool:
@@ -246,7 +293,7 @@ def _const_text(a: np.ndarray) -> str:
     return text
 
 
-def _side_text(nodes: list[onnx.NodeProto], consts: dict[str, np.ndarray], region: Region) -> str:
+def _side_text(nodes: list[onnx.NodeProto], consts: dict[str, Const], region: Region) -> str:
     ids: dict[str, str] = {}
 
     def ref(v: str) -> str:
@@ -254,7 +301,7 @@ def _side_text(nodes: list[onnx.NodeProto], consts: dict[str, np.ndarray], regio
             return "_"
         if v not in ids:
             if v in consts:
-                ids[v] = f"{len(ids)}:{_const_text(consts[v])}"
+                ids[v] = f"{len(ids)}:{consts[v].text()}"
             elif v in region.inputs:
                 ids[v] = f"{len(ids)}:in{region.inputs.index(v)}"
             else:
@@ -305,7 +352,7 @@ def region_model(region: Region, fused: bool, opsets: dict[str, int], ir_version
         vi = onnx.ValueInfoProto()
         vi.name = v
         outputs.append(vi)
-    inits = [numpy_helper.from_array(np.asarray(a), name) for name, a in consts.items() if name in read]
+    inits = [numpy_helper.from_array(np.asarray(c.value()), name) for name, c in consts.items() if name in read]
     graph = onnx.helper.make_graph(list(nodes), "region", inputs, outputs, inits)
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(d, v)
                                                          for d, v in sorted(opsets.items())])

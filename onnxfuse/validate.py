@@ -4,6 +4,7 @@ candidate) and returning an Outcome on failure (None when it passes), and append
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -56,6 +57,8 @@ class Validator:
             check_spec_names(self.spec, model_inputs(proto))
         self.proto = proto  # the original: input discovery reads its graph inputs and tables
         self._runs: list[ProfileRun] | None = None
+        self.session_s = 0.0  # creating the reference session of the original (what measuring can expect)
+        self.run_s = 0.0  # its slowest run at ORT_DISABLE_ALL, probing included
         self.tolerance = (Tolerance(opts.rtol if opts.rtol is not None else 1e-4,
                                     opts.atol if opts.atol is not None else 1e-4)
                           if opts.rtol is not None or opts.atol is not None else None)
@@ -65,9 +68,18 @@ class Validator:
         """The profiles with the original's outputs at ORT_DISABLE_ALL (computed on first use). The first call
         settles the inputs: discovered from the model and probed on it (see inputs/discover.py)."""
         if self._runs is None:
+            t = time.perf_counter()
             ref = make_session(self.input_path, "disable", self.provider)
+            self.session_s = time.perf_counter() - t
+
+            def timed_run(feeds: dict) -> dict:
+                t = time.perf_counter()
+                out = run(ref, feeds)
+                self.run_s = max(self.run_s, time.perf_counter() - t)
+                return out
+
             self._runs = [ProfileRun(p, plan, out) for p, plan, out in discover_profiles(
-                self.proto, lambda feeds: run(ref, feeds), self.spec, self.npz, self.user_profiles)]
+                self.proto, timed_run, self.spec, self.npz, self.user_profiles)]
             del ref
             release_memory()
         return self._runs
