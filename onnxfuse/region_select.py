@@ -30,7 +30,7 @@ from .patterns.rules import Rule
 from .regions import Region, find_regions, region_model, signature
 from .rewrite.engine import EngineOptions
 from .rewrite.rebuild import Rewritten, rebuild
-from .runtime import Candidate, make_session, release_memory
+from .runtime import Candidate, make_session, peak_rss_bytes, release_memory
 from .select import GroupEffect, Key, MeasureReport
 from .timing import Ratio, paired_ratio
 from .validate import Validator
@@ -181,8 +181,11 @@ class _Run:
                     if sig not in classes:
                         classes[sig] = RegionClass(sig, [], [{v: p[v] for v in r.inputs} for p in per_profile])
                     classes[sig].regions.append(r)
+                del per_profile, values
         finally:
             cand.close()
+            del session
+            release_memory()
         return list(classes.values())
 
     def capture_too_costly(self, regions: list[Region]) -> str:
@@ -363,7 +366,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     return the report and the rewritten model to write."""
     run = _Run(input_path, rules, opts, base, deny, state, validator, cache)
     report = run.report
-    phase = _Phases(report.phases)
+    phase = _Phases(report.phases, report.phase_peaks)
     rule_ids = {r.id for r in rules}
     kept: set[Key] = set()
     dropped: set[Key] = set()
@@ -388,6 +391,11 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
             region_deadline = max(run.deadline - reserve, time.perf_counter() + 0.3 * run.budget)
         with phase("time regions"):
             run.decide(classes, region_deadline)
+        for r in regions:  # decided: what timing needed (constants of the models, captured inputs) goes
+            r.drop_models()
+        for c in classes:
+            c.feeds = []
+        release_memory()
         all_regions += regions
         all_classes += classes
         kept |= {k for c in classes if c.decision and c.decision.kept for k in c.keys}
@@ -397,6 +405,8 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
             candidate = current
             break
         with phase("rebuild"):
+            current = None  # a candidate of the previous pass is not needed any more
+            state.__dict__.pop("proto", None)  # nor the full rewrite's export (re-made if it is written)
             candidate = run.build(kept, dropped, deny_unmeasured=pass_no == 1)
         new = {a.key for a in candidate.eng.applications if a.rule in rule_ids} - kept
         if not new:
@@ -406,7 +416,11 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     regions, classes = all_regions, all_classes
     applied = {a.key for a in candidate.eng.applications if a.rule in rule_ids}
     report.undecided = sum(1 for c in classes if c.decision and c.decision.source == "budget")
-    if applied:
+    timed_kept = any(c.decision is not None and c.decision.kept and c.decision.source in ("timed", "cached")
+                     for c in classes)
+    if applied and not timed_kept:  # removing nodes and shape arithmetic cannot make it slower: not timed
+        report.confirmed = "not needed: only exact rewrites kept"
+    elif applied:
         with phase("confirm"):
             ratio = run.confirm(candidate, digest("model", fingerprint, repr(sorted(applied)), run.env))
         report.final = ratio
@@ -447,8 +461,8 @@ def _untimed_rows(regions: list[Region]) -> list[GroupEffect]:
 class _Phases:
     """Seconds per phase, added up (a phase may run twice)."""
 
-    def __init__(self, into: dict[str, float]) -> None:
-        self.into = into
+    def __init__(self, into: dict[str, float], peaks: dict[str, int]) -> None:
+        self.into, self.peaks = into, peaks
 
     @contextlib.contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -457,3 +471,4 @@ class _Phases:
             yield
         finally:
             self.into[name] = self.into.get(name, 0.0) + time.perf_counter() - t
+            self.peaks[name] = peak_rss_bytes()

@@ -72,6 +72,11 @@ class Region:
     types: dict[str, TensorType] = field(default_factory=dict)  # declared types of inputs/outputs (original)
     untimeable: str = ""  # why this region cannot be timed alone ("" when it can)
 
+    def drop_models(self) -> None:
+        """Forget what building the two models needs (the node protos and constants, which keep the loaded
+        models alive): once its class is decided, a region is only reported."""
+        self.original, self.fused, self.orig_consts, self.fused_consts = [], [], {}, {}
+
     @property
     def weight_bytes(self) -> int:
         """Bytes of the constants both versions hold (what building and loading them costs)."""

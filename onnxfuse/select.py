@@ -77,6 +77,7 @@ class MeasureReport:
     undecided: int = 0  # region classes the budget did not reach (left as the original)
     budget_s: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase (region selection)
+    phase_peaks: dict[str, int] = field(default_factory=dict)  # the process's peak RSS at the end of each phase
 
     def to_json(self) -> dict:
         return {
@@ -89,7 +90,7 @@ class MeasureReport:
                         "with_over_without": None if g.effect is None else asdict(g.effect), "source": g.source,
                         "instances": g.instances, "noise_floor": g.floor, "why": g.why} for g in self.groups],
             "strategy": self.strategy, "confirmed": self.confirmed, "undecided": self.undecided,
-            "budget_s": self.budget_s, "phases": self.phases,
+            "budget_s": self.budget_s, "phases": self.phases, "phase_peak_rss_bytes": self.phase_peaks,
         }
 
     @property
