@@ -79,10 +79,10 @@ def test_each_region_alone_computes_what_the_model_computes_there(path):
         assert {n.op_type for n in r.fused} & {o.rpartition(".")[2] for o in r.ops}
 
 
-def _gelu_chain(path, blocks=5, width=16):
+def _gelu_chain(path, blocks=5, width=16, seed=0):
     """x -> [MatMul -> erf-Gelu written out] x blocks: alike blocks, the last one wider."""
     nodes, inits = [], {}
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     x = "x"
     for i in range(blocks):
         out_w = width * 2 if i == blocks - 1 else width
@@ -147,7 +147,8 @@ def test_a_region_class_is_kept_only_when_faster_beyond_noise(tmp_path, monkeypa
     timed = [g for g in r.measure.groups if g.source == "timed"]
     assert timed and all(g.kept is kept for g in timed)
     assert r.measure.strategy == "regions"
-    assert r.measure.confirmed in (("timed",) if kept else ("timed", "not needed: no rewrite kept"))
+    assert r.measure.confirmed in (("timed",) if kept else ("not needed: only exact rewrites kept",
+                                                           "not needed: no rewrite kept"))
     fused = sum(v for k, v in r.ops_after.items() if k.startswith("com.microsoft"))
     assert (fused > 0) is kept
 
@@ -269,3 +270,17 @@ def test_a_budget_that_cannot_even_capture_measures_nothing_and_keeps_only_exact
     assert "--measure-budget" in r.measure.note
     assert not any(k.startswith("com.microsoft") for k in r.ops_after)  # nothing untimed is kept
     onnx.checker.check_model(onnx.load(str(out)))
+
+
+def test_a_model_of_the_same_architecture_reuses_the_decisions(tmp_path, monkeypatch):
+    """Other weights, same graph and shapes: every class is decided from the cache, nothing is timed."""
+    monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    first = _gelu_chain(str(tmp_path / "a.onnx"), seed=0)
+    second = _gelu_chain(str(tmp_path / "b.onnx"), seed=1)
+    r1 = optimize(first, str(tmp_path / "a.opt.onnx"), OptimizeOptions())
+    assert "timed" in {g.source for g in r1.measure.groups}
+    monkeypatch.setattr(rs, "_interleaved", lambda *a, **k: (_ for _ in ()).throw(AssertionError("timed")))
+    r2 = optimize(second, str(tmp_path / "b.opt.onnx"), OptimizeOptions())
+    sources = {g.source for g in r2.measure.groups}
+    assert "timed" not in sources and "cached" in sources
+    assert [g.kept for g in r1.measure.groups] == [g.kept for g in r2.measure.groups]
