@@ -7,6 +7,7 @@ selection, an empty decision cache), run again (decisions cached: must write the
 Usage::
 
     python benchmarks/optimize_time.py MODEL.onnx... [--latency] [--budget S] [--json OUT.json]
+                                       [--peer-python PY]
 
 Each command runs in its own process under /usr/bin/time -v (see realistic_check.timed). The decision cache
 is a fresh temporary folder per model (ONNXFUSE_CACHE_DIR), so "default" is a first run and "cached" the
@@ -47,7 +48,7 @@ def _bench(a: str, b: str) -> str:
     return f"{j['ratio']['median']:.3f}" if j and j.get("ratio") else "?"
 
 
-def check(model: Path, work: Path, budget: float | None, latency: bool) -> dict[str, Any]:
+def check(model: Path, work: Path, budget: float | None, latency: bool, peer_py: str) -> dict[str, Any]:
     name = model.stem
     family = re.sub(r"_(ts17|dynamo18)$", "", name)
     cache = tempfile.mkdtemp(prefix="onnxfuse-cache-", dir=work)
@@ -65,9 +66,9 @@ def check(model: Path, work: Path, budget: float | None, latency: bool) -> dict[
     print(f"[{name}] --no-measure", file=sys.stderr, flush=True)
     r["nomeasure"] = timed([*of, "optimize", str(model), str(outs["nomeasure"]), "--no-measure", "--json"], 1800)
     print(f"[{name}] peers", file=sys.stderr, flush=True)
-    r["ortopt"] = timed([sys.executable, "-c", ORT_OPT, str(model), str(outs["ortopt"]),
+    r["ortopt"] = timed([peer_py, "-c", ORT_OPT, str(model), str(outs["ortopt"]),
                          ORT_TYPE.get(family, "bert")], 1800)
-    slim = Path(sys.executable).parent / "onnxslim"
+    slim = Path(peer_py).parent / "onnxslim"
     r["slim"] = timed([str(slim) if slim.exists() else "onnxslim", str(model), str(outs["slim"])], 1800)
     for k in ("default", "cached", "nomeasure"):
         r[k]["json"] = _json(r[k])
@@ -110,9 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency", action="store_true", help="also bench each output against the input")
     ap.add_argument("--budget", type=float, default=None, help="--measure-budget for onnxfuse (default: its own)")
     ap.add_argument("--json", default=None, help="write the raw results here")
+    ap.add_argument("--peer-python", default=sys.executable,
+                    help="python with onnxslim and onnxruntime's transformers optimizer (which needs torch)")
     a = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="onnxfuse-optime-"))
-    results = [check(Path(m), work, a.budget, a.latency) for m in a.models]
+    results = [check(Path(m), work, a.budget, a.latency, a.peer_python) for m in a.models]
     head = ["model", "MB", "default s", "measure s/budget", "classes (undecided)", "rewrites kept", "final ratio",
             "confirmation", "cached s (= same bytes)", "--no-measure s", "ORT opt s", "onnxslim s",
             "default MB peak", "--no-measure MB peak"]
