@@ -12,6 +12,7 @@ from rich.console import Console
 
 from . import __version__
 from .errors import OnnxfuseError
+from .timing_lock import REPORT_WAIT_S, WAIT_KEY, busy_lock, timing_lock
 
 try:  # typer >= 0.20 vendors click; older typer uses the click package
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
@@ -40,8 +41,10 @@ def _target(value: str) -> str:
 
 @app.command()
 def optimize(
-    input: Annotated[str, typer.Argument(help="Model to optimize (.onnx).")],
-    output: Annotated[str, typer.Argument(help="Where to write the optimized model.")],
+    ctx: typer.Context,
+    paths: Annotated[list[str], typer.Argument(metavar="PATHS", help="IN OUT: the model (.onnx) and "
+                                               "where to write it; or IN... OUTDIR: several models and/or folders "
+                                               "of models (their *.onnx) and an output folder.")],
     patterns: PatternsOpt = None,
     only: Annotated[list[str] | None, typer.Option("--only", help="Apply only this rule id (repeatable).")] = None,
     skip: Annotated[list[str] | None, typer.Option("--skip", help="Never apply this rule id (repeatable).")] = None,
@@ -81,8 +84,14 @@ def optimize(
     html: Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report (implies "
                                              "--bench; adds the op-time profile of both models).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Several models: worker processes that "
+                                             "rewrite and validate side by side (default: min(4, CPUs)); "
+                                             "measuring stays one model at a time.")] = None,
+    recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Input folders: also the models in "
+                                            "their subfolders.")] = False,
 ) -> None:
-    """Apply fusion patterns to a fixed point, validate with onnxruntime, write OUTPUT atomically."""
+    """Apply fusion patterns to a fixed point, validate with onnxruntime, write OUT atomically. With several
+    models (or a folder), write each into the folder OUT under its own file name."""
     from . import OptimizeOptions
     from . import optimize as run_optimize
 
@@ -96,7 +105,17 @@ def optimize(
         raise OnnxfuseError("--threads must be >= 1 and --measure-budget > 0")
     if (bench_after or html) and dry_run:
         raise OnnxfuseError("--bench/--html need the written output; drop --dry-run")
-    result = run_optimize(input, output, opts)
+    if len(paths) < 2:
+        raise UsageError("Missing argument 'OUT': onnxfuse optimize IN OUT, or IN... OUTDIR", ctx)
+    inputs, output = paths[:-1], paths[-1]
+    if len(inputs) > 1 or os.path.isdir(inputs[0]):
+        _optimize_batch(inputs, output, opts, jobs, recursive, bench_after, html, as_json)
+        return
+    input = inputs[0]
+    with busy_lock() as waited:  # shared: never beside a process that is timing; measuring takes it exclusive
+        result = run_optimize(input, output, opts)
+    if waited > REPORT_WAIT_S:
+        result.timings[WAIT_KEY] = result.timings.get(WAIT_KEY, 0.0) + waited
     _report_optimize(result, input, output, opts, bench_after or bool(html), html, as_json)
 
 
@@ -107,7 +126,7 @@ def _report_optimize(result, input: str, output: str, opts, bench_after: bool, h
     if bench_after:
         from . import bench as run_bench
 
-        with _progress() as prog:
+        with _progress() as prog, timing_lock():
             task = prog.add_task("bench", total=1.0)
             bench_res = run_bench([input, output], ["input", "output"], provider=opts.target,
                                   threads=opts.measure_threads, shapes=opts.shapes or None,
@@ -134,6 +153,102 @@ def _report_optimize(result, input: str, output: str, opts, bench_after: bool, h
         print_result(result, out)
         if bench_res is not None:
             print_bench(bench_res, out)
+
+
+def _optimize_batch(inputs: list[str], out_dir: str, opts, jobs: int | None, recursive: bool, bench_after: bool,
+                    html: str | None, as_json: bool) -> None:
+    """Several models (or folders) into the folder OUT_DIR: one line per model as it finishes, then a total;
+    with --json, the list of per-model results. Exit code 1 if any model failed."""
+    import time
+
+    from .batch import collect, default_jobs, optimize_many
+
+    if html:
+        raise OnnxfuseError("--html writes the report of one model; with several models use --bench, or --html "
+                            "on each model alone")
+    if jobs is not None and jobs < 1:
+        raise OnnxfuseError("--jobs must be >= 1")
+    items = collect(inputs, out_dir, recursive)
+    n_jobs = min(jobs or default_jobs(), len(items))
+    t0 = time.perf_counter()
+
+    finished: list[dict] = []
+
+    def show(d: dict) -> None:
+        finished.append(d)
+        if d["error"]:
+            print(f"onnxfuse: error: {_failure_line(d)}", file=sys.stderr, flush=True)
+        elif not as_json:
+            print(_batch_line(d), flush=True)
+
+    try:
+        results = optimize_many(items, opts, n_jobs, show)
+    except KeyboardInterrupt:
+        print(f"onnxfuse: interrupted after {len(finished)} of {len(items)} model(s); the models finished by then "
+              "are written, nothing partial", file=sys.stderr)
+        raise _BatchInterrupted() from None
+    if bench_after:
+        _bench_batch(results, opts, as_json)
+    failed = [d for d in results if d["error"]]
+    if as_json:
+        print(json.dumps(results, indent=2, default=str))
+    else:
+        done = "checked (dry run: nothing written)" if opts.dry_run else f"written to {out_dir}"
+        print(f"{len(results)} model(s): {len(results) - len(failed)} {done}, {len(failed)} failed"
+              + (f" ({', '.join(os.path.basename(d['input']) for d in failed)})" if failed else "")
+              + f"; {time.perf_counter() - t0:.1f} s with --jobs {n_jobs}")
+    if failed:
+        raise typer.Exit(1)
+
+
+class _BatchInterrupted(Exception):
+    """Ctrl-C during a batch, already reported (with what was written before it)."""
+
+
+def _failure_line(d: dict) -> str:
+    """`INPUT: message`, the message on one line (it names the input already when it starts with it)."""
+    msg = " ".join(line.strip() for line in str(d["error"]).splitlines() if line.strip())
+    return msg if msg.startswith(d["input"] + ":") else f"{d['input']}: {msg}"
+
+
+def _batch_line(d: dict) -> str:
+    """One model of a batch: nodes before -> after, fused ops, validation, measured ratio, seconds."""
+    before = d["ops_before"]  # fused ops: contrib ops, and op types the input did not have, that grew
+    grew = {op: n - before.get(op, 0) for op, n in d["ops_after"].items()
+            if n > before.get(op, 0) and ("." in op or op not in before) and op != "Constant"}
+    fused = ", ".join(f"{op.removeprefix('com.microsoft.')} x{n}" for op, n in sorted(grew.items(),
+                                                                                        key=lambda kv: -kv[1]))
+    parts = [f"nodes {d['nodes_before']} -> {d['nodes_after']}", f"fused {fused}" if fused else "no fused ops",
+             "validation " + d["validation"]["status"].split(";")[0]]
+    m = d.get("measure")
+    if m is not None:
+        r = m.get("final_ratio")
+        if r:
+            parts.append(f"measured {r['median']:.3f}x [{r['low']:.3f}, {r['high']:.3f}] {m.get('final_verdict')}")
+        else:
+            why = m.get("note") or m.get("confirmed") or "no whole-model ratio"
+            parts.append(f"measured: {why[:70]}")
+    waited = d.get("timings_s", {}).get(WAIT_KEY)
+    if waited:
+        parts.append(f"waited {waited:.1f} s for the timing lock")
+    parts.append(f"{d['seconds']:.1f} s")
+    where = d["output"] or "(dry run)"
+    return f"{d['input']} -> {where}: " + ", ".join(parts)
+
+
+def _bench_batch(results: list[dict], opts, as_json: bool) -> None:
+    """--bench with several models: each written output against its input, one model at a time, afterwards."""
+    from . import bench as run_bench
+
+    for d in results:
+        if d["error"] or not d["output"]:
+            continue
+        with timing_lock():
+            res = run_bench([d["input"], d["output"]], ["input", "output"], provider=opts.target,
+                            threads=opts.measure_threads, shapes=opts.shapes or None, inputs_npz=opts.inputs_npz)
+        d["bench"] = res.to_json()
+        if not as_json:
+            print(f"bench {d['input']}: speedup {res.speedup or 0:.3f}x, {res.verdict}", flush=True)
 
 
 @app.command()
@@ -219,7 +334,7 @@ def bench(
     for p in paths:
         if not os.path.isfile(p):
             raise OnnxfuseError(f"{p}: no such file")
-    with _progress() as prog:
+    with _progress() as prog, timing_lock():  # timings from processes running side by side lie
         task = prog.add_task("bench", total=1.0)
         res = run_bench(paths, provider=_target(provider), threads=threads, level=_level(level), shapes=shape,
                         inputs_npz=inputs, min_runs=runs, budget_s=budget, batches=_batches(batch),
@@ -441,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
         return rv if isinstance(rv, int) else 0
     except typer.Exit as e:
         return e.exit_code
+    except _BatchInterrupted:
+        return 130
     except typer.Abort:
         print("onnxfuse: interrupted; nothing written", file=sys.stderr)
         return 130

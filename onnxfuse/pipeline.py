@@ -35,6 +35,7 @@ from .select import MeasureReport, measured_selection
 from .static_shapes import fix_input_shapes
 from .targets import kernel_issue, provider_registered, runs_on
 from .tensors import iter_nodes
+from .timing_lock import timing_lock
 from .validate import Validator
 
 __all__ = ["find_inputs", "optimize"]
@@ -113,7 +114,7 @@ def _optimize(shown: str, path: str, out: str | None, opts: OptimizeOptions) -> 
     measured: MeasureReport | None = None
     if opts.measure and state.eng.applications:
         assert loaded.validator is not None
-        with _timed(timings, "measure"):
+        with timing_lock(timings), _timed(timings, "measure"):  # one process times at a time
             measured, state = _measure(path, rules, opts, base, deny, state, loaded.validator)
     written: list[str] = []
     if out is not None and not opts.dry_run:

@@ -1,0 +1,121 @@
+"""The timing lock: one process at a time times models on this machine, and nothing onnxfuse runs in parallel
+runs meanwhile. Timings taken while another process runs onnxruntime on the same cores lie (both slow down, by
+amounts that change from run to run), so measured selection (and the benchmarks the CLI runs) hold an exclusive
+`fcntl.flock` on one lock file while they time: across the workers of `onnxfuse optimize --jobs N` and across
+separate onnxfuse invocations. Batch workers hold the same lock *shared* while they load, rewrite and validate
+(`busy_lock`): any number of them work side by side, but never while a process times; a worker's own
+measuring turns its shared hold into the exclusive one.
+
+The lock file is `timing.lock` in the decision cache folder (decision_cache.cache_dir()); if that folder cannot
+be created, `onnxfuse-timing.lock` in the system's temporary folder. The kernel drops a flock lock with its file
+descriptor, so a process that dies releases it. Where no lock can be taken (no fcntl, a file system without
+locks) timing runs unlocked: the lock never makes optimize fail."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+
+from .decision_cache import cache_dir
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["REPORT_WAIT_S", "WAIT_KEY", "busy_lock", "lock_path", "timing_lock"]
+
+LOCK_FILE = "timing.lock"
+FALLBACK_FILE = "onnxfuse-timing.lock"
+WAIT_KEY = "wait for timing lock"  # the Result.timings entry (seconds), when the wait was noticeable
+REPORT_WAIT_S = 0.1
+_held = threading.local()  # .fd, .path: the shared hold busy_lock took in this thread, if any
+
+
+def lock_path() -> str:
+    """The lock file: in the cache folder, else in the temporary folder."""
+    folder = cache_dir()
+    with contextlib.suppress(OSError):
+        os.makedirs(folder, exist_ok=True)
+        if os.access(folder, os.W_OK) or os.path.exists(os.path.join(folder, LOCK_FILE)):
+            return os.path.join(folder, LOCK_FILE)
+    return os.path.join(tempfile.gettempdir(), FALLBACK_FILE)
+
+
+def _open(path: str) -> int | None:
+    """A descriptor to lock (read-only is enough for flock, so another user's lock file works too)."""
+    for flags in (os.O_RDONLY | os.O_CREAT, os.O_RDONLY):
+        try:
+            fd = os.open(path, flags, 0o666)
+        except OSError:
+            continue
+        if flags & os.O_CREAT:
+            with contextlib.suppress(OSError):  # let other users lock a shared fallback file too
+                os.chmod(path, 0o666)
+        return fd
+    return None
+
+
+def _flock(fd: int | None, op: int) -> int | None:
+    """flock, or None (and the descriptor closed) where the file system has no locks."""
+    if fd is None:
+        return None
+    try:
+        fcntl.flock(fd, op)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+@contextlib.contextmanager
+def busy_lock(path: str | None = None) -> Iterator[float]:
+    """Hold the lock shared for the `with` body (a batch worker loading, rewriting, validating): holders of the
+    shared lock run together, never while someone times. Yields the seconds spent waiting. A timing_lock taken
+    inside it, in the same thread, converts this hold to exclusive (and gives it up when done)."""
+    path = path or lock_path()
+    fd = _open(path) if fcntl is not None else None
+    t0 = time.perf_counter()
+    fd = _flock(fd, fcntl.LOCK_SH) if fd is not None else None
+    _held.fd, _held.path = fd, path
+    try:
+        yield time.perf_counter() - t0
+    finally:
+        fd = _held.fd  # None if a timing_lock inside lost it
+        _held.fd = _held.path = None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def timing_lock(timings: dict[str, float] | None = None, path: str | None = None) -> Iterator[float]:
+    """Hold the timing lock for the `with` body; yields the seconds spent waiting for it. With `timings`, a wait
+    over REPORT_WAIT_S is recorded there as timings[WAIT_KEY] (added up if the lock is taken twice).
+
+    Start any time budget inside the body: the wait must not count against it."""
+    path = path or lock_path()
+    shared = getattr(_held, "fd", None) if getattr(_held, "path", None) == path else None
+    # inside busy_lock: convert its shared hold (flock releases it, then waits for the exclusive lock), since a
+    # second descriptor of this process would wait for our own shared hold forever
+    fd = shared if shared is not None else (_open(path) if fcntl is not None else None)
+    t0 = time.perf_counter()
+    fd = _flock(fd, fcntl.LOCK_EX) if fd is not None else None
+    if shared is not None and fd is None:  # the conversion failed and closed it: busy_lock must not close it
+        _held.fd = _held.path = None
+    waited = time.perf_counter() - t0
+    if timings is not None and waited > REPORT_WAIT_S:
+        timings[WAIT_KEY] = timings.get(WAIT_KEY, 0.0) + waited
+    try:
+        yield waited
+    finally:
+        if fd is not None:  # a busy holder does not take its shared hold back: what is left (writing) is light
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            if shared is None:
+                os.close(fd)
