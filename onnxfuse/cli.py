@@ -72,8 +72,10 @@ def optimize(
     = False,
     threads: Annotated[int, typer.Option("--threads", help="onnxruntime intra-op threads for --measure.")] = 1,
     measure_budget: Annotated[float | None, typer.Option("--measure-budget", help="Seconds for the whole "
-                                                         "measuring phase (default 10; with --measure-by model, "
-                                                         "seconds per round, default 2).")] = None,
+                                                         "measuring phase (default: automatic, 4-10 s, keeping "
+                                                         "optimize near 14 s; more past 1 GiB of weights; with "
+                                                         "--measure-by model, seconds per round, default 2).")]
+    = None,
     measure_by: Annotated[str, typer.Option("--measure-by", help="regions: time each class of alike regions "
                                             "alone, then confirm on the whole model; model: rounds of "
                                             "whole-model variants.")] = "regions",

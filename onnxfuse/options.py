@@ -29,19 +29,17 @@ class OptimizeOptions:
     static: bool = False  # fix dynamic input dims to the --shape values (the output accepts only those)
     profiles: list[str] = field(default_factory=list)  # --profile NAME:DIM=V,...[@WEIGHT] (inputs/profiles.py)
     measure_threads: int = 1  # onnxruntime intra-op threads while timing (--threads)
-    measure_budget_s: float | None = None  # --measure-budget: seconds for the whole measuring phase (default
-    # REGION_BUDGET_S); with measure_by="model", seconds of timing per round (default ROUND_BUDGET_S)
+    measure_budget_s: float | None = None  # --measure-budget: seconds for the whole measuring phase (default:
+    # automatic, see region_select.automatic_budget); with measure_by="model", seconds of timing per round
+    # (default ROUND_BUDGET_S)
     measure_by: str = "regions"  # regions (each class of alike regions timed alone, then the whole model
     # confirmed) or model (rounds of whole-model variants) (--measure-by)
     cache: bool = True  # read and write the persistent decision cache (--no-cache)
 
     @property
-    def budget_s(self) -> float:
-        """The measuring budget in effect (see measure_budget_s)."""
-        if self.measure_budget_s is not None:
-            return self.measure_budget_s
-        return ROUND_BUDGET_S if self.measure_by == "model" else REGION_BUDGET_S
+    def round_budget_s(self) -> float:
+        """Seconds of timing per round with measure_by="model"."""
+        return self.measure_budget_s if self.measure_budget_s is not None else ROUND_BUDGET_S
 
 
-REGION_BUDGET_S = 10.0
 ROUND_BUDGET_S = 2.0

@@ -115,7 +115,8 @@ def _optimize(shown: str, path: str, out: str | None, opts: OptimizeOptions) -> 
     if opts.measure and state.eng.applications:
         assert loaded.validator is not None
         with timing_lock(timings), _timed(timings, "measure"):  # one process times at a time
-            measured, state = _measure(path, rules, opts, base, deny, state, loaded.validator)
+            measured, state = _measure(path, rules, opts, base, deny, state, loaded.validator,
+                                       spent_s=sum(timings.values()))
     written: list[str] = []
     if out is not None and not opts.dry_run:
         with _timed(timings, "write"):
@@ -126,8 +127,9 @@ def _optimize(shown: str, path: str, out: str | None, opts: OptimizeOptions) -> 
 
 
 def _measure(path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions, deny: set[tuple[str, str]],
-             state: Rewritten, validator: Validator) -> tuple[MeasureReport, Rewritten]:
-    """Measured selection on the target: by region (the default) or by whole-model rounds."""
+             state: Rewritten, validator: Validator, spent_s: float = 0.0) -> tuple[MeasureReport, Rewritten]:
+    """Measured selection on the target: by region (the default) or by whole-model rounds. `spent_s`: seconds
+    optimize took before measuring (the automatic budget keeps the whole run near a target)."""
     if opts.target == "cuda" and not provider_registered("cuda"):
         return MeasureReport("cuda", opts.measure_threads, 0, note="not measured: the installed onnxruntime "
                              "has no CUDA execution provider"), state
@@ -135,7 +137,8 @@ def _measure(path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOp
         return measured_selection(path, rules, opts, base, deny, state, validator)
     if opts.measure_by != "regions":
         raise OnnxfuseError(f"--measure-by {opts.measure_by}: unknown strategy", hint="use regions or model")
-    return region_selection(path, rules, opts, base, deny, state, validator, DecisionCache(enabled=opts.cache))
+    return region_selection(path, rules, opts, base, deny, state, validator, DecisionCache(enabled=opts.cache),
+                            spent_s)
 
 
 def _load(path: str, opts: OptimizeOptions) -> _Loaded:

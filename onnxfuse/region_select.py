@@ -35,13 +35,16 @@ from .select import GroupEffect, Key, MeasureReport
 from .timing import Ratio, paired_ratio
 from .validate import Validator
 
-__all__ = ["region_selection"]
+__all__ = ["automatic_budget", "region_selection"]
 
 CAPTURE_CHUNK = 32  # region inputs fetched per run of the original (bounds the memory they take)
 MIN_RUNS = 20  # interleaved runs per session for a region class, budget permitting
 MIN_RUNS_FLOOR = 8  # never fewer: a verdict on fewer runs is not one
 CONFIRM_RUNS = 20  # whole-model confirmation, budget permitting
 MAX_REBUILDS = 3
+REGION_BUDGET_S = 10.0  # the automatic budget at most (models up to 1 GiB)
+AUTO_MIN_S = 4.0  # and at least
+TOTAL_TARGET_S = 14.0  # the whole optimize the automatic budget aims at
 CAPTURE_SHARE = 0.6  # capture may take at most this share of the budget, or nothing is measured
 SHAPE_VALUES = 64  # a region whose inputs are all integers this small computes shapes (see RegionClass.shape_only)
 
@@ -124,14 +127,14 @@ class _Run:
     """One region selection: the state shared by its steps."""
 
     def __init__(self, input_path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions,
-                 deny: set[Key], state: Rewritten, validator: Validator, cache: DecisionCache) -> None:
+                 deny: set[Key], state: Rewritten, validator: Validator, cache: DecisionCache,
+                 spent_s: float = 0.0) -> None:
         self.input_path, self.rules, self.opts, self.base, self.deny = input_path, rules, opts, base, deny
         self.state, self.validator, self.cache = state, validator, cache
         self.t0 = time.perf_counter()
         self.weights = state.info.size_bytes + state.info.external_bytes
-        # the default budget grows with the model past 1 GiB of weights (loading it is part of measuring)
         self.budget = opts.measure_budget_s if opts.measure_budget_s is not None else \
-            opts.budget_s * max(1.0, self.weights / 2**30)
+            automatic_budget(self.weights, spent_s)
         self.deadline = self.t0 + self.budget
         self.env = environment_key(opts.target, opts.measure_threads)
         self.report = MeasureReport(opts.target, opts.measure_threads, 0, strategy="regions")
@@ -236,11 +239,12 @@ class _Run:
                            instances=len(c.regions), floor=floor, seconds_each=float(np.median(times["a"])))
 
     def _cached(self, key: str) -> dict | None:
-        """A cached decision, unless it is "not reached" under a smaller budget than this run's (then a larger
-        budget times it now). A run reuses every decision made with the same or a larger budget, so two runs
-        with the same flags write the same model."""
+        """A cached decision, unless it is "not reached" and this run was given (--measure-budget) a larger
+        budget than the run that did not reach it: then it is timed now. Runs with the automatic budget reuse
+        every decision, so two runs with the same flags write the same model."""
         hit = self.cache.get(key)
-        if hit is not None and hit.get("source") == "budget" and self.budget > hit.get("budget", 0.0):
+        if (hit is not None and hit.get("source") == "budget" and self.opts.measure_budget_s is not None
+                and self.budget > hit.get("budget", 0.0)):
             return None
         return hit
 
@@ -359,12 +363,21 @@ class _Run:
         return ratio
 
 
+def automatic_budget(weights: int, spent_s: float) -> float:
+    """The budget when none is given: what keeps the whole optimize near TOTAL_TARGET_S (what loading,
+    rewriting and validating took, `spent_s`, is subtracted), between AUTO_MIN_S and REGION_BUDGET_S; past
+    1 GiB of weights, REGION_BUDGET_S more per GiB (loading the model is part of measuring)."""
+    if weights > 2**30:
+        return REGION_BUDGET_S * weights / 2**30
+    return min(REGION_BUDGET_S, max(AUTO_MIN_S, TOTAL_TARGET_S - spent_s))
+
+
 def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions,
                      deny: set[Key], state: Rewritten, validator: Validator,
-                     cache: DecisionCache) -> tuple[MeasureReport, Rewritten]:
+                     cache: DecisionCache, spent_s: float = 0.0) -> tuple[MeasureReport, Rewritten]:
     """Keep the region classes that are faster (timed, or decided before), confirm on the whole model, and
-    return the report and the rewritten model to write."""
-    run = _Run(input_path, rules, opts, base, deny, state, validator, cache)
+    return the report and the rewritten model to write. `spent_s`: what optimize took before measuring."""
+    run = _Run(input_path, rules, opts, base, deny, state, validator, cache, spent_s)
     report = run.report
     phase = _Phases(report.phases, report.phase_peaks)
     rule_ids = {r.id for r in rules}

@@ -338,7 +338,7 @@ def measured_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions
             f"not measured: {weights / 2**30:.1f} GiB of weights; timing variants side by side would hold "
             "several copies in memory (validation still ran, one session at a time)")), state
     profiles = validator.timing_profiles()  # settles the inputs
-    time_fn = make_time_fn(opts.target, opts.measure_threads, opts.budget_s / len(profiles))
+    time_fn = make_time_fn(opts.target, opts.measure_threads, opts.round_budget_s / len(profiles))
     if len(profiles) > 1:  # a group is kept only if it wins on the weighted total over the profiles
         time_fn = weighted_time_fn(time_fn, profiles)
     by_id = {r.id: r for r in rules}
