@@ -28,6 +28,7 @@ class LoadInfo:
     external_bytes: int
     repairs: tuple[str, ...] = ()  # harmless defects repaired in the loaded copy (repair.py), one line each
     notes: tuple[str, ...] = ()  # what loading noticed and kept as it is
+    lazy: bool = False  # embedded weights are read from the model file itself when needed (lazy_weights)
 
 
 def _first_line(e: BaseException) -> str:
@@ -70,12 +71,109 @@ def load_model(path: str) -> tuple[Model, LoadInfo]:
             raise ModelError(f"{path}: invalid model: onnxruntime cannot load it ({probe.error})")
     if refused or fixed.done:
         _recheck(proto, path, refused)
+    lazy = ext_bytes == 0 and lazy_weights(proto, path)
+    if lazy:  # the parsed weights are freed: the stripped model is parsed again on its own
+        proto = onnx.load_from_string(proto.SerializeToString())
     inferred = infer_types(proto)
     model = Model(proto, base_dir)
     model.names.update(n.name for n in iter_nodes(proto.graph))  # node names given by a repair stay unique
     if inferred is not None:
         merge_types(model.graph, inferred.graph)
-    return model, LoadInfo(path, size, ext_bytes > 0, ext_bytes, tuple(fixed.done), tuple(fixed.notes))
+    return model, LoadInfo(path, size, ext_bytes > 0, ext_bytes, tuple(fixed.done), tuple(fixed.notes), lazy)
+
+
+LAZY_MIN_BYTES = 8 << 20  # embedded weights at least this large are read lazily from the model file
+
+
+def lazy_weights(proto: onnx.ModelProto, path: str) -> bool:
+    """Make the main graph's large embedded initializers references into the model file itself (external data
+    whose location is the file, at the raw bytes' offset): every copy of the model onnxfuse makes (rebuilds,
+    candidates, exports) is then a few hundred KB, and onnxruntime reads the weights from the file. Only when
+    the file's folder is writable (candidates are written beside it, where onnxruntime accepts the reference)
+    and there is at least LAZY_MIN_BYTES of them; the writer puts them back inline (save_model). Returns
+    whether it did."""
+    folder = os.path.dirname(os.path.abspath(path))
+    big = [t for t in proto.graph.initializer if t.HasField("raw_data") and len(t.raw_data) >= EXTERNAL_THRESHOLD]
+    if sum(len(t.raw_data) for t in big) < LAZY_MIN_BYTES or not os.access(folder, os.W_OK):
+        return False
+    try:
+        offsets = initializer_offsets(path)
+    except (OSError, ValueError):
+        return False
+    location = os.path.basename(path)
+    done = False
+    for t in big:
+        where = offsets.get(t.name)
+        if where is None or where[1] != len(t.raw_data):
+            continue
+        t.ClearField("raw_data")
+        t.data_location = onnx.TensorProto.EXTERNAL
+        for k, v in (("location", location), ("offset", str(where[0])), ("length", str(where[1]))):
+            e = t.external_data.add()
+            e.key, e.value = k, v
+        done = True
+    return done
+
+
+def initializer_offsets(path: str) -> dict[str, tuple[int, int]]:
+    """(offset, length) of each main-graph initializer's raw_data in the file, read from the protobuf wire format
+    (ModelProto.graph = 7, GraphProto.initializer = 5, TensorProto.name = 8, raw_data = 9); names that occur
+    twice are left out."""
+    import mmap
+
+    out: dict[str, tuple[int, int]] = {}
+    seen: set[str] = set()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        for num, start, end in _fields(m, 0, len(m)):
+            if num != 7:
+                continue
+            for gnum, gstart, gend in _fields(m, start, end):
+                if gnum != 5:
+                    continue
+                name, raw = None, None
+                for tnum, tstart, tend in _fields(m, gstart, gend):
+                    if tnum == 8:
+                        name = bytes(m[tstart:tend]).decode("utf-8", "replace")
+                    elif tnum == 9:
+                        raw = (tstart, tend - tstart)
+                if name is not None and raw is not None:
+                    if name in seen:
+                        out.pop(name, None)
+                    else:
+                        out[name] = raw
+                    seen.add(name)
+    return out
+
+
+def _read_varint(m, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        b = m[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(m, pos: int, end: int):
+    """(field number, start, end) of each length-delimited field of the message in m[pos:end]; other wire types
+    are skipped."""
+    while pos < end:
+        key, pos = _read_varint(m, pos)
+        num, wire = key >> 3, key & 7
+        if wire == 0:
+            _, pos = _read_varint(m, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        elif wire == 2:
+            n, pos = _read_varint(m, pos)
+            yield num, pos, pos + n
+            pos += n
+        else:
+            raise ValueError(f"unexpected wire type {wire}")
 
 
 def _recheck(proto: onnx.ModelProto, path: str, refused: str | None) -> None:
@@ -275,17 +373,21 @@ def save_model(
     out_path: str,
     source_base_dir: str,
     external: bool,
+    lazy_location: str | None = None,
 ) -> list[str]:
     """Write atomically: to temporary files in the target folder, then rename. Returns the files written.
 
     Tensors whose data lives in the source model's external file are streamed across, never all in memory.
+    `lazy_location`: the source model's file name when its embedded weights were loaded lazily (lazy_weights);
+    those are written back embedded, read from it one at a time.
     """
     out_dir = os.path.dirname(os.path.abspath(out_path))
     if not os.path.isdir(out_dir):
         raise ModelError(f"{out_path}: output folder {out_dir} does not exist")
     if not os.access(out_dir, os.W_OK):
         raise ModelError(f"{out_path}: output folder {out_dir} is not writable")
-    has_external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in all_tensors(proto.graph))
+    has_external = any(t.data_location == onnx.TensorProto.EXTERNAL and not _is_lazy(t, lazy_location)
+                       for t in all_tensors(proto.graph))
     external = external or has_external
     tmp_files: list[str] = []
     try:
@@ -307,7 +409,7 @@ def save_model(
             written.append(os.path.join(out_dir, data_name))
         else:
             with open(tmp_model, "wb") as f:
-                write_streamed(f, proto)
+                write_streamed(f, proto, source_base_dir if lazy_location else None, lazy_location)
         default_mode(tmp_model)
         os.replace(tmp_model, out_path)
         tmp_files.clear()
@@ -351,19 +453,51 @@ def _externalize(graph: onnx.GraphProto, data_file, data_name: str, source_base_
             e.key, e.value = k, v
 
 
-def write_streamed(f, proto: onnx.ModelProto) -> None:
+def _is_lazy(t: onnx.TensorProto, lazy_location: str | None) -> bool:
+    return (lazy_location is not None and t.data_location == onnx.TensorProto.EXTERNAL
+            and external_info(t).get("location") == lazy_location)
+
+
+def _embedded(t: onnx.TensorProto) -> onnx.TensorProto:
+    """A lazily loaded tensor as it is stored embedded, without its data (written separately)."""
+    stub = onnx.TensorProto()
+    stub.CopyFrom(t)
+    del stub.external_data[:]
+    stub.ClearField("data_location")
+    return stub
+
+
+def write_streamed(f, proto: onnx.ModelProto, base_dir: str | None = None, lazy_location: str | None = None) -> None:
     """Write `proto` as SerializeToString() would (the same bytes), one initializer at a time: serializing the
-    whole model holds two more copies of its weights (the encoder's buffer and the bytes object)."""
+    whole model holds two more copies of its weights (the encoder's buffer and the bytes object). Tensors loaded
+    lazily from `base_dir`/`lazy_location` are written embedded, as they were in that file."""
     head, tail = _split(proto, 7)  # ModelProto.graph
     ghead, gtail = _split(proto.graph, 5)  # GraphProto.initializer
-    sizes = [_tensor_size(t) for t in proto.graph.initializer]
+    lazy = [_is_lazy(t, lazy_location) for t in proto.graph.initializer]
+    sizes = [_lazy_size(t) if z else _tensor_size(t) for t, z in zip(proto.graph.initializer, lazy, strict=True)]
     glen = len(ghead) + len(gtail) + sum(1 + len(_varint(n)) + n for n in sizes)
     f.write(head)
     f.write(b"\x3a" + _varint(glen))  # field 7, length-delimited
     f.write(ghead)
-    for t, n in zip(proto.graph.initializer, sizes, strict=True):
+    for t, n, z in zip(proto.graph.initializer, sizes, lazy, strict=True):
         f.write(b"\x2a" + _varint(n))  # field 5, length-delimited
-        if t.HasField("raw_data"):
+        if z:
+            assert base_dir is not None
+            info = external_info(t)
+            thead, ttail = _split(_embedded(t), 9)
+            length = int(info["length"])
+            f.write(thead + b"\x4a" + _varint(length))
+            with open(os.path.join(base_dir, info["location"]), "rb") as src:
+                src.seek(int(info["offset"]))
+                remaining = length
+                while remaining:
+                    chunk = src.read(min(remaining, 64 << 20))
+                    if not chunk:
+                        raise ModelError(f"{info['location']}: ended early reading tensor {t.name!r}")
+                    f.write(chunk)
+                    remaining -= len(chunk)
+            f.write(ttail)
+        elif t.HasField("raw_data"):
             thead, ttail = _split(t, 9)  # TensorProto.raw_data
             raw = t.raw_data
             f.write(thead + b"\x4a" + _varint(len(raw)))
@@ -397,7 +531,15 @@ def approx_bytes(proto: onnx.ModelProto) -> int:
     (ByteSize() does, holding another copy of the weights): enough to decide whether it must be written with
     external data."""
     g = proto.graph
-    return sum(_tensor_size(t) for t in g.initializer) + sum(n.ByteSize() for n in g.node)
+    external = sum(int(external_info(t).get("length", 0)) for t in g.initializer
+                   if t.data_location == onnx.TensorProto.EXTERNAL)  # lazily loaded weights are written embedded
+    return sum(_tensor_size(t) for t in g.initializer) + external + sum(n.ByteSize() for n in g.node)
+
+
+def _lazy_size(t: onnx.TensorProto) -> int:
+    thead, ttail = _split(_embedded(t), 9)
+    n = int(external_info(t)["length"])
+    return len(thead) + 1 + len(_varint(n)) + n + len(ttail)
 
 
 def _tensor_size(t: onnx.TensorProto) -> int:

@@ -122,7 +122,8 @@ def _optimize(shown: str, path: str, out: str | None, opts: OptimizeOptions) -> 
         with _timed(timings, "write"):
             big = approx_bytes(state.proto) > 2**31 - 2**24
             written = save_model(state.proto, out, loaded.model.base_dir,
-                                 external=state.info.external_data or big)
+                                 external=state.info.external_data or big,
+                                 lazy_location=os.path.basename(state.info.path) if state.info.lazy else None)
     return _result(shown, out, opts, loaded, state, status, checks, rolled_back, measured, timings, written)
 
 

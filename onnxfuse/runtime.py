@@ -200,7 +200,7 @@ class Candidate:
         self.tmpdir: str | None = None
         self.checkable = True  # onnx.checker runs on a weightless copy (validate.checker_accepts): always possible
         src_dir = os.path.dirname(os.path.abspath(info.path))
-        if info.external_data and os.access(src_dir, os.W_OK):
+        if (info.external_data or info.lazy) and os.access(src_dir, os.W_OK):
             fd, self.path = tempfile.mkstemp(prefix=".onnxfuse-candidate-", suffix=".onnx", dir=src_dir)
             self.source: str | bytes = self.path
             _write(fd, proto)
