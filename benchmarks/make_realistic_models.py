@@ -50,6 +50,17 @@ crnn           PP-OCR-rec-like CRNN in plain torch: [batch, 3, 48, width] (width
 audio_pad64    Conv1d front end with reflect padding 64 (``F.pad(..., mode="reflect")`` needs length > 64),
                kernel 400 / stride 160, conv stack + GRU; [batch, samples] with samples dynamic
 audio_frames480  frames of 480 samples cut by ``view(batch, -1, 480)``: only lengths divisible by 480 run
+clip_text      CLIPTextModel: hidden 256, 2 layers, 4 heads, 77 positions; causal mask built in the graph + padding
+bart_dec       BartDecoder: d_model 256, 2 layers, 4 heads: causal self-attention and cross-attention on
+               encoder_hidden_states [batch, encoder_sequence, 256] with encoder_attention_mask
+whisper_dec    WhisperDecoder: d_model 256, 2 layers, 4 heads, no cache: self + cross-attention
+whisper_dec_kv the same, one step with a cache: past self key/values and the cross key/values as inputs
+               (past_N_key/value/cross_key/cross_value) -> last_hidden_state, present_N_key/value
+swin_tiny      SwinModel: 64x64 images, patch 4, embed 64, depths [2, 2], heads [2, 4], window 4 (windowed
+               attention with relative position bias, shifted windows with a mask). The dynamo export fails
+               (torch 2.13: "Cannot view a tensor ... as a tensor with shape", static shapes too)
+segformer      SegformerModel: 64x64 images, 2 blocks, hidden [64, 128], heads [1, 2], sr ratios [4, 2]
+               (efficient attention: K/V from a strided-conv-reduced sequence)
 ============== ==========================================================================================
 
 KV-cache exports (TorchScript) name their dims ``batch``, ``sequence``, ``past_sequence`` and
@@ -275,6 +286,87 @@ def _phi3() -> torch.nn.Module:
     return causal_wrapper(m, 4, with_positions=True)
 
 
+def _clip_text() -> torch.nn.Module:
+    from transformers import CLIPTextConfig, CLIPTextModel
+    cfg = CLIPTextConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=1024, num_hidden_layers=2,
+                         num_attention_heads=4, max_position_embeddings=77, pad_token_id=0, bos_token_id=1,
+                         eos_token_id=2)
+    m = CLIPTextModel(cfg).eval()
+    perturb_vectors(m)
+    return encoder_wrapper(m, ["input_ids", "attention_mask"])
+
+
+def _bart_dec() -> torch.nn.Module:
+    from transformers import BartConfig
+    from transformers.models.bart.modeling_bart import BartDecoder
+    cfg = BartConfig(vocab_size=VOCAB, d_model=256, decoder_layers=2, decoder_attention_heads=4,
+                     decoder_ffn_dim=1024, max_position_embeddings=256)
+    m = BartDecoder(cfg).eval()
+    perturb_vectors(m)
+    return encoder_wrapper(m, ["input_ids", "attention_mask", "encoder_hidden_states", "encoder_attention_mask"])
+
+
+def _whisper_dec() -> torch.nn.Module:
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperDecoder
+    cfg = WhisperConfig(vocab_size=VOCAB, d_model=256, decoder_layers=2, decoder_attention_heads=4,
+                        decoder_ffn_dim=1024, max_target_positions=128, max_source_positions=1500,
+                        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+    m = WhisperDecoder(cfg).eval()
+    perturb_vectors(m)
+    return encoder_wrapper(m, ["input_ids", "encoder_hidden_states"])
+
+
+def _seq2seq_kv_forward(self: torch.nn.Module, input_ids: torch.Tensor, past: list[torch.Tensor]
+                        ) -> tuple[torch.Tensor, ...]:
+    """A decoder step with self-attention past key/values and the cross-attention key/values of the encoder
+    output (4 tensors per layer: self key, self value, cross key, cross value)."""
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    cfg = self.model.config
+    self_cache, cross_cache = DynamicCache(config=cfg), DynamicCache(config=cfg)
+    for i in range(self.n_layers):
+        self_cache.update(past[4 * i], past[4 * i + 1], i)
+        cross_cache.update(past[4 * i + 2], past[4 * i + 3], i)
+    # the cross-attention reads its cached key/values; encoder_hidden_states must be given (else the decoder
+    # skips cross-attention) but its values are not read
+    enc = torch.zeros(input_ids.shape[0], 1, cfg.d_model)
+    out = self.model(input_ids=input_ids, encoder_hidden_states=enc,
+                     cache=EncoderDecoderCache(self_cache, cross_cache), use_cache=True)
+    flat: list[torch.Tensor] = []
+    for layer in out.past_key_values.self_attention_cache.layers[: self.n_layers]:
+        flat += [layer.keys, layer.values]
+    return (out.last_hidden_state, *flat)
+
+
+def _whisper_dec_kv() -> torch.nn.Module:
+    m = _whisper_dec().model
+    past = [f"past_{i}_{kv}" for i in range(2) for kv in ("key", "value", "cross_key", "cross_value")]
+    cls = _named("DecoderWithPast", ["input_ids", *past],
+                 f"return _s2s(self, input_ids, [{', '.join(past)}])")
+    cls.forward.__globals__["_s2s"] = _seq2seq_kv_forward
+    return cls(m, 2).eval()
+
+
+def _swin() -> torch.nn.Module:
+    from transformers import SwinConfig, SwinModel
+    cfg = SwinConfig(image_size=64, patch_size=4, num_channels=3, embed_dim=64, depths=[2, 2], num_heads=[2, 4],
+                     window_size=4, mlp_ratio=4.0)
+    m = SwinModel(cfg, add_pooling_layer=False).eval()
+    perturb_vectors(m)
+    return encoder_wrapper(m, ["pixel_values"])
+
+
+def _segformer() -> torch.nn.Module:
+    from transformers import SegformerConfig, SegformerModel
+    cfg = SegformerConfig(num_channels=3, num_encoder_blocks=2, depths=[2, 2], sr_ratios=[4, 2],
+                          hidden_sizes=[64, 128], patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2],
+                          mlp_ratios=[4, 4])
+    m = SegformerModel(cfg).eval()
+    perturb_vectors(m)
+    return encoder_wrapper(m, ["pixel_values"])
+
+
 # ---- plain torch models ----------------------------------------------------- #
 class CRNN(torch.nn.Module):
     """PP-OCR-rec-like: conv stack that reduces height 48 -> 1 and width by 4, BiLSTM, Linear to classes."""
@@ -409,6 +501,31 @@ def corpus() -> list[Spec]:
              [In("audio", "float32", [BATCH, 9600], {0: "batch", 1: "samples"})],
              ["logits"], {"logits": {0: "batch", 1: "frames"}}, ts_only=True,
              note="samples must be a multiple of 480"),
+        Spec("clip_text", _clip_text, _text(["input_ids", "attention_mask"], seq=16), ["last_hidden_state"], enc),
+        Spec("bart_dec", _bart_dec,
+             [*_text(["input_ids", "attention_mask"]),
+              In("encoder_hidden_states", "float32", [BATCH, 12, 256], {0: "batch", 1: "encoder_sequence"}),
+              In("encoder_attention_mask", "int64", [BATCH, 12], {0: "batch", 1: "encoder_sequence"}, "mask")],
+             ["last_hidden_state"], enc),
+        Spec("whisper_dec", _whisper_dec,
+             [*_text(["input_ids"]),
+              In("encoder_hidden_states", "float32", [BATCH, 30, 256], {0: "batch", 1: "encoder_sequence"})],
+             ["last_hidden_state"], enc),
+        Spec("whisper_dec_kv", _whisper_dec_kv,
+             [*_text(["input_ids"]),
+              *[In(f"past_{i}_{kv}", "float32", [BATCH, 4, 30 if "cross" in kv else PAST, 64],
+                   {0: "batch", 2: "encoder_sequence" if "cross" in kv else "past_sequence"})
+                for i in range(2) for kv in ("key", "value", "cross_key", "cross_value")]],
+             ["last_hidden_state"] + [f"present_{i}_{kv}" for i in range(2) for kv in ("key", "value")],
+             {"last_hidden_state": {0: "batch", 1: "sequence"},
+              **{f"present_{i}_{kv}": {0: "batch", 2: "past_sequence+sequence"} for i in range(2)
+                 for kv in ("key", "value")}},
+             note="self-attention past and cross-attention key/values as inputs"),
+        Spec("swin_tiny", _swin, [In("pixel_values", "float32", [BATCH, 3, 64, 64], {0: "batch"})],
+             ["last_hidden_state"], {"last_hidden_state": {0: "batch"}}, ts_only=True,
+             note="the dynamo export fails in the window view"),
+        Spec("segformer", _segformer, [In("pixel_values", "float32", [BATCH, 3, 64, 64], {0: "batch"})],
+             ["last_hidden_state"], {"last_hidden_state": {0: "batch"}}),
     ]
 
 

@@ -163,9 +163,10 @@ def feeds_for(path: Path) -> Feeds:
 # --------------------------------------------------------------------------- #
 # Tools
 # --------------------------------------------------------------------------- #
-def model_types(path: Path) -> tuple[str, ...]:
+def model_types(path: Path, table: dict[str, tuple[str, ...]] | None = None) -> tuple[str, ...]:
+    """onnxruntime optimizer model types to try for a file, by a key its name contains (`table`: ORT_TYPES)."""
     name = path.name.lower()
-    for key, types in ORT_TYPES.items():
+    for key, types in (table or ORT_TYPES).items():
         if key in name:
             return types
     return ("bert",)
@@ -185,11 +186,14 @@ def quiet():
         logging.disable(previous)
 
 
-def run_ort_transformers(src: Path, dst: Path, opt_level: int) -> str:
+def run_ort_transformers(src: Path, dst: Path, opt_level: int | None,
+                         types: tuple[str, ...] | None = None) -> str:
+    """onnxruntime's transformers optimizer with each model type of `types` (default: by file name) until one
+    works; opt_level None is the optimizer's own default."""
     from onnxruntime.transformers import optimizer
 
     errors = []
-    for model_type in model_types(src):
+    for model_type in types or model_types(src):
         try:
             with quiet():
                 opt = optimizer.optimize_model(str(src), model_type=model_type, num_heads=0, hidden_size=0,

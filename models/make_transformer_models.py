@@ -14,7 +14,11 @@ exported twice:
 
 Variants: ``bert`` (BertModel, default = sdpa attention), ``bert_eager`` (BertModel with
 ``attn_implementation="eager"``), ``gpt2`` (GPT2Model, use_cache=False), ``vit`` (ViTModel, 32x32 image,
-patch 8), ``llama`` (LlamaModel, use_cache=False, 4 heads / 2 kv heads = grouped-query attention).
+patch 8), ``llama`` (LlamaModel, use_cache=False, 4 heads / 2 kv heads = grouped-query attention),
+``clip`` (CLIPTextModel: causal mask built in the graph, plus the padding mask), ``whisper_dec``
+(WhisperDecoder, 1 layer to stay under 400 KB: causal self-attention, and cross-attention on ``encoder_hidden_states`` [batch, 12, 64] with no
+mask and the scale in the query projection), ``segformer`` (SegformerModel, 32x32 image, 2 stages: attention
+on a key / value sequence reduced by a strided conv).
 Sizes: hidden 64, 2 layers, 4 heads (llama: 2 kv heads), intermediate 64, vocab 128, max positions 64
 (about 300 KB a file). The only output is
 ``last_hidden_state`` (no pooler). All weights are stored inside the .onnx file.
@@ -118,13 +122,18 @@ class TextTokenTypeInputs(_LastHiddenState):
                           token_type_ids=token_type_ids).last_hidden_state
 
 
+class DecoderInputs(_LastHiddenState):
+    def forward(self, input_ids: torch.Tensor, encoder_hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, encoder_hidden_states=encoder_hidden_states).last_hidden_state
+
+
 class ImageInputs(_LastHiddenState):
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return self.model(pixel_values=pixel_values).last_hidden_state
 
 
 def wrap(model: torch.nn.Module, input_names: list[str]) -> _LastHiddenState:
-    for cls in (TextInputs, TextTokenTypeInputs, ImageInputs):
+    for cls in (TextInputs, TextTokenTypeInputs, DecoderInputs, ImageInputs):
         if list(cls.forward.__code__.co_varnames[1:cls.forward.__code__.co_argcount]) == input_names:
             return cls(model).eval()
     raise ValueError(f"no wrapper for inputs {input_names}")
@@ -175,6 +184,32 @@ def _llama() -> torch.nn.Module:
     return LlamaModel(cfg)
 
 
+def _clip() -> torch.nn.Module:
+    from transformers import CLIPTextConfig, CLIPTextModel
+    cfg = CLIPTextConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
+                         num_hidden_layers=LAYERS, num_attention_heads=HEADS, max_position_embeddings=MAX_POS,
+                         pad_token_id=0, bos_token_id=1, eos_token_id=2, initializer_range=INIT_RANGE)
+    return CLIPTextModel(cfg)
+
+
+def _whisper_dec() -> torch.nn.Module:
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperDecoder
+    cfg = WhisperConfig(vocab_size=VOCAB, d_model=HIDDEN, decoder_layers=1, decoder_attention_heads=HEADS,
+                        decoder_ffn_dim=INTERMEDIATE, max_target_positions=MAX_POS, max_source_positions=MAX_POS,
+                        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+                        init_std=INIT_RANGE)
+    return WhisperDecoder(cfg)
+
+
+def _segformer() -> torch.nn.Module:
+    from transformers import SegformerConfig, SegformerModel
+    cfg = SegformerConfig(num_channels=CHANNELS, num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
+                          hidden_sizes=[32, HIDDEN], patch_sizes=[3, 3], strides=[2, 2], num_attention_heads=[1, 2],
+                          mlp_ratios=[2, 2], initializer_range=INIT_RANGE)
+    return SegformerModel(cfg)
+
+
 def perturb_vectors(model: torch.nn.Module) -> None:
     """Add N(0, BIAS_STD) noise to every 1-D parameter (biases, LayerNorm/RMSNorm weights and biases)."""
     with torch.no_grad():
@@ -191,6 +226,13 @@ def model_specs() -> list[ModelSpec]:
         ModelSpec("vit", _vit, [InputSpec("pixel_values", "float32", [BATCH, CHANNELS, IMAGE, IMAGE],
                                           {0: "batch"}, kind="random")]),
         ModelSpec("llama", _llama, _text_inputs()),
+        ModelSpec("clip", _clip, _text_inputs()),
+        ModelSpec("whisper_dec", _whisper_dec,
+                  [InputSpec("input_ids", "int64", [BATCH, SEQ], {0: "batch", 1: "sequence"}, high=VOCAB, kind="ids"),
+                   InputSpec("encoder_hidden_states", "float32", [BATCH, 12, HIDDEN],
+                             {0: "batch", 1: "encoder_sequence"})]),
+        ModelSpec("segformer", _segformer, [InputSpec("pixel_values", "float32", [BATCH, CHANNELS, IMAGE, IMAGE],
+                                                      {0: "batch"}, kind="random")]),
     ]
 
 
@@ -376,7 +418,8 @@ def write_inputs_json(specs: list[ModelSpec], rows: list[Row], out_dir: Path) ->
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir", nargs="?", default=str(DEFAULT_OUT))
-    ap.add_argument("--only", default="", help="comma-separated variant names (bert, bert_eager, gpt2, vit, llama)")
+    ap.add_argument("--only", default="", help="comma-separated variant names (bert, bert_eager, gpt2, vit, llama, "
+                                               "clip, whisper_dec, segformer)")
     ap.add_argument("--exporters", default="ts,dynamo", help="comma-separated: ts, dynamo")
     a = ap.parse_args(argv)
     out_dir = Path(a.out_dir)

@@ -42,6 +42,7 @@ MIN_RUNS = 20  # interleaved runs per session for a region class, budget permitt
 MIN_RUNS_FLOOR = 8  # never fewer: a verdict on fewer runs is not one
 CONFIRM_RUNS = 20  # whole-model confirmation, budget permitting
 MAX_REBUILDS = 3
+MAX_PASSES = 3  # rounds of region finding: the rewrites of the full run, then those dropped ones had shadowed
 REGION_BUDGET_S = 10.0  # the automatic budget at most (models up to 1 GiB)
 AUTO_MIN_S = 4.0  # and at least
 TOTAL_TARGET_S = 14.0  # the whole optimize the automatic budget aims at
@@ -386,9 +387,10 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     all_regions: list[Region] = []
     all_classes: list[RegionClass] = []
     current, apps = state, state.eng.applications
-    for pass_no in range(2):
-        # pass 2: rules that fire only once a dropped rewrite is gone (a FusedMatMul inside an Attention that
-        # did not pay) are measured too; later ones are left out
+    for pass_no in range(MAX_PASSES):
+        # later passes: rules that fire only once a dropped rewrite is gone (a MultiHeadAttention, then a
+        # FusedMatMul, inside an Attention that did not pay) are measured too; after the last pass they are
+        # left out
         with phase("regions"):
             original, _ = load_model(input_path)
             fingerprint = run.fingerprint(original)
@@ -420,7 +422,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
         with phase("rebuild"):
             current = None  # a candidate of the previous pass is not needed any more
             state.__dict__.pop("proto", None)  # nor the full rewrite's export (re-made if it is written)
-            candidate = run.build(kept, dropped, deny_unmeasured=pass_no == 1)
+            candidate = run.build(kept, dropped, deny_unmeasured=pass_no == MAX_PASSES - 1)
         new = {a.key for a in candidate.eng.applications if a.rule in rule_ids} - kept
         if not new:
             break

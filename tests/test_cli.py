@@ -154,18 +154,24 @@ def test_written_model_is_valid(cli, tmp_path):
 
 def test_optimize_measures_by_default(cli, tmp_path):
     """The real timer runs (no timing assertions here: benchmarks measure speed); the report shows it."""
-    code, stdout, stderr = cli("optimize", CNN, tmp_path / "o.onnx", "--json", "--measure-budget", "0.05",
+    code, stdout, stderr = cli("optimize", CNN, tmp_path / "o.onnx", "--json", "--measure-budget", "3",
                                measure=True)
     assert code == 0, stderr
     m = json.loads(stdout)["measure"]
     assert m["provider"] == "cpu" and m["threads"] == 1 and m["rounds"] >= 1
     assert {g["group"] for g in m["groups"]} >= {"com.microsoft.FusedConv"}
-    assert m["strategy"] == "regions" and m["budget_s"] == 0.05
+    assert m["strategy"] == "regions" and m["budget_s"] == 3 and m["note"] == ""
     assert set(m["phases"]) >= {"regions", "capture", "time regions"}
-    # a budget this small reaches few classes, and leaves no time for the whole-model confirmation
     assert m["undecided"] == sum(g["source"] == "budget" for g in m["groups"])
     assert m["confirmed"] == "timed" and m["final_verdict"] in ("faster", "slower", "no significant change") or \
         m["confirmed"].startswith("skipped") and m["final_verdict"] is None or m["confirmed"].startswith("not needed")
+
+
+def test_a_tiny_budget_measures_nothing_and_says_how_to(cli, tmp_path):
+    code, stdout, stderr = cli("optimize", CNN, tmp_path / "o.onnx", "--measure-budget", "0.0001", measure=True)
+    assert code == 0, stderr
+    assert "not measured: capturing the regions' inputs would take about" in stdout
+    assert "raise --measure-budget" in stdout
 
 
 def test_explain_reports_misaligned_channels(cli):

@@ -114,7 +114,10 @@ def test_rules_shadowed_by_a_dropped_group_are_measured_in_a_second_pass(tmp_pat
 
     monkeypatch.setattr(S, "make_time_fn", fake_make_time_fn)
     src = os.path.join(os.path.dirname(os.path.dirname(__file__)), "models", "transformers", "bert_ts17.onnx")
-    r = onnxfuse.optimize(src, str(tmp_path / "out.onnx"), onnxfuse.OptimizeOptions(measure_by="model"))
+    # cross-attention would take the blocks over next (a MultiHeadAttention that the timer also makes cost):
+    # the whole-model strategy has two passes, region selection three (tests/test_regions.py)
+    r = onnxfuse.optimize(src, str(tmp_path / "out.onnx"), onnxfuse.OptimizeOptions(measure_by="model",
+                                                                                     skip=["cross-attention"]))
     assert "self-attention" not in r.fired and r.fired.get("matmul-scale", 0) >= 2, r.fired
     kept = {g.group: g.kept for g in r.measure.groups}
     assert kept["com.microsoft.FusedMatMul"] is True

@@ -3,7 +3,11 @@ in one Transpose (TorchScript), in two, or through 3-D reshapes (dynamo); the 1/
 or as D^-1/4 on both Q and K (SDPA); with and without an additive mask and the SDPA NaN guard; a head merge to
 [b, s, H] or [b*s, H]. The exported models (models/transformers) are covered by tests/test_attention.py."""
 
+import json
+from pathlib import Path
+
 import numpy as np
+import onnx
 import onnx.helper as oh
 import pytest
 from onnx import TensorProto, numpy_helper
@@ -32,7 +36,7 @@ def _attrs(node):
     return {a.name: oh.get_attribute_value(a) for a in node.attribute}
 
 
-def _heads(nodes, inits, src, kt="ts", prefix="", qs=(0, 0, N, D)):
+def _heads(nodes, inits, src, kt="ts", prefix="", qs=(0, 0, N, D), kv_len=S):
     """q/k/v [b, s, H] (named {prefix}q ...) -> qh, kt, vh; returns their names."""
     p = prefix
     inits[f"{p}hs"] = _i64(*qs)
@@ -47,7 +51,7 @@ def _heads(nodes, inits, src, kt="ts", prefix="", qs=(0, 0, N, D)):
         nodes += [oh.make_node("Transpose", [f"{p}k4"], [f"{p}kh"], perm=[0, 2, 1, 3], name=f"{p}kh"),
                   oh.make_node("Transpose", [f"{p}kh"], [f"{p}kt"], perm=[0, 1, 3, 2], name=f"{p}kt")]
     else:  # dynamo: through [b*N, s, D] and [b*N, D, s]
-        inits[f"{p}k3"], inits[f"{p}k4s"] = _i64(B * N, S, D), _i64(B, N, D, S)
+        inits[f"{p}k3"], inits[f"{p}k4s"] = _i64(B * N, kv_len, D), _i64(B, N, D, kv_len)
         nodes += [oh.make_node("Transpose", [f"{p}k4"], [f"{p}kh"], perm=[0, 2, 1, 3], name=f"{p}kh"),
                   oh.make_node("Reshape", [f"{p}kh", f"{p}k3"], [f"{p}k3v"], name=f"{p}k3v"),
                   oh.make_node("Transpose", [f"{p}k3v"], [f"{p}k3t"], perm=[0, 2, 1], name=f"{p}k3t"),
@@ -335,8 +339,9 @@ def test_nan_guard_identity_near_misses(kw, reason):
 
 def _split_heads(kt="transpose", scale="div", guard=False, mask_rank=4, softmax_axis=-1, tail="reshape",
                  merge_rank=3, v_rank=4, trans_b=0, wo_input=False, heads=N, kv_heads=None, kv_form="repeat",
-                 mask_shape=None):
-    """Query, key and value already [b, N, s, D] (after rotary / repeat_kv). With kv_heads < heads (grouped KV):
+                 mask_shape=None, mask=True, kv_len=S):
+    """Query, key and value already [b, N, s, D] (after rotary / repeat_kv); key and value [b, N, kv_len, D]
+    (cross-attention when kv_len != S); with mask False, no additive mask (Whisper's cross-attention). With kv_heads < heads (grouped KV):
     key and value arrive with kv_heads heads and are repeated as repeat_kv does (Unsqueeze, Expand to
     [b, kv, N/kv, s, D], Reshape to [b, N, s, D]); kv_form "collapsed": the K-transpose Reshape reads the 5-D
     Expand directly (the exporter merged the two Reshapes); "broadcast": not repeated at all (kv_heads 1, MatMul
@@ -357,14 +362,15 @@ def _split_heads(kt="transpose", scale="div", guard=False, mask_rank=4, softmax_
         nodes.append(oh.make_node("Transpose", [k], ["kt"], perm=[0, 1, 3, 2], name="kt"))
     else:
         kvh = heads if kv_form != "broadcast" or kv_heads is None else kv_heads
-        inits["k3"], inits["k4"] = _i64(-1, S, dh), _i64(B, kvh, dh, S)
+        inits["k3"], inits["k4"] = _i64(-1, kv_len, dh), _i64(B, kvh, dh, kv_len)
         nodes += [oh.make_node("Reshape", [k, "k3"], ["k3v"], name="k3v"),
                   oh.make_node("Transpose", ["k3v"], ["k3t"], perm=[0, 2, 1], name="k3t"),
                   oh.make_node("Reshape", ["k3t", "k4"], ["kt"], name="kt")]
-    _sdpa(nodes, inits, "q", "kt", v, scale, "m", guard, softmax_axis)
-    kv_shape = [B, kv_heads if kv_heads is not None else heads, S, dh]
-    inputs = [("q", [B, heads, S, dh]), ("k", kv_shape), ("v", kv_shape[4 - v_rank:]),
-              ("m", list(mask_shape or [B, 1, S, S])[4 - mask_rank:])]
+    _sdpa(nodes, inits, "q", "kt", v, scale, "m" if mask else None, guard, softmax_axis)
+    kv_shape = [B, kv_heads if kv_heads is not None else heads, kv_len, dh]
+    inputs = [("q", [B, heads, S, dh]), ("k", kv_shape), ("v", kv_shape[4 - v_rank:])]
+    if mask:
+        inputs.append(("m", list(mask_shape or [B, 1, S, kv_len])[4 - mask_rank:]))
     if tail == "reshape":
         _merge(nodes, inits, rank=merge_rank)
         out = [B, S, H] if merge_rank == 3 else [B * S, H]
@@ -527,3 +533,168 @@ def test_self_attention_fires_for_cuda_too():
     # CUDA has an Attention kernel too (checked against onnxruntime's published table; no numbers without CUDA)
     r, _ = fuse(_self_attention(), "self-attention", target="cuda")
     assert r.fired == {"self-attention": 1} and r.skipped == []
+
+
+@pytest.mark.parametrize("tail", ["reshape", "matmul", "gemm"])
+@pytest.mark.parametrize("kt", ["transpose", "dynamo"])
+def test_attention_heads_split_cross_attention_without_mask_or_scale(tail, kt):
+    """Whisper decoder cross-attention: key and value of another length (the encoder's), no mask, no scale on
+    the scores (the query was scaled after its projection): MultiHeadAttention without attention_bias and with
+    scale 1 (its default, 0, would mean 1/sqrt(D))."""
+    rid = "attention-heads-split" + ("" if tail == "reshape" else f"-{tail}")
+    m = _split_heads(kt, scale="none", mask=False, kv_len=5, tail=tail)
+    tail_ops = {"reshape": [], "matmul": ["MatMul"], "gemm": ["Gemm", "Shape", "Gather", "Concat", "Reshape"]}[tail]
+    got = check_fires(m, rid, MHA + tail_ops, feeds=_feeds(m), rtol=1e-4, atol=1e-4, fold=False)
+    mha = _mha(got)
+    assert len(mha.input) == 3 or all(i == "" for i in mha.input[3:])
+    assert _attrs(mha)["num_heads"] == N and _attrs(mha)["scale"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("scale", ["div", "sdpa"])
+def test_attention_heads_split_cross_attention_with_key_padding_mask(scale):
+    """BART cross-attention: key and value of the encoder's length t, the encoder's padding mask as an additive
+    [b, 1, s, t] bias."""
+    m = _split_heads("transpose", scale=scale, kv_len=5)
+    got = check_fires(m, "attention-heads-split", MHA, feeds=_feeds(m), rtol=1e-4, atol=1e-4)
+    assert _mha(got).input[5] == "m"
+
+
+# ----- cross-attention: query, key and value as [b, s, H] values ----------------------------------------------
+T = 5  # the key / value length (an encoder's output, or SegFormer's reduced sequence)
+
+
+def _cross(kt="ts", scale="div", mask=True, guard=False, rank=3, inner_reshape=False, kv_h=H, kv_d=D):
+    """qp [b, s, H], kp / vp [b, t, H] (graph inputs: what the projections computed), split into heads, scaled
+    dot-product attention, head merge."""
+    nodes, inits = [], {}
+    qh, kt_, vh = _heads(nodes, inits, {"q": "qp", "k": "kp", "v": "vp"}, kt, kv_len=T)
+    if kv_h != H or kv_d != D:  # key / value with another head layout than the query
+        inits["khs"] = _i64(0, 0, kv_h // kv_d, kv_d)
+        for n in nodes:
+            if n.name in ("k4", "v4"):
+                n.input[1] = "khs"
+    _sdpa(nodes, inits, qh, kt_, vh, scale, "m" if mask else None, guard)
+    _merge(nodes, inits, rank=rank, inner_reshape=inner_reshape)
+    inputs = [("qp", [B, S, H]), ("kp", [B, T, kv_h]), ("vp", [B, T, kv_h])]
+    if mask:
+        inputs.append(("m", [B, 1, S, T]))
+    return make_model(nodes, inputs, [("y", [B, S, H] if rank == 3 else [B * S, H])], inits)
+
+
+CROSS = ["com.microsoft.MultiHeadAttention", "IsNaN", "Where", "Reshape"]
+
+
+@pytest.mark.parametrize(("kt", "scale", "mask", "guard", "rank"), [
+    ("ts", "div", True, False, 3),       # BART cross-attention, TorchScript
+    ("ts", "sdpa", False, True, 3),      # SegFormer, TorchScript SDPA: sqrt(scale) on both, no mask
+    ("dynamo", "mul", True, False, 2),   # dynamo: 3-D key reshapes, head merge to [b*s, H]
+    ("two", "none", False, False, 3),    # Whisper cross-attention: the scale was folded into the query projection
+    ("dynamo", "q", False, True, 3),
+])
+def test_cross_attention_fires(kt, scale, mask, guard, rank):
+    m = _cross(kt, scale, mask, guard, rank)
+    got = check_fires(m, "cross-attention", CROSS, feeds=_feeds(m), rtol=1e-4, atol=1e-4)
+    mha = got.graph.node[0]
+    assert list(mha.input) == ["qp", "kp", "vp"] + (["", "", "m"] if mask else [])
+    want = {"div": D ** -0.5, "sdpa": D ** -0.5, "mul": D ** -0.5, "q": D ** -0.5, "none": 1.0}[scale]
+    assert _attrs(mha)["num_heads"] == N and _attrs(mha)["scale"] == pytest.approx(want, rel=1e-6)
+
+
+def test_cross_attention_fully_masked_rows_keep_nan():
+    """A query row masked everywhere is NaN in the original (no guard) and in MultiHeadAttention alike."""
+    m = _cross()
+    feeds = _feeds(m)
+    feeds["m"][0, :, 1, :] = -np.inf
+    check_fires(m, "cross-attention", CROSS, feeds=feeds, rtol=1e-4, atol=1e-4)
+
+
+def test_cross_attention_takes_projected_cross_attention():
+    """A whole block with K/V projected from another input (x2): the projections stay, MultiHeadAttention reads
+    their outputs."""
+    m = _self_attention(cross=True)
+    got = check_fires(m, "cross-attention", ["MatMul", "Add", "MatMul", "Add", "MatMul", "Add"] + CROSS,
+                      feeds=_feeds(m), rtol=1e-4, atol=1e-4)
+    assert list(got.graph.node[6].input[:3]) == ["q", "k", "v"]
+
+
+def test_self_attention_wins_over_cross_attention():
+    """With both rules, a self-attention block becomes packed Attention (the bigger match), not
+    MultiHeadAttention."""
+    r, got = fuse(_self_attention(), "self-attention", "cross-attention")
+    assert r.fired == {"self-attention": 1}
+    assert "com.microsoft.MultiHeadAttention" not in [n.domain + "." + n.op_type for n in got.graph.node]
+
+
+@pytest.mark.parametrize(("kw", "reason"), [
+    ({"kv_h": 2 * H}, None),                   # key / value with another hidden size than the query
+    ({"kv_h": H // 2, "kv_d": D}, None),       # fewer KV heads (grouped, not repeated)
+])
+def test_cross_attention_near_misses(kw, reason):
+    check_misses(_cross(**kw), "cross-attention", reason)
+
+
+def test_cross_attention_needs_softmax_on_the_last_axis():
+    m = _cross()
+    for n in m.graph.node:
+        if n.op_type == "Softmax":
+            n.attribute[0].i = 2
+    check_misses(m, "cross-attention", "Softmax axis=2, rule needs -1")
+
+
+# ----- real exports (models/transformers, built by models/make_transformer_models.py) --------------------------
+CORPUS = Path(__file__).resolve().parents[2] / "models" / "transformers"
+# file -> (attention rules that must fire and how often, fused attention ops, their count)
+EXPORTS = {
+    "clip_ts17": ({"self-attention": 2}, "Attention"),            # causal + padding mask built in the graph
+    "clip_dynamo18": ({"self-attention": 2}, "Attention"),
+    # self-attention with the causal mask, cross-attention on the encoder output (no mask, the scale in q_proj)
+    "whisper_dec_ts17": ({"attention-heads-split-matmul": 2}, "MultiHeadAttention"),
+    "whisper_dec_dynamo18": ({"self-attention-scaled-q": 1, "cross-attention": 1}, None),
+    # stage 1: key / value from a sequence reduced by a strided conv; stage 2 (sr 1): from the input itself
+    "segformer_ts17": ({"cross-attention": 1, "self-attention": 1}, None),
+    "segformer_dynamo18": ({"cross-attention": 1, "self-attention": 1}, None),
+}
+
+
+def _export_feeds(name: str) -> dict[str, np.ndarray]:
+    spec = json.loads((CORPUS / "inputs.json").read_text())[f"{name}.onnx"]
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for i in spec["inputs"]:
+        if i["kind"] == "ids":
+            feeds[i["name"]] = rng.integers(i["low"], i["high"], i["shape"]).astype(i["dtype"])
+        elif i["kind"] == "mask":
+            m = np.ones(i["shape"], i["dtype"])
+            m[1, -3:] = 0
+            feeds[i["name"]] = m
+        else:
+            feeds[i["name"]] = rng.standard_normal(i["shape"]).astype(i["dtype"])
+    return feeds
+
+
+@pytest.mark.parametrize("name", sorted(EXPORTS))
+def test_real_exports_fuse_with_equal_numerics(name, tmp_path):
+    """Every attention block of the CLIP text encoder, the Whisper decoder (self- and cross-attention) and
+    SegFormer (reduced key / value) fuses with the built-in rules, and onnxruntime gives the original's output."""
+    from onnxfuse import OptimizeOptions, optimize
+
+    from .conftest import ort_run
+
+    src = CORPUS / f"{name}.onnx"
+    if not src.exists():
+        pytest.skip(f"{src.name} not built (python models/make_transformer_models.py)")
+    out = str(tmp_path / "out.onnx")
+    r = optimize(str(src), out, OptimizeOptions(measure=False))
+    assert r.validation == "passed"
+    want_rules, op = EXPORTS[name]
+    got_rules = {k: v for k, v in r.fired.items() if "attention" in k and "mask" not in k and "guard" not in k}
+    assert got_rules == want_rules, r.fired
+    got = onnx.load(out)
+    ops = [n.op_type for n in got.graph.node]
+    assert "Softmax" not in ops
+    if op is not None:
+        assert ops.count(op) == sum(want_rules.values())
+    feeds = _export_feeds(name)
+    want = ort_run(onnx.load(str(src)), feeds)[0]
+    have = ort_run(got, feeds)[0]
+    np.testing.assert_allclose(have, want, rtol=1e-4, atol=1e-4)

@@ -7,7 +7,7 @@ import onnx.helper as oh
 import pytest
 from onnx import TensorProto, numpy_helper
 
-from .conftest import assert_same, check_fires, check_misses, fuse, make_model, op_types
+from .conftest import assert_same, check_fires, check_misses, fuse, make_model, op_types, rand_feeds
 
 RNG = np.random.default_rng(0)
 K = 8
@@ -165,6 +165,38 @@ def test_skip_rmsnorm_near_misses(kw, reason):
     if "a_shape" in kw:
         m.graph.output[0].type.tensor_type.shape.dim.pop(0)
     check_misses(m, "skip-rmsnorm", reason)
+
+
+@pytest.mark.parametrize(("opset", "square", "div"), [(17, "pow", "recip"), (18, "mul", "div"), (22, "pow", "one_div")])
+def test_rmsnorm_zero_skip_fires(opset, square, div):
+    """A plain RMSNorm below opset 23 becomes SkipSimplifiedLayerNormalization with a zero skip [s, k] expanded
+    at run time (other batch and sequence sizes than the model was declared with run too)."""
+    m = _rms(opset, square, div)
+    for d in (*m.graph.input[0].type.tensor_type.shape.dim[:2], *m.graph.output[0].type.tensor_type.shape.dim[:2]):
+        d.Clear()
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "b"
+    m.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "s"
+    got = check_fires(m, "rmsnorm-zero-skip", ["Shape", "Slice", "Expand", "com.microsoft.SkipSimplifiedLayerNormalization"],
+                      rtol=1e-5, atol=1e-5, feeds=rand_feeds(m, dims={"b": 3, "s": 5}))
+    fused = got.graph.node[-1]
+    assert fused.input[0] == "x" and fused.input[2] == "gamma" and len(fused.output) == 1
+    attrs = {a.name: oh.get_attribute_value(a) for a in fused.attribute}
+    assert abs(attrs["epsilon"] - 1e-6) < 1e-12
+
+
+def test_rmsnorm_zero_skip_near_misses():
+    r, _ = fuse(_rms(23), "rmsnorm-zero-skip")  # RMSNormalization there
+    assert r.fired == {} and r.skipped[0].reason == "model opset 23 outside the rule's range 1..22"
+    check_misses(_rms(18, gamma_input=True), "rmsnorm-zero-skip")
+    check_misses(_rms(18, ax=(1,)), "rmsnorm-zero-skip")
+    check_misses(_rms(18, extra_reader="r"), "rmsnorm-zero-skip", "has 1 consumer(s) outside the match")
+
+
+def test_skip_rmsnorm_wins_over_zero_skip():
+    """With a residual Add before the norm, the bigger rule takes it: no zero skip."""
+    r, got = fuse(_rms(18, skip=True), "skip-rmsnorm", "rmsnorm-zero-skip")
+    assert r.fired == {"skip-rmsnorm": 1}
+    assert op_types(got) == ["com.microsoft.SkipSimplifiedLayerNormalization"]
 
 
 def _skip_ln(bias=False, beta=True, axis=-1, bias_input=False, s_shape=SHAPE, sum_reader=False):
