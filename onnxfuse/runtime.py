@@ -193,7 +193,8 @@ class Candidate:
     initializers go to a side file at page-aligned offsets, which onnxruntime maps instead of copying: a session
     then costs the weights once (not a parse of them plus a copy) and no serialized copy of them is held in
     memory. With external data the model is written next to the source model, so the data's relative locations
-    resolve; if that folder is read-only, into a temporary folder with links to the data files."""
+    resolve; if that folder is read-only, into a temporary folder with the data files hard-linked there (copied
+    across file systems: onnxruntime 1.32 refuses symbolic links that resolve outside the model's folder)."""
 
     def __init__(self, proto: onnx.ModelProto, info: LoadInfo) -> None:
         self.path: str | None = None
@@ -217,7 +218,7 @@ class Candidate:
                 link = os.path.join(self.tmpdir, loc)
                 if not os.path.exists(link):
                     os.makedirs(os.path.dirname(link), exist_ok=True)
-                    os.symlink(os.path.join(src_dir, loc), link)
+                    _place(os.path.join(src_dir, loc), link)
         _write(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), proto)
 
     def close(self) -> None:
@@ -226,6 +227,14 @@ class Candidate:
                 os.unlink(self.path)
         if self.tmpdir:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def _place(src: str, dst: str) -> None:
+    """`src` at `dst` as a file of its own: a hard link, else (another file system) a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
 
 
 SPLIT_BYTES = 4096  # initializers at least this large go to the side file of a split candidate

@@ -73,3 +73,25 @@ def test_a_read_only_folder_loads_eagerly(tmp_path):
         assert not info.lazy
     finally:
         os.chmod(tmp_path, 0o755)
+
+
+def test_a_candidate_of_an_external_data_model_in_a_read_only_folder_loads(tmp_path, monkeypatch):
+    """The data file is hard-linked (or copied) beside a candidate written elsewhere: onnxruntime refuses
+    symbolic links that resolve outside the model's folder."""
+    from onnxfuse import runtime
+
+    src = onnx.load(_model(str(tmp_path / "m.onnx"), width=64))
+    onnx.save(src, str(tmp_path / "ext.onnx"), save_as_external_data=True, location="ext.onnx.data",
+              size_threshold=1024)
+    model, info = L.load_model(str(tmp_path / "ext.onnx"))
+    assert info.external_data
+    real_access = os.access
+    monkeypatch.setattr(runtime.os, "access", lambda p, m: False if str(p) == str(tmp_path) else real_access(p, m))
+    cand = runtime.Candidate(model.export(), info)
+    try:
+        assert not str(cand.source).startswith(str(tmp_path))
+        x = np.ones((1, 64), np.float32)
+        got = runtime.make_session(cand.source).run(None, {"x": x})[0]
+        np.testing.assert_allclose(got, ort_run(str(tmp_path / "m.onnx"), {"x": x})[0], rtol=1e-5, atol=1e-5)
+    finally:
+        cand.close()
