@@ -73,7 +73,7 @@ def optimize(
     threads: Annotated[int, typer.Option("--threads", help="onnxruntime intra-op threads for --measure.")] = 1,
     measure_budget: Annotated[float | None, typer.Option("--measure-budget", help="Seconds for the whole "
                                                          "measuring phase (default: automatic, 4-10 s, keeping "
-                                                         "optimize near 14 s; more past 1 GiB of weights; with "
+                                                         "optimize near 12 s; more past 1 GiB of weights; with "
                                                          "--measure-by model, seconds per round, default 2).")]
     = None,
     measure_by: Annotated[str, typer.Option("--measure-by", help="regions: time each class of alike regions "

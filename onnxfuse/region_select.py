@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx
 
 from .decision_cache import DecisionCache, digest, environment_key
 from .errors import OnnxfuseError
 from .inputs.budget import default_budget_bytes
 from .ir import Model
-from .loader import load_model
+from .loader import all_tensors, load_model
 from .options import OptimizeOptions
 from .patterns.rules import Rule
 from .regions import Region, find_regions, region_model, signature
@@ -45,7 +47,7 @@ MAX_REBUILDS = 3
 MAX_PASSES = 3  # rounds of region finding: the rewrites of the full run, then those dropped ones had shadowed
 REGION_BUDGET_S = 10.0  # the automatic budget at most (models up to 1 GiB)
 AUTO_MIN_S = 4.0  # and at least
-TOTAL_TARGET_S = 14.0  # the whole optimize the automatic budget aims at
+TOTAL_TARGET_S = 12.0  # the whole optimize the automatic budget aims at
 CAPTURE_SHARE = 0.6  # capture may take at most this share of the budget, or nothing is measured
 SHAPE_VALUES = 64  # a region whose inputs are all integers this small computes shapes (see RegionClass.shape_only)
 
@@ -191,6 +193,36 @@ class _Run:
             del session
             release_memory()
         return list(classes.values())
+
+    def reuse(self, hit: dict, state: Rewritten, rule_ids: set[str]) -> tuple[MeasureReport, Rewritten]:
+        """The whole selection of an earlier run on this very model (same file, rewrites, shapes, machine):
+        rebuilt from its kept and dropped rewrites, reported as it was, every row marked cached. The kept
+        selection is validated again by the caller's rules (see region_selection)."""
+        kept = {tuple(k) for k in hit["kept"]}
+        dropped = {tuple(k) for k in hit["dropped"]}
+        if hit["dropped_everything"]:
+            kept, dropped = set(), kept | dropped
+        candidate = self.build(kept, dropped) if dropped else state
+        old = hit["report"]
+        r = self.report
+        for g in old["groups"]:
+            e = g["with_over_without"]
+            r.groups.append(GroupEffect(g["group"], g["rules"], g["rewrites"], g["kept"],
+                                        Ratio(e["median"], e["low"], e["high"]) if e else None,
+                                        source="cached" if g["source"] in ("timed", "cached") else g["source"],
+                                        instances=g["instances"], floor=g["noise_floor"], why=g["why"]))
+        fr = old["final_ratio"]
+        r.final = Ratio(fr["median"], fr["low"], fr["high"]) if fr else None
+        r.floor, r.undecided, r.dropped_everything = old["noise_floor"], old["undecided"], hit["dropped_everything"]
+        r.confirmed = "cached" if old["confirmed"] == "timed" else old["confirmed"]
+        r.note = "the selection of an earlier run on this model (decision cache)"
+        r.seconds = time.perf_counter() - self.t0
+        r.budget_s = hit["budget"]
+        if self.opts.validate and candidate is not state and candidate.eng.applications:
+            outcome = self.validator.check(candidate.proto, candidate.info)
+            if not outcome.ok:
+                raise OnnxfuseError(f"the measured selection does not validate: {outcome.reason}; nothing written")
+        return r, candidate
 
     def capture_too_costly(self, regions: list[Region]) -> str:
         """Why capturing would not fit the budget ("" when it would), from the validator's session and runs."""
@@ -382,6 +414,14 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     report = run.report
     phase = _Phases(report.phases, report.phase_peaks)
     rule_ids = {r.id for r in rules}
+    selection_key = digest("selection", _file_digest(input_path, state.info.external_data), repr(sorted(a.key for a in state.eng.applications)),
+                           repr([sorted((k, v.dtype.str, v.shape) for k, v in f.items()) for _, f in run.profiles]),
+                           run.env)
+    hit = cache.get(selection_key) if cache.enabled else None
+    if hit is not None and (not hit["undecided"] or opts.measure_budget_s is None
+                            or opts.measure_budget_s <= hit["budget"]):
+        with phase("rebuild"):
+            return run.reuse(hit, state, rule_ids)
     kept: set[Key] = set()
     dropped: set[Key] = set()
     all_regions: list[Region] = []
@@ -448,6 +488,10 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     else:
         report.dropped_everything = True
         report.confirmed = "not needed: no rewrite kept"
+    cache.put(selection_key, {"kind": "selection", "kept": sorted(map(list, kept)),
+                              "dropped": sorted(map(list, dropped)), "report": report.to_json(),
+                              "undecided": report.undecided, "budget": run.budget,
+                              "dropped_everything": report.dropped_everything})
     cache.save()
     report.seconds = time.perf_counter() - run.t0
     report.budget_s = run.budget
@@ -457,6 +501,22 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
         if not outcome.ok:
             raise OnnxfuseError(f"the measured selection does not validate: {outcome.reason}; nothing written")
     return report, candidate
+
+
+def _file_digest(path: str, external: bool) -> str:
+    """The model file's bytes; with external data, also the size and modification time of each data file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    if external:
+        folder = os.path.dirname(os.path.abspath(path))
+        locations = {e.value for t in all_tensors(onnx.load(path, load_external_data=False).graph)
+                     for e in t.external_data if e.key == "location"}
+        for loc in sorted(locations):
+            st = os.stat(os.path.join(folder, loc))
+            h.update(f"{loc}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()
 
 
 def _untimed_rows(regions: list[Region]) -> list[GroupEffect]:

@@ -178,6 +178,9 @@ def test_decisions_are_cached_and_a_second_run_writes_the_same_bytes(tmp_path, m
     assert "timed" not in {g.source for g in r2.measure.groups}
     assert {g.source for g in r2.measure.groups} >= {"cached"} and r2.measure.confirmed == "cached"
     assert out1.read_bytes() == out2.read_bytes()
+    # the same file again: the whole selection is reused, nothing is captured or timed
+    assert "capture" not in r2.measure.phases and "earlier run" in r2.measure.note
+    assert [(g.group, g.kept) for g in r2.measure.groups] == [(g.group, g.kept) for g in r1.measure.groups]
     monkeypatch.setattr(rs, "_interleaved", real)
     r3, _ = _optimize(tmp_path, "c.onnx", cache=False)  # --no-cache times again
     assert "cached" not in {g.source for g in r3.measure.groups}
