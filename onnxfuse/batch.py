@@ -137,10 +137,12 @@ def _pool(todo: list[int], items: list[BatchItem], options: OptimizeOptions, env
                 broken.append(i)
     except BaseException:  # Ctrl-C (workers ignore it): stop them, each unwinding what it was writing
         workers = list((getattr(pool, "_processes", None) or {}).values())  # shutdown forgets them
+        manager = getattr(pool, "_executor_manager_thread", None)  # and this
         pool.shutdown(wait=False, cancel_futures=True)
         for proc in workers:
             with contextlib.suppress(OSError):
                 proc.terminate()
+        _forget_manager(manager)
         raise
     pool.shutdown(wait=True)
     broken.sort()
@@ -148,6 +150,21 @@ def _pool(todo: list[int], items: list[BatchItem], options: OptimizeOptions, env
         finish(broken[0], _failure(items[broken[0]], DIED, 0.0))
         broken = broken[1:]
     return broken
+
+
+def _forget_manager(manager) -> None:
+    """Python 3.11's exit hook for process pools writes to each pool manager's wake-up pipe, which a pool
+    stopped this way has already closed: it then prints a traceback after onnxfuse's one line. The manager
+    thread ends once its workers are gone; it is then taken off the hook's list."""
+    import concurrent.futures.process as cfp
+
+    if manager is None:
+        return
+    manager.join(timeout=5)
+    with contextlib.suppress(AttributeError, KeyError, TypeError):
+        wakeup = cfp._threads_wakeups.get(manager)
+        if not manager.is_alive() or getattr(wakeup, "_closed", False):  # closed: it is ending
+            cfp._threads_wakeups.pop(manager, None)
 
 
 def _context():

@@ -17,9 +17,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models")
 SHARED_MODELS = os.path.join(os.path.dirname(ROOT), "shared", "models")
 ort.set_default_logger_severity(3)
-# Measured decisions are cached across runs (decision_cache.py): the suite gets a fresh, empty cache of its own,
-# never the user's, so no state is carried between runs.
+# Measured decisions are cached across runs (decision_cache.py): the suite never uses the user's cache, and each
+# test gets a fresh, empty one (the fixture below), so no state is carried between runs or between tests (the
+# order tests run in, which xdist varies, cannot change what one sees).
 os.environ["ONNXFUSE_CACHE_DIR"] = tempfile.mkdtemp(prefix="onnxfuse-test-cache-")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_decision_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path_factory.mktemp("decision-cache")))
 
 # Property tests are deterministic in the suite: the same examples every run (derandomized), no example
 # database carried between runs, and no shrinking (a failure is reproducible as it is). Fresh seeds belong in
