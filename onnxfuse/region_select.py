@@ -360,7 +360,9 @@ class _Run:
             return Ratio(*hit["ratio"]) if hit.get("ratio") else None
         weights = candidate.info.size_bytes + candidate.info.external_bytes
         why = ""
-        cost = 3 * self.session_s + 3 * (MIN_RUNS_FLOOR + 1) * self.latency_s * len(self.profiles)
+        # the sessions and one warm-up round must fit; whether MIN_RUNS_FLOOR runs do is decided after the warm-up
+        # on the real (ORT_ENABLE_ALL) run times (_interleaved), not on the capture's unoptimized ones
+        cost = 3 * self.session_s + 3 * self.latency_s * len(self.profiles)
         if 3 * weights > default_budget_bytes():
             why = "skipped: three sessions of the model would not fit the memory budget"
         elif time.perf_counter() + cost > self.deadline:
@@ -397,9 +399,9 @@ class _Run:
 
 
 def automatic_budget(weights: int, spent_s: float) -> float:
-    """The budget when none is given: what keeps the whole optimize near TOTAL_TARGET_S (what loading,
-    rewriting and validating took, `spent_s`, is subtracted), between AUTO_MIN_S and REGION_BUDGET_S; past
-    1 GiB of weights, REGION_BUDGET_S more per GiB (loading the model is part of measuring)."""
+    """The budget when none is given: what keeps the whole optimize near TOTAL_TARGET_S (`spent_s`, what loading,
+    rewriting and validating took plus the final validation still to come, is subtracted), between AUTO_MIN_S
+    and REGION_BUDGET_S; past 1 GiB of weights, REGION_BUDGET_S per GiB (loading the model is part of it)."""
     if weights > 2**30:
         return REGION_BUDGET_S * weights / 2**30
     return min(REGION_BUDGET_S, max(AUTO_MIN_S, TOTAL_TARGET_S - spent_s))
