@@ -16,7 +16,6 @@ from .ort_check import file_key, ort_probe
 from .repair import repair_model, unrepairable
 from .tensors import external_info, iter_nodes, type_from_proto
 
-TWO_GB = 2**31
 EXTERNAL_THRESHOLD = 1024  # bytes: tensors at least this large go to the external data file
 
 
