@@ -443,8 +443,8 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
         with phase("capture"):
             classes = run.capture(original, timeable) if timeable else []
             del original
-        if pass_no == 0:  # keep time for the confirmation: three sessions of the model and a few runs of each
-            reserve = 3 * run.session_s + 3 * CONFIRM_RUNS * run.latency_s * len(run.profiles)
+        if pass_no == 0:  # keep time for the confirmation: three sessions of the model and its minimum runs
+            reserve = 3 * run.session_s + 3 * (MIN_RUNS_FLOOR + 1) * run.latency_s * len(run.profiles)
             region_deadline = max(run.deadline - reserve, time.perf_counter() + 0.3 * run.budget)
         with phase("time regions"):
             run.decide(classes, region_deadline)
