@@ -429,15 +429,7 @@ def _externalize(graph: onnx.GraphProto, data_file, data_name: str, source_base_
             offset = int(info.get("offset", 0))
             length = int(info.get("length", os.path.getsize(src) - offset))
             new_offset = _align(data_file)
-            with open(src, "rb") as f:
-                f.seek(offset)
-                remaining = length
-                while remaining:
-                    chunk = f.read(min(remaining, 64 << 20))
-                    if not chunk:
-                        raise ModelError(f"external data file {info['location']!r} ended early")
-                    data_file.write(chunk)
-                    remaining -= len(chunk)
+            _copy_range(src, offset, length, data_file, f"external data file {info['location']!r}")
         elif t.HasField("raw_data") and len(t.raw_data) >= EXTERNAL_THRESHOLD:
             new_offset = _align(data_file)
             length = len(t.raw_data)
@@ -450,6 +442,19 @@ def _externalize(graph: onnx.GraphProto, data_file, data_name: str, source_base_
         for k, v in (("location", data_name), ("offset", str(new_offset)), ("length", str(length))):
             e = t.external_data.add()
             e.key, e.value = k, v
+
+
+def _copy_range(path: str, offset: int, length: int, out, what: str) -> None:
+    """Copy `length` bytes of `path` from `offset` to the open file `out`, 64 MB at a time."""
+    with open(path, "rb") as src:
+        src.seek(offset)
+        remaining = length
+        while remaining:
+            chunk = src.read(min(remaining, 64 << 20))
+            if not chunk:
+                raise ModelError(f"{what} ended early")
+            out.write(chunk)
+            remaining -= len(chunk)
 
 
 def _is_lazy(t: onnx.TensorProto, lazy_location: str | None) -> bool:
@@ -486,15 +491,8 @@ def write_streamed(f, proto: onnx.ModelProto, base_dir: str | None = None, lazy_
             thead, ttail = _split(_embedded(t), 9)
             length = int(info["length"])
             f.write(thead + b"\x4a" + _varint(length))
-            with open(os.path.join(base_dir, info["location"]), "rb") as src:
-                src.seek(int(info["offset"]))
-                remaining = length
-                while remaining:
-                    chunk = src.read(min(remaining, 64 << 20))
-                    if not chunk:
-                        raise ModelError(f"{info['location']}: ended early reading tensor {t.name!r}")
-                    f.write(chunk)
-                    remaining -= len(chunk)
+            _copy_range(os.path.join(base_dir, info["location"]), int(info["offset"]), length, f,
+                        f"{info['location']} (tensor {t.name!r})")
             f.write(ttail)
         elif t.HasField("raw_data"):
             thead, ttail = _split(t, 9)  # TensorProto.raw_data

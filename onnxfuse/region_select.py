@@ -197,7 +197,7 @@ class _Run:
     def reuse(self, hit: dict, state: Rewritten, rule_ids: set[str]) -> tuple[MeasureReport, Rewritten]:
         """The whole selection of an earlier run on this very model (same file, rewrites, shapes, machine):
         rebuilt from its kept and dropped rewrites, reported as it was, every row marked cached. The kept
-        selection is validated again by the caller's rules (see region_selection)."""
+        selection is validated again (validated)."""
         kept = {tuple(k) for k in hit["kept"]}
         dropped = {tuple(k) for k in hit["dropped"]}
         if hit["dropped_everything"]:
@@ -218,11 +218,17 @@ class _Run:
         r.note = "the selection of an earlier run on this model (decision cache)"
         r.seconds = time.perf_counter() - self.t0
         r.budget_s = hit["budget"]
-        if self.opts.validate and candidate is not state and candidate.eng.applications:
-            outcome = self.validator.check(candidate.proto, candidate.info)
+        return r, candidate
+
+    def validated(self, candidate: Rewritten, phase: _Phases) -> tuple[MeasureReport, Rewritten]:
+        """The kept selection validated again (a subset of validated rewrites can still interact), unless it is
+        the full rewrite that was validated already."""
+        if self.opts.validate and candidate is not self.state and candidate.eng.applications:
+            with phase("validate"):
+                outcome = self.validator.check(candidate.proto, candidate.info)
             if not outcome.ok:
                 raise OnnxfuseError(f"the measured selection does not validate: {outcome.reason}; nothing written")
-        return r, candidate
+        return self.report, candidate
 
     def capture_too_costly(self, regions: list[Region]) -> str:
         """Why capturing would not fit the budget ("" when it would), from the validator's session and runs."""
@@ -423,7 +429,8 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     if hit is not None and (not hit["undecided"] or opts.measure_budget_s is None
                             or opts.measure_budget_s <= hit["budget"]):
         with phase("rebuild"):
-            return run.reuse(hit, state, rule_ids)
+            _, candidate = run.reuse(hit, state, rule_ids)
+        return run.validated(candidate, phase)
     kept: set[Key] = set()
     dropped: set[Key] = set()
     all_regions: list[Region] = []
@@ -439,7 +446,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
             regions = find_regions(original, current.model, apps, rule_ids)
             timeable = [r for r in regions if not r.untimeable]
         if pass_no == 0 and (why := run.capture_too_costly(timeable)):
-            return run.unmeasured(why, regions)
+            return run.validated(run.unmeasured(why, regions)[1], phase)
         with phase("capture"):
             classes = run.capture(original, timeable) if timeable else []
             del original
@@ -497,12 +504,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     cache.save()
     report.seconds = time.perf_counter() - run.t0
     report.budget_s = run.budget
-    if opts.validate and candidate is not state and candidate.eng.applications:
-        with phase("validate"):
-            outcome = validator.check(candidate.proto, candidate.info)
-        if not outcome.ok:
-            raise OnnxfuseError(f"the measured selection does not validate: {outcome.reason}; nothing written")
-    return report, candidate
+    return run.validated(candidate, phase)
 
 
 def _file_digest(path: str, external: bool) -> str:

@@ -80,8 +80,8 @@ class Region:
     @property
     def weight_bytes(self) -> int:
         """Bytes of the constants both versions hold (what building and loading them costs)."""
-        return sum(const_bytes(c.graph, [n]) for n, c in {**self.orig_consts}.items()) + \
-            sum(const_bytes(c.graph, [n]) for n, c in self.fused_consts.items())
+        consts = list(self.orig_consts.items()) + list(self.fused_consts.items())
+        return sum(const_bytes(c.graph, [n]) for n, c in consts)
 
     @property
     def label(self) -> str:
@@ -220,14 +220,9 @@ def const_bytes(g: Graph, names: list[str]) -> int:
     for v in names:
         t = g.initializer(v) if v else None
         if t is not None:
-            total += int(np.prod([int(d) for d in t.dims], dtype=np.int64)) * max(1, _ITEMSIZE.get(t.data_type, 4))
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize if t.data_type else 4
+            total += int(np.prod([int(d) for d in t.dims], dtype=np.int64)) * max(1, itemsize)
     return total
-
-
-_ITEMSIZE = {onnx.TensorProto.DOUBLE: 8, onnx.TensorProto.INT64: 8, onnx.TensorProto.UINT64: 8,
-             onnx.TensorProto.FLOAT16: 2, onnx.TensorProto.BFLOAT16: 2, onnx.TensorProto.INT16: 2,
-             onnx.TensorProto.UINT16: 2, onnx.TensorProto.INT8: 1, onnx.TensorProto.UINT8: 1,
-             onnx.TensorProto.BOOL: 1}
 
 
 def _known(v: str, g: Graph) -> bool:
