@@ -132,7 +132,7 @@ def _report_optimize(result, input: str, output: str, opts, bench_after: bool, h
             task = prog.add_task("bench", total=1.0)
             bench_res = run_bench([input, output], ["input", "output"], provider=opts.target,
                                   threads=opts.measure_threads, shapes=opts.shapes or None,
-                                  inputs_npz=opts.inputs_npz,
+                                  inputs_npz=opts.inputs_npz, profiles=opts.profiles or None,
                                   progress=lambda what, f: prog.update(task, description=what, completed=f))
     if html:
         from . import profile as run_profile
@@ -247,10 +247,13 @@ def _bench_batch(results: list[dict], opts, as_json: bool) -> None:
             continue
         with timing_lock():
             res = run_bench([d["input"], d["output"]], ["input", "output"], provider=opts.target,
-                            threads=opts.measure_threads, shapes=opts.shapes or None, inputs_npz=opts.inputs_npz)
+                            threads=opts.measure_threads, shapes=opts.shapes or None, inputs_npz=opts.inputs_npz,
+                            profiles=opts.profiles or None)
         d["bench"] = res.to_json()
         if not as_json:
-            print(f"bench {d['input']}: speedup {res.speedup or 0:.3f}x, {res.verdict}", flush=True)
+            print(f"bench {d['input']}: " + "; ".join(
+                (f"{r.profile} " if res.profiles else "") + f"speedup {r.speedup or 0:.3f}x, {r.verdict}"
+                for r in [res, *res.profiles]), flush=True)
 
 
 @app.command()
@@ -326,10 +329,14 @@ def bench(
     runs: Annotated[int, typer.Option("--runs", help="Minimum timed runs per model.")] = 50,
     budget: Annotated[float, typer.Option("--budget", help="Seconds of interleaved timing.")] = 5.0,
     batch: Annotated[str | None, typer.Option("--batch", help="Batch sweep, e.g. 1,2,4,8,16.")] = None,
+    profile: Annotated[list[str] | None, typer.Option("--profile", help="A named shape profile NAME:DIM=V,..."
+                                                      "[@WEIGHT] (repeatable): each timed (default for a decoder "
+                                                      "with a KV cache: prefill and decode).")] = None,
     html: Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Latency of A (and B, interleaved): median, p90, p99, min, spread, speedup with a 95% CI and a verdict."""
+    """Latency of A (and B, interleaved): median, p90, p99, min, spread, speedup with a 95% CI and a verdict;
+    a decoder with a KV cache at prefill and at decode."""
     from . import bench as run_bench
 
     paths = [a] + ([b] if b else [])
@@ -340,7 +347,7 @@ def bench(
         task = prog.add_task("bench", total=1.0)
         res = run_bench(paths, provider=_target(provider), threads=threads, level=_level(level), shapes=shape,
                         inputs_npz=inputs, min_runs=runs, budget_s=budget, batches=_batches(batch),
-                        progress=lambda what, f: prog.update(task, description=what, completed=f))
+                        profiles=profile or None, progress=lambda what, f: prog.update(task, description=what, completed=f))
     if html:
         from .html_report import render, write
 

@@ -87,16 +87,18 @@ def breakdown_chart(profiles: list[ProfileResult], labels: list[str]) -> str:
     return "".join(parts) + f'<div class="legend">{legend}<span><i style="background:{PALETTE[9]}"></i>other</span></div>'
 
 
-def _bench_section(b: BenchResult) -> str:
+def _bench_section(b: BenchResult, named: bool = False, first: bool = True) -> str:
     rows = [[_e(m.label), f"{m.session_ms:.1f}", f"{m.first_run_ms:.3f}", f"{m.median_ms:.3f}", f"{m.p90_ms:.3f}",
              f"{m.p99_ms:.3f}", f"{m.min_ms:.3f}", f"{m.spread * 100:.1f}%", m.runs] for m in b.models]
-    out = [f"<h2>Latency</h2><p class=meta>{_e(b.provider)} execution provider, {b.threads} thread(s), "
+    head = f"Latency: {_e(b.profile)} profile" if named else "Latency"
+    out = [f"<h2>{head}</h2><p class=meta>{_e(b.provider)} execution provider, {b.threads} thread(s), "
            f"optimization level {_e(b.level)}, inputs {_e(b.inputs)}; runs interleaved in one process.</p>",
            latency_chart(b),
            _table(["model", "session ms", "first run ms", "median ms", "p90 ms", "p99 ms", "min ms", "spread",
                    "runs"], rows)]
     if b.ratio is not None:
-        out.append(f'<p class="verdict" id="verdict">B vs A: {b.speedup:.3f}x speed, time ratio {_e(b.ratio)} '
+        ident = ' id="verdict"' if first else ""
+        out.append(f'<p class="verdict"{ident}>B vs A: {b.speedup:.3f}x speed, time ratio {_e(b.ratio)} '
                    f"(95% CI) &rarr; {_e(b.verdict)}</p><p class=meta>Noise floor: a second session of A against A "
                    f"measures {_e(b.control)}; B must differ by more than that.</p>")
     if b.batches:
@@ -168,7 +170,8 @@ def render(title: str, bench: BenchResult | None = None, profiles: list[ProfileR
     if result is not None:
         body.append(_optimize_section(result))
     if bench is not None:
-        body.append(_bench_section(bench))
+        for n, one in enumerate([bench, *bench.profiles]):
+            body.append(_bench_section(one, named=bool(bench.profiles), first=n == 0))
     if profiles:
         body.append(_profile_section(profiles, labels or [p.path for p in profiles]))
     return (f"<!doctype html><html><head><meta charset=utf-8><title>{_e(title)}</title><style>{CSS}</style></head>"

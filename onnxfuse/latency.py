@@ -4,6 +4,7 @@ confidence interval and a verdict. Optional batch sweep for models with a dynami
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from .inputs import discover
+from .inputs import discover, discover_profiles, parse_profiles
 from .inputs.shapes import ShapeSpec, model_inputs, parse_shape_specs, resolve_shapes
 from .inputs.synth import make_inputs
 from .runtime import make_session, run
@@ -63,10 +64,12 @@ class BenchResult:
     verdict: str | None = None  # faster / slower / no significant change (B against A)
     batches: list[BatchPoint] = field(default_factory=list)
     control: Ratio | None = None  # the same model A in a second session against A: the noise floor
+    profile: str = "default"  # the shape profile timed (prefill, decode, a --profile, or default)
+    profiles: list[BenchResult] = field(default_factory=list)  # the other profiles (a KV-cache decoder: decode)
 
     def to_json(self) -> dict:
         return {
-            "schema": "onnxfuse.bench/1",
+            "schema": "onnxfuse.bench/1", "profile": self.profile,
             "provider": self.provider, "threads": self.threads, "level": self.level, "inputs": self.inputs,
             "models": [{k: v for k, v in m.__dict__.items() if k != "samples_ms"} for m in self.models],
             "speedup": self.speedup,
@@ -74,6 +77,7 @@ class BenchResult:
             "verdict": self.verdict,
             "control_ratio": None if self.control is None else self.control.__dict__,
             "batches": [b.__dict__ for b in self.batches],
+            "profiles": [p.to_json() for p in self.profiles],
         }
 
 
@@ -106,14 +110,41 @@ def probed_inputs(path: str, proto: onnx.ModelProto, spec: ShapeSpec | None, inp
 def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cpu", threads: int = 1,
           level: str = "all", shapes: list[str] | None = None, inputs_npz: str | None = None,
           min_runs: int = 50, budget_s: float = 5.0, batches: list[int] | None = None,
-          progress: Progress | None = None) -> BenchResult:
+          progress: Progress | None = None, profiles: list[str] | None = None) -> BenchResult:
     """Latency of one model, or of two (A and B) interleaved in one process with an A/A control: median, p90,
     p99, min, spread, and B's speedup over A with a 95% CI and a verdict. Inputs as `optimize` finds them (or
-    `shapes`/`inputs_npz`); `batches` adds a batch sweep (latency and samples/s per batch size)."""
+    `shapes`/`inputs_npz`); `batches` adds a batch sweep (latency and samples/s per batch size). A decoder with a
+    KV cache is timed at prefill and at decode (or at each of `profiles`, texts as `--profile` takes them), the
+    budget shared between them: the result is the first profile's, the others under `profiles`."""
     labels = labels or [chr(ord("A") + i) for i in range(len(paths))]
     spec = parse_shape_specs(shapes) if shapes else None
     proto = onnx.load(paths[0], load_external_data=False)
-    feeds = probed_inputs(paths[0], proto, spec, inputs_npz, provider)
+    probe = functools.partial(run, make_session(paths[0], "disable", provider))
+    plans = discover_profiles(proto, probe, spec or ShapeSpec(), inputs_npz,
+                              parse_profiles(profiles) if profiles else None)
+    del probe  # its session: not alive while timing
+    results = []
+    for n, (prof, plan, _) in enumerate(plans):
+        step = None if progress is None else (
+            lambda what, f, n=n, name=prof.name: progress(f"{name}: {what}" if len(plans) > 1 else what,
+                                                          (n + f) / len(plans)))
+        r, sessions = _bench_feeds(paths, labels, plan.feeds, provider, threads, level, min_runs,
+                                   budget_s / len(plans), step)
+        r.profile = prof.name
+        if batches:
+            r.batches = batch_sweep({k: sessions[k] for k in labels}, proto, spec, batches, min_runs,
+                                    budget_s / 2 / len(plans), step)
+        del sessions
+        results.append(r)
+    first = results[0]
+    first.profiles = results[1:]
+    return first
+
+
+def _bench_feeds(paths: list[str], labels: list[str], feeds: dict, provider: str, threads: int, level: str,
+                 min_runs: int, budget_s: float, progress: Progress | None) -> tuple[BenchResult, dict]:
+    """One shape profile of `bench`: sessions, warm-up, interleaved timing, statistics; and the sessions (for a
+    batch sweep)."""
     sessions, load_ms, first_ms, warm = {}, {}, {}, {}
     # with two models, a second session of A (created last) measures what order and placement alone do
     control = len(paths) == 2
@@ -142,10 +173,7 @@ def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cp
         result.control = paired_ratio(times["A/A control"], times[a])
         result.speedup = float(np.median(np.asarray(times[a]) / np.asarray(times[b])))
         result.verdict = verdict(result.ratio, result.control)
-    if batches:
-        result.batches = batch_sweep({k: sessions[k] for k in labels}, proto, spec, batches, min_runs, budget_s / 2,
-                                     progress)
-    return result
+    return result, sessions
 
 
 def dynamic_batch_dim(proto: onnx.ModelProto) -> str | None:

@@ -91,10 +91,12 @@ class OutOfBudget(Exception):
 
 
 def _interleaved(sessions: dict[str, object], profiles: list[tuple[float, dict]], min_runs: int,
-                 deadline: float, hard_deadline: float | None = None) -> dict[str, list[float]]:
+                 deadline: float, hard_deadline: float | None = None,
+                 per_profile: dict[tuple[str, int], list[float]] | None = None) -> dict[str, list[float]]:
     """Weighted sum over profiles of per-run times, sessions interleaved in rotating order: at least
     MIN_RUNS_FLOOR runs, then up to `min_runs` while `deadline` allows. Raises OutOfBudget when, after one
-    warm-up run of each, MIN_RUNS_FLOOR more would end past `hard_deadline` (the end of the whole budget)."""
+    warm-up run of each, MIN_RUNS_FLOOR more would end past `hard_deadline` (the end of the whole budget).
+    `per_profile` also receives each session's unweighted times per profile, keyed (session, profile index)."""
     order = list(sessions)
     t0 = time.perf_counter()
     for s in sessions.values():  # warm-up
@@ -108,11 +110,14 @@ def _interleaved(sessions: dict[str, object], profiles: list[tuple[float, dict]]
     while i < MIN_RUNS_FLOOR or (i < min_runs and time.perf_counter() < deadline):
         rot = order[i % len(order):] + order[: i % len(order)]
         per = dict.fromkeys(order, 0.0)
-        for weight, feeds in profiles:
+        for p, (weight, feeds) in enumerate(profiles):
             for k in rot:
                 t = time.perf_counter()
                 sessions[k].run(None, feeds)
-                per[k] += weight * (time.perf_counter() - t)
+                dt = time.perf_counter() - t
+                per[k] += weight * dt
+                if per_profile is not None:
+                    per_profile.setdefault((k, p), []).append(dt)
         for k in order:
             totals[k].append(per[k])
         i += 1
@@ -143,6 +148,7 @@ class _Run:
         self.report = MeasureReport(opts.target, opts.measure_threads, 0, strategy="regions")
         self.provider = validator.provider
         self.profiles = validator.timing_profiles()
+        self.profile_names = [name for name, _, _ in validator.profiles()]
         self.session_s = 0.0  # creating a session of the original (measured by capture)
         self.latency_s = 0.0  # one run of the original, slowest profile (measured by capture)
 
@@ -215,6 +221,7 @@ class _Run:
         r.final = Ratio(fr["median"], fr["low"], fr["high"]) if fr else None
         r.floor, r.undecided, r.dropped_everything = old["noise_floor"], old["undecided"], hit["dropped_everything"]
         r.confirmed = "cached" if old["confirmed"] == "timed" else old["confirmed"]
+        r.profiles = [(p["name"], p["weight"], Ratio(**p["ratio"])) for p in old.get("profiles", [])]
         r.note = "the selection of an earlier run on this model (decision cache)"
         r.seconds = time.perf_counter() - self.t0
         r.budget_s = hit["budget"]
@@ -363,6 +370,7 @@ class _Run:
         if hit is not None:
             self.report.confirmed = "cached" if hit.get("source") != "budget" else hit.get("why", "skipped")
             self.report.floor = hit.get("floor", 0.0)
+            self.report.profiles = [(n, w, Ratio(*r)) for n, w, r in hit.get("profiles", [])]
             return Ratio(*hit["ratio"]) if hit.get("ratio") else None
         weights = candidate.info.size_bytes + candidate.info.external_bytes
         why = ""
@@ -383,7 +391,8 @@ class _Run:
             sessions = {"o": make_session(self.input_path, "all", self.provider, threads),
                         "c": make_session(cand.source, "all", self.provider, threads),
                         "c2": make_session(cand.source, "all", self.provider, threads)}
-            times = _interleaved(sessions, self.profiles, CONFIRM_RUNS, self.deadline, self.deadline)
+            per_profile: dict[tuple[str, int], list[float]] = {}
+            times = _interleaved(sessions, self.profiles, CONFIRM_RUNS, self.deadline, self.deadline, per_profile)
             del sessions
         except OutOfBudget:
             why = "skipped: its runs would end past the budget"
@@ -399,8 +408,14 @@ class _Run:
         ratio = paired_ratio(ref, times["o"])
         self.report.floor = floor
         self.report.confirmed = "timed"
+        if len(self.profiles) > 1:  # prefill and decode each, not only their weighted total
+            for p, (weight, _) in enumerate(self.profiles):
+                cand_p = [(x + y) / 2 for x, y in zip(per_profile["c", p], per_profile["c2", p], strict=True)]
+                name = self.profile_names[p] if p < len(self.profile_names) else f"profile {p + 1}"
+                self.report.profiles.append((name, weight, paired_ratio(cand_p, per_profile["o", p])))
         self.cache.put(key, {"kind": "model", "source": "timed", "ratio": [ratio.median, ratio.low, ratio.high],
-                             "floor": floor})
+                             "floor": floor, "profiles": [[n, w, [r.median, r.low, r.high]]
+                                                          for n, w, r in self.report.profiles]})
         return ratio
 
 

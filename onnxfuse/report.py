@@ -85,6 +85,7 @@ def print_result(r: Result, console: Console) -> None:
 def print_measure(m, console: Console) -> None:
     if m.note:
         console.print(f"measure: {m.note}")
+        _print_final(m, console)
         return
     t = Table(title=f"measured on {m.provider}, {m.threads} thread(s), ORT_ENABLE_ALL, {m.rounds} round(s), "
                     f"{m.strategy} selection",
@@ -109,12 +110,20 @@ def print_measure(m, console: Console) -> None:
         console.print(f"measure: {m.seconds:.1f} s of a {m.budget_s:.0f} s budget ({phases})"
                       + (f"; {m.undecided} region class(es) not reached: left as the original" if m.undecided
                          else "") + f"; whole-model confirmation: {m.confirmed or 'not needed'}")
+    _print_final(m, console)
+
+
+def _print_final(m, console: Console) -> None:
+    """The whole-model confirmation: candidate / original, and per shape profile where there are several."""
     if m.final is not None:
         what = ("no rewrite group kept (none made it faster; exact folding, if any, stays)" if m.dropped_everything
                 else "kept rewrites")
         console.print(f"measure: {what}; candidate / original latency {m.final} -> "
                       f"{m.final.verdict_beyond(m.floor)} (noise floor: two sessions of one candidate differ by up "
                       f"to {m.floor:.1%})")
+        if m.profiles:
+            console.print("measure: per profile, candidate / original: " + "; ".join(
+                f"{name} (weight {w:g}) {r} -> {r.verdict_beyond(m.floor)}" for name, w, r in m.profiles))
 
 
 def print_near_misses(misses: list[NearMiss], console: Console) -> None:
@@ -158,7 +167,13 @@ def print_rule_usage(rules: list[Rule], target: str, console: Console) -> None:
 
 
 def print_bench(b, console: Console) -> None:
-    t = Table(title=f"latency ({b.provider}, {b.threads} thread(s), level {b.level}, inputs "
+    for one in [b, *b.profiles]:
+        _print_bench_profile(one, console, named=bool(b.profiles))
+
+
+def _print_bench_profile(b, console: Console, named: bool) -> None:
+    t = Table(title=(f"{b.profile} profile: " if named else "") +
+                    f"latency ({b.provider}, {b.threads} thread(s), level {b.level}, inputs "
                     + ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in b.inputs.items()) + ")",
               title_justify="left")
     for col in ("model", "session ms", "first run ms", "median ms", "p90 ms", "p99 ms", "min ms", "spread", "runs"):
@@ -168,7 +183,8 @@ def print_bench(b, console: Console) -> None:
                   f"{m.p90_ms:.3f}", f"{m.p99_ms:.3f}", f"{m.min_ms:.3f}", f"{m.spread * 100:.1f}%", str(m.runs))
     console.print(t)
     if b.ratio is not None:
-        console.print(f"B vs A: {b.speedup:.3f}x speed (time ratio {b.ratio}, 95% CI) -> [bold]{b.verdict}[/bold]"
+        console.print((f"{b.profile}: " if named else "") +
+                      f"B vs A: {b.speedup:.3f}x speed (time ratio {b.ratio}, 95% CI) -> [bold]{b.verdict}[/bold]"
                       f" (noise floor: a second session of A measures {b.control})")
     if b.batches:
         t = Table(title="batch sweep", title_justify="left")

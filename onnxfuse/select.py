@@ -78,6 +78,8 @@ class MeasureReport:
     budget_s: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase (region selection)
     phase_peaks: dict[str, int] = field(default_factory=dict)  # the process's peak RSS at the end of each phase
+    # the whole-model confirmation per shape profile (prefill, decode): (name, weight, candidate / original)
+    profiles: list[tuple[str, float, Ratio]] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -91,6 +93,7 @@ class MeasureReport:
                         "instances": g.instances, "noise_floor": g.floor, "why": g.why} for g in self.groups],
             "strategy": self.strategy, "confirmed": self.confirmed, "undecided": self.undecided,
             "budget_s": self.budget_s, "phases": self.phases, "phase_peak_rss_bytes": self.phase_peaks,
+            "profiles": [{"name": n, "weight": w, "ratio": asdict(r)} for n, w, r in self.profiles],
         }
 
     @property

@@ -111,9 +111,10 @@ def test_reflect_pad_needs_a_minimum_length():
     assert plan.shapes["x"][1] > 100
 
 
-def _text_model(table_rows: int, past: bool = False):
+def _text_model(table_rows: int, past: bool = False, total: str = "past_sequence + sequence", cross: bool = False):
     """input_ids [batch, seq] -> word + position embeddings (a table of `table_rows` rows); with `past`, a KV
-    cache [batch, 2, past, 8] concatenated with the new keys and an attention mask over past + new."""
+    cache [batch, 2, past, 8] concatenated with the new keys and an attention mask over past + new (its length
+    named `total`); with `cross` too, a cross-attention cache [batch, 2, mem, 8] that the new keys only read."""
     rng = np.random.default_rng(0)
     inits = {"word": rng.standard_normal((100, 8)).astype(np.float32),
              "pos": rng.standard_normal((table_rows, 8)).astype(np.float32),
@@ -123,7 +124,7 @@ def _text_model(table_rows: int, past: bool = False):
     inputs = [("ids", ["batch", "sequence"], TensorProto.INT64)]
     if past:
         inputs += [("past_key", ["batch", 2, "past_sequence", 8]),
-                   ("attention_mask", ["batch", "past_sequence + sequence"], TensorProto.INT64)]
+                   ("attention_mask", ["batch", total], TensorProto.INT64)]
         nodes += [oh.make_node("Shape", ["past_key"], ["ps"]), oh.make_node("Gather", ["ps", "two"], ["p"], axis=0),
                   oh.make_node("Add", ["p", "n"], ["end"]), oh.make_node("Range", ["p", "end", "one"], ["pid"])]
         inits["two"] = np.array(2, np.int64)
@@ -140,6 +141,11 @@ def _text_model(table_rows: int, past: bool = False):
                   oh.make_node("Mul", ["present", "m4"], ["masked"])]
         inits["ax13"] = np.array([1, 3], np.int64)
         outputs.append(("masked", None))
+    if cross:  # scores of the new keys against a cache nothing appends to: [b, 2, s, mem]
+        inputs.append(("past_cross_key", ["batch", 2, "encoder_length", 8]))
+        nodes += [oh.make_node("Transpose", ["past_cross_key"], ["ckt"], perm=[0, 1, 3, 2]),
+                  oh.make_node("MatMul", ["k2", "ckt"], ["cross_scores"])]
+        outputs.append(("cross_scores", None))
     return make_model(nodes, inputs, outputs, inits)
 
 
@@ -210,6 +216,34 @@ def test_kv_cache_decoders_get_prefill_and_decode_profiles():
     assert [p.name for p, _, _ in discover_profiles(plain, _probe(plain), ShapeSpec(), None, None)] == ["default"]
 
 
+def test_decode_profile_total_follows_the_fixed_past_length():
+    """A mask over past + new whose dim is a bare name (dynamo's 'total_sequence'): at decode it is 31 + 1, not
+    the new length alone (that ran nothing, and the decoder fell back to one plain shape)."""
+    from onnxfuse.inputs import discover_profiles
+
+    model = _text_model(64, past=True, total="total_sequence")
+    got = {p.name: plan.shapes["attention_mask"] for p, plan, _ in discover_profiles(
+        model, _probe(model), ShapeSpec(), None, None)}
+    assert got == {"prefill": [2, 32], "decode": [2, 32]}
+
+
+def test_cross_attention_cache_keeps_its_length_at_prefill_and_decode():
+    """A cache that no Concat appends to is an encoder's memory: a realistic length in both profiles (never 0
+    at prefill, as a self-attention cache is), named or not."""
+    from onnxfuse.inputs import discover_profiles
+
+    model = _text_model(512, past=True, cross=True)
+    for p, plan, _ in discover_profiles(model, _probe(model), ShapeSpec(), None, None):
+        assert plan.shapes["past_cross_key"] == [2, 2, 128, 8], p.name
+        assert plan.shapes["past_key"][2] == (0 if p.name == "prefill" else 127)
+    roles = {d.key: d.role for d in discover(model, _probe(model))[0].dims}
+    assert roles["encoder_length"] == "memory" and roles["past_sequence"] == "past"
+    from onnxfuse.inputs.discover import memory_caches
+    from onnxfuse.inputs.shapes import model_inputs
+
+    assert memory_caches(model, model_inputs(model)) == {"past_cross_key"}  # by structure, whatever its name
+
+
 def test_profiles_are_parsed_with_weights_and_checked():
     from onnxfuse.inputs import discover_profiles, parse_profiles
 
@@ -242,6 +276,24 @@ def test_optimize_validates_every_profile_and_measures_their_weighted_total(cli,
     assert "inputs: ids[2x8]" in stdout
     code, _, stderr = cli("optimize", src, tmp_path / "o3.onnx", "--profile", "bad")
     assert code == 1 and "invalid --profile 'bad'" in stderr
+
+
+def test_bench_times_a_kv_decoder_at_prefill_and_decode(cli, tmp_path):
+    from onnxfuse.latency import bench
+
+    src = save(_text_model(64, past=True, total="total_sequence"), tmp_path / "kv.onnx")
+    res = bench([src, src], min_runs=5, budget_s=0.05)
+    assert [(r.profile, r.inputs["ids"], r.inputs["past_key"][2]) for r in [res, *res.profiles]] == [
+        ("prefill", [2, 32], 0), ("decode", [2, 1], 31)]
+    assert all(r.verdict and len(r.models) == 2 for r in [res, *res.profiles])
+    data = res.to_json()
+    assert data["profile"] == "prefill" and [p["profile"] for p in data["profiles"]] == ["decode"]
+    code, stdout, stderr = cli("bench", src, "--budget", "0.05", "--runs", "5", "--profile", "short:sequence=8")
+    assert code == 0, stderr
+    assert "ids 2x8" in stdout and "profile:" not in stdout  # one profile: the plain table
+    code, stdout, stderr = cli("bench", src, src, "--budget", "0.05", "--runs", "5")
+    assert code == 0, stderr
+    assert "prefill profile: latency" in stdout and "decode: B vs A" in stdout
 
 
 def test_weighted_time_fn_adds_profiles_per_round():

@@ -120,17 +120,22 @@ def test_alike_regions_share_a_signature_and_others_do_not(tmp_path):
 
 def _fake_interleaved(ratio_of):
     """Times where a region's fused version takes ratio_of(label) of its original version's time."""
-    def fake(sessions, profiles, min_runs, deadline, hard_deadline=None):
+    def fake(sessions, profiles, min_runs, deadline, hard_deadline=None, per_profile=None):
         rng = np.random.default_rng(0)
         n = 30
         base = 1e-3 * (1 + 0.001 * rng.standard_normal(n))
         out = {"a": list(base), "b": list(base * (1 + 0.0005 * rng.standard_normal(n)))}
         if "f" in sessions:
             out["f"] = list(base * fake.ratio)
-        else:  # whole-model confirmation
+        else:  # whole-model confirmation; per profile, fake.per_profile[p] (default: fake.whole)
             out = {"o": list(base), "c": list(base * fake.whole), "c2": list(base * fake.whole)}
+            for p in range(len(profiles)):
+                r = fake.per_profile[p] if p < len(fake.per_profile) else fake.whole
+                for k, f in (("o", 1.0), ("c", r), ("c2", r)):
+                    if per_profile is not None:
+                        per_profile[k, p] = list(base * f)
         return out
-    fake.ratio, fake.whole = ratio_of, 1.0
+    fake.ratio, fake.whole, fake.per_profile = ratio_of, 1.0, []
     return fake
 
 
@@ -161,6 +166,27 @@ def test_a_slower_whole_model_confirmation_writes_the_original(tmp_path, monkeyp
     assert r.measure.dropped_everything and r.measure.final.verdict == "slower"
     assert not any(k.startswith("com.microsoft") for k in r.ops_after)
     onnx.checker.check_model(onnx.load(str(out)))
+
+
+def test_the_confirmation_reports_each_profile(tmp_path, monkeypatch, cli):
+    """With shape profiles (a KV-cache decoder's prefill and decode), the whole-model confirmation gives each
+    profile's ratio besides their weighted total, in the report, its JSON and the decision cache."""
+    monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    fake = _fake_interleaved(0.8)
+    fake.whole, fake.per_profile = 0.9, [0.85, 0.97]
+    monkeypatch.setattr(rs, "_interleaved", fake)
+    profiles = ["small:batch=1", "large:batch=3@2"]
+    r, _ = _optimize(tmp_path, "o.onnx", profiles=profiles)
+    assert r.measure.confirmed == "timed"
+    got = [(n, w, round(x.median, 3)) for n, w, x in r.measure.profiles]
+    assert got == [("small", 1.0, 0.85), ("large", 2.0, 0.97)]
+    assert [p["name"] for p in r.measure.to_json()["profiles"]] == ["small", "large"]
+    r2, _ = _optimize(tmp_path, "o2.onnx", profiles=profiles)  # from the cache: reported the same
+    assert [(n, w, round(x.median, 3)) for n, w, x in r2.measure.profiles] == got
+    code, stdout, stderr = cli("optimize", CNN, tmp_path / "o3.onnx", "--profile", profiles[0], "--profile",
+                               profiles[1], measure=True)
+    assert code == 0, stderr
+    assert "per profile, candidate / original: small (weight 1) 0.850" in " ".join(stdout.split())
 
 
 def test_decisions_are_cached_and_a_second_run_writes_the_same_bytes(tmp_path, monkeypatch):

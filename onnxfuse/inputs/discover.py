@@ -47,6 +47,7 @@ LADDERS: dict[str, tuple[int, ...]] = {
 }
 MAX_PROBES = 8
 _PAST_WORDS = ("past", "cache")
+_MEMORY_WORDS = ("encoder", "cross", "memory")
 _FEATURE_WORDS = ("feature", "mel", "fbank", "spectrogram")
 _TOTAL_WORDS = ("total", "+")
 
@@ -107,8 +108,10 @@ def _words(name: str) -> str:
     return name.lower()
 
 
-def _role(name: str | None, info: InputInfo, axis: int, rank: int, model_kind: str) -> str:
-    """batch / past / total / seq / image / audio / other, from the dim's name, the input and the model."""
+def _role(name: str | None, info: InputInfo, axis: int, rank: int, model_kind: str,
+          memory: frozenset[str] = frozenset()) -> str:
+    """batch / past / memory / total / seq / image / audio / other, from the dim's name, the input and the model.
+    `memory`: the cache inputs nothing appends to (cross-attention keys and values of an encoder's sequence)."""
     is_float = is_inexact(np_dtype(info))
     low = _words(name or "")
     if axis == 0 and rank > 1 and not any(w in low for w in ("seq", "len", "token", "time", "past", "total")):
@@ -118,7 +121,7 @@ def _role(name: str | None, info: InputInfo, axis: int, rank: int, model_kind: s
     if any(w in low for w in _TOTAL_WORDS):  # first: 'past_sequence_length + 1' is a total
         return "total"
     if any(w in low for w in _PAST_WORDS) or any(w in _words(info.name) for w in _PAST_WORDS) and axis == rank - 2:
-        return "past"
+        return "memory" if info.name in memory or any(w in low for w in _MEMORY_WORDS) else "past"
     if is_float and rank == 4 and axis in (2, 3) and model_kind == "image":
         return "image"
     if is_float and rank == 3 and axis == 2 and (any(w in _words(info.name) for w in _FEATURE_WORDS)
@@ -143,6 +146,34 @@ def _model_kind(inputs: list[InputInfo]) -> str:
                 w in _words(i.name) for w in ("hidden", "embed", "state", "past", "cache", "feature")):
             return "audio"
     return "text" if any(not is_inexact(np_dtype(i)) for i in inputs if i.elem_type) else "other"
+
+
+def memory_caches(model: onnx.ModelProto, inputs: list[InputInfo]) -> frozenset[str]:
+    """Cache inputs that no Concat appends to (through reshapes, transposes, casts and splits): the keys and
+    values a cross-attention reads from an encoder's sequence, whose length is the same at prefill and decode.
+    A self-attention cache (past_key -> Concat with the new keys -> present) is not one; neither is a cache input
+    whose name says it is a self-attention cache while the graph says nothing."""
+    index = GraphIndex.build(model)
+    walk = PASS_THROUGH | {"Split", "Gather", "Slice"}
+    out = set()
+    for info in inputs:
+        if not _is_cache(info):
+            continue
+        seen, frontier, appended = {info.name}, [info.name], False
+        for _ in range(4):
+            nxt = []
+            for v in frontier:
+                for node in index.consumers.get(v, []):
+                    if node.op_type == "Concat":
+                        appended = True
+                    elif node.op_type in walk:
+                        nxt += [o for o in node.output if o and o not in seen]
+                        seen.update(node.output)
+            frontier = nxt
+        reached = any(index.consumers.get(v) for v in seen)
+        if not appended and reached:
+            out.add(info.name)
+    return frozenset(out)
 
 
 def _is_cache(info: InputInfo) -> bool:
@@ -449,6 +480,7 @@ def plan_dims(model: onnx.ModelProto, inputs: list[InputInfo], spec: ShapeSpec,
                batch: int, given: str = "--shape") -> dict[str, _Dim]:
     kind = _model_kind(inputs)
     table = position_table_rows(model) if kind == "text" else None
+    memory = memory_caches(model, inputs) if any(_is_cache(i) for i in inputs) else frozenset()
     has_past = False
     dims: dict[str, _Dim] = {}
     bound = dict(spec.dims)  # symbols a --shape tensor fixes bind the other inputs that share them
@@ -466,7 +498,7 @@ def plan_dims(model: onnx.ModelProto, inputs: list[InputInfo], spec: ShapeSpec,
             key = _dim_key(info, axis)
             if key in dims:
                 continue
-            role = _role(d, info, axis, rank, kind)
+            role = _role(d, info, axis, rank, kind, memory)
             has_past |= role == "past"
             if key in bound:
                 dims[key] = _Dim(key, role, (bound[key],), given, fixed=bound[key])
@@ -477,7 +509,7 @@ def plan_dims(model: onnx.ModelProto, inputs: list[InputInfo], spec: ShapeSpec,
                 ladder = LADDERS["audio"][1:] if rate == 8000 else LADDERS["audio"]
                 dims[key] = _Dim(key, role, ladder, f"1 s of audio at {rate or 16000} Hz")
             else:
-                dims[key] = _Dim(key, role, LADDERS.get(role, LADDERS["seq" if role in ("past", "total")
+                dims[key] = _Dim(key, role, LADDERS.get(role, LADDERS["seq" if role in ("past", "total", "memory")
                                                                      else "other"]), _DEFAULT_WHY[role])
     for dim in dims.values():  # what the graph bounds
         if dim.fixed is not None or dim.role not in ("seq", "past", "total") or table is None:
@@ -521,6 +553,7 @@ def shapes_at(inputs: list[InputInfo], spec: ShapeSpec, values: dict[str, int]) 
 
 
 _DEFAULT_WHY = {"seq": "text length 128", "past": "KV cache length (new length - 1)",
+                "memory": "cross-attention memory (an encoder's sequence, nothing appends to it): length 128",
                 "total": "past + new length", "image": "image side 224", "batch": "batch",
                 "other": "no role from the graph (not batch, text, image or audio) and no constant fixes it: "
                          "a mid-size default",
@@ -534,7 +567,9 @@ def _values_at(dims: dict[str, _Dim], level: int) -> dict[str, int]:
     past = None
     for k, d in dims.items():  # a KV cache: past = new - 1 (one decode step short of 2x), total = past + new
         if d.role == "past" and d.fixed is None and seq is not None:
-            values[k] = past = max(seq - 1, 0)
+            values[k] = max(seq - 1, 0)
+        if d.role == "past":  # fixed (a --shape, a profile) or just set: the total follows it either way
+            past = values[k]
     for k, d in dims.items():
         if d.role == "total" and d.fixed is None:
             values[k] = _total_of(k, values, dims) if _total_of(k, values, dims) else (
