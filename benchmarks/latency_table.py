@@ -121,7 +121,7 @@ def time_profile(name: str, feeds: dict, paths: dict[str, str], src: str, thread
     sessions = {"original": session(src, threads), **{k: session(p, threads) for k, p in paths.items()},
                 "A/A": session(src, threads)}
     for s in sessions.values():
-        warm_up(s, feeds, max_runs=60)
+        warm_up(s, feeds, max_runs=20)
     times = time_interleaved(sessions, feeds, runs, budget)
     base = times["original"]
     control = paired_ratio(times["A/A"], base)

@@ -95,6 +95,9 @@ import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "models"))
+from make_transformer_models import _seq2seq_kv_forward  # noqa: E402  (one decoder step with a KV cache)
+
 DEFAULT_OUT = Path.home() / ".cache" / "onnxfuse-corpus"
 VOCAB = 8192
 # Export-time sizes (the exported graphs are dynamic in the axes listed per input).
@@ -315,28 +318,6 @@ def _whisper_dec() -> torch.nn.Module:
     m = WhisperDecoder(cfg).eval()
     perturb_vectors(m)
     return encoder_wrapper(m, ["input_ids", "encoder_hidden_states"])
-
-
-def _seq2seq_kv_forward(self: torch.nn.Module, input_ids: torch.Tensor, past: list[torch.Tensor]
-                        ) -> tuple[torch.Tensor, ...]:
-    """A decoder step with self-attention past key/values and the cross-attention key/values of the encoder
-    output (4 tensors per layer: self key, self value, cross key, cross value)."""
-    from transformers import DynamicCache, EncoderDecoderCache
-
-    cfg = self.model.config
-    self_cache, cross_cache = DynamicCache(config=cfg), DynamicCache(config=cfg)
-    for i in range(self.n_layers):
-        self_cache.update(past[4 * i], past[4 * i + 1], i)
-        cross_cache.update(past[4 * i + 2], past[4 * i + 3], i)
-    # the cross-attention reads its cached key/values; encoder_hidden_states must be given (else the decoder
-    # skips cross-attention) but its values are not read
-    enc = torch.zeros(input_ids.shape[0], 1, cfg.d_model)
-    out = self.model(input_ids=input_ids, encoder_hidden_states=enc,
-                     cache=EncoderDecoderCache(self_cache, cross_cache), use_cache=True)
-    flat: list[torch.Tensor] = []
-    for layer in out.past_key_values.self_attention_cache.layers[: self.n_layers]:
-        flat += [layer.keys, layer.values]
-    return (out.last_hidden_state, *flat)
 
 
 def _whisper_dec_kv() -> torch.nn.Module:

@@ -108,9 +108,11 @@ def feeds_from_inputs_json(spec: list[dict[str, Any]]) -> Feeds:
             arr[1, -inp.get("masked_tail", MASKED_TAIL):] = 0
         elif inp["kind"] == "zeros":
             arr = np.zeros(shape)
+        elif inp["kind"] == "positions":  # the new tokens follow the cache
+            arr = np.broadcast_to(np.arange(inp["start"], inp["start"] + shape[1]), shape)
         else:
             arr = rng.standard_normal(shape)
-        feeds[inp["name"]] = arr.astype(inp["dtype"])
+        feeds[inp["name"]] = np.ascontiguousarray(arr).astype(inp["dtype"])
     return feeds
 
 

@@ -93,10 +93,13 @@ class OutOfBudget(Exception):
 def _interleaved(sessions: dict[str, object], profiles: list[tuple[float, dict]], min_runs: int,
                  deadline: float, hard_deadline: float | None = None,
                  per_profile: dict[tuple[str, int], list[float]] | None = None) -> dict[str, list[float]]:
-    """Weighted sum over profiles of per-run times, sessions interleaved in rotating order: at least
-    MIN_RUNS_FLOOR runs, then up to `min_runs` while `deadline` allows. Raises OutOfBudget when, after one
-    warm-up run of each, MIN_RUNS_FLOOR more would end past `hard_deadline` (the end of the whole budget).
-    `per_profile` also receives each session's unweighted times per profile, keyed (session, profile index)."""
+    """Per-run times, sessions interleaved in rotating order: at least MIN_RUNS_FLOOR runs, then up to
+    `min_runs` while `deadline` allows. Raises OutOfBudget when, after one warm-up run of each, MIN_RUNS_FLOOR
+    more would end past `hard_deadline` (the end of the whole budget).
+    With several shape profiles a run's time is the weighted sum over profiles of each profile's time relative
+    to the first session's median there: prefill and decode then count by their weights, not by their
+    durations (a decode step, 10-100x shorter than a prefill, would otherwise not count at all). `per_profile`
+    also receives each session's seconds per profile, keyed (session, profile index)."""
     order = list(sessions)
     t0 = time.perf_counter()
     for s in sessions.values():  # warm-up
@@ -105,23 +108,22 @@ def _interleaved(sessions: dict[str, object], profiles: list[tuple[float, dict]]
     now = time.perf_counter()
     if hard_deadline is not None and now + (now - t0) * MIN_RUNS_FLOOR > hard_deadline:
         raise OutOfBudget
-    totals: dict[str, list[float]] = {k: [] for k in sessions}
+    raw: dict[tuple[str, int], list[float]] = {(k, p): [] for k in order for p in range(len(profiles))}
     i = 0
     while i < MIN_RUNS_FLOOR or (i < min_runs and time.perf_counter() < deadline):
         rot = order[i % len(order):] + order[: i % len(order)]
-        per = dict.fromkeys(order, 0.0)
-        for p, (weight, feeds) in enumerate(profiles):
+        for p, (_, feeds) in enumerate(profiles):
             for k in rot:
                 t = time.perf_counter()
                 sessions[k].run(None, feeds)
-                dt = time.perf_counter() - t
-                per[k] += weight * dt
-                if per_profile is not None:
-                    per_profile.setdefault((k, p), []).append(dt)
-        for k in order:
-            totals[k].append(per[k])
+                raw[k, p].append(time.perf_counter() - t)
         i += 1
-    return totals
+    if per_profile is not None:
+        per_profile.update(raw)
+    if len(profiles) == 1:
+        return {k: raw[k, 0] for k in order}
+    scale = [w / max(float(np.median(raw[order[0], p])), 1e-12) for p, (w, _) in enumerate(profiles)]
+    return {k: [sum(scale[p] * raw[k, p][r] for p in range(len(profiles))) for r in range(i)] for k in order}
 
 
 def _verdict(times: dict[str, list[float]], a: str, b: str, f: str) -> tuple[Ratio, float]:
@@ -277,12 +279,14 @@ class _Run:
                     "b": _Filtered(make_session(orig, "all", self.provider, threads)),
                     "f": _Filtered(make_session(fused, "all", self.provider, threads))}
         profiles = [(w, feeds) for (w, _), feeds in zip(self.profiles, c.feeds, strict=True)]
-        times = _interleaved(sessions, profiles, MIN_RUNS, deadline, self.deadline)
+        raw: dict[tuple[str, int], list[float]] = {}
+        times = _interleaved(sessions, profiles, MIN_RUNS, deadline, self.deadline, raw)
         self.report.rounds += 1
         ratio, floor = _verdict(times, "a", "b", "f")
         keep = ratio.verdict_beyond(floor) == "faster"
+        each = sum(w * float(np.median(raw["a", p])) for p, (w, _) in enumerate(profiles))
         return GroupEffect(rep.label, rep.rules, len(c.keys), keep, ratio, source="timed",
-                           instances=len(c.regions), floor=floor, seconds_each=float(np.median(times["a"])))
+                           instances=len(c.regions), floor=floor, seconds_each=each)
 
     def _cached(self, key: str) -> dict | None:
         """A cached decision, unless it is "not reached" and this run was given (--measure-budget) a larger

@@ -298,17 +298,21 @@ def _regions(report: MeasureReport, effects: dict[str, GroupEffect], groups: dic
 
 
 def weighted_time_fn(time_fn: TimeFn, profiles: list[tuple[float, dict[str, np.ndarray]]]) -> TimeFn:
-    """Times every shape profile (prefill, decode) and adds them per interleaved round, weighted: a group then
-    counts by its effect on the weighted total latency. The feeds passed in are ignored."""
+    """Times every shape profile (prefill, decode) and adds them per interleaved round, weighted, each relative
+    to the first source's median at that profile: a group then counts by its weighted effect on each profile,
+    whatever the profiles' durations (region selection's `_interleaved` does the same). The feeds passed in
+    are ignored."""
 
     def timed(sources: dict[str, Source], _feeds: dict[str, np.ndarray]) -> dict[str, list[float]]:
         total: dict[str, list[float]] = {}
         for weight, feeds in profiles:
             times = time_fn(sources, feeds)
+            first = next(iter(times.values()))
+            scale = weight / max(float(np.median(first)), 1e-12) if len(profiles) > 1 else weight
             for label, ts in times.items():
                 prev = total.get(label)
-                total[label] = [weight * t for t in ts] if prev is None else [
-                    a + weight * b for a, b in zip(prev, ts, strict=False)]
+                total[label] = [scale * t for t in ts] if prev is None else [
+                    a + scale * b for a, b in zip(prev, ts, strict=False)]
         return total
 
     return timed

@@ -303,7 +303,8 @@ def test_weighted_time_fn_adds_profiles_per_round():
         return {k: [feeds["scale"] * (i + 1)] * 3 for i, k in enumerate(sources)}
 
     timed = weighted_time_fn(fake, [(1.0, {"scale": 1.0}), (4.0, {"scale": 10.0})])
-    assert timed({"a": None, "b": None}, {}) == {"a": [41.0] * 3, "b": [82.0] * 3}
+    # each profile relative to the first source's time there (1 and 10): a = 1 + 4, b = 2 + 4 * 2
+    assert timed({"a": None, "b": None}, {}) == {"a": [5.0] * 3, "b": [10.0] * 3}
 
 
 def test_frames_of_a_fixed_size_are_read_from_the_reshape_target():

@@ -127,6 +127,10 @@ def _fake_interleaved(ratio_of):
         out = {"a": list(base), "b": list(base * (1 + 0.0005 * rng.standard_normal(n)))}
         if "f" in sessions:
             out["f"] = list(base * fake.ratio)
+            for p in range(len(profiles)):
+                for k, ts in out.items():
+                    if per_profile is not None:
+                        per_profile[k, p] = ts
         else:  # whole-model confirmation; per profile, fake.per_profile[p] (default: fake.whole)
             out = {"o": list(base), "c": list(base * fake.whole), "c2": list(base * fake.whole)}
             for p in range(len(profiles)):
@@ -313,3 +317,28 @@ def test_a_model_of_the_same_architecture_reuses_the_decisions(tmp_path, monkeyp
     sources = {g.source for g in r2.measure.groups}
     assert "timed" not in sources and "cached" in sources
     assert [g.kept for g in r1.measure.groups] == [g.kept for g in r2.measure.groups]
+
+
+def test_profiles_count_by_weight_not_by_duration(monkeypatch):
+    """A fused version 5% faster at prefill (10 s) but 20% slower at decode (1 s) is slower at equal weights:
+    each profile counts relative to the original's time there (as seconds, the prefill would hide the decode)."""
+    clock = [0.0]
+    monkeypatch.setattr(rs.time, "perf_counter", lambda: clock[0])
+
+    class Fake:
+        def __init__(self, costs):
+            self.costs = costs
+
+        def run(self, _outputs, feeds):
+            clock[0] += self.costs[feeds["p"]]
+
+    sessions = {"a": Fake([10.0, 1.0]), "b": Fake([10.0, 1.0]), "f": Fake([9.5, 1.2])}
+    raw: dict = {}
+    times = rs._interleaved(sessions, [(1.0, {"p": 0}), (1.0, {"p": 1})], 10, 1e9, None, raw)
+    ratio, floor = rs._verdict(times, "a", "b", "f")
+    assert ratio.median == pytest.approx((0.95 + 1.2) / 2) and floor == 0 and ratio.verdict == "slower"
+    assert raw["f", 0][0] == 9.5 and raw["a", 1][0] == 1.0  # seconds per profile, as run
+    times = rs._interleaved(sessions, [(3.0, {"p": 0}), (1.0, {"p": 1})], 10, 1e9)  # prefill counts 3x
+    assert rs._verdict(times, "a", "b", "f")[0].median == pytest.approx((3 * 0.95 + 1.2) / 4)
+    single = rs._interleaved(sessions, [(1.0, {"p": 0})], 10, 1e9)
+    assert single["f"][0] == 9.5  # one profile: plain seconds

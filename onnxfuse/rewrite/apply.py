@@ -205,7 +205,7 @@ def apply_match(rule: Rule, graph: Graph, b: Binding) -> Application:
             graph.model.opsets[rn.call.domain] = 1
     if any(o.startswith(MS_DOMAIN) for o in ops):
         graph.model.opsets.setdefault(MS_DOMAIN, 1)
-    drop_dead_producers(graph, [i for n in b.matched + b.side for i in n.inputs])
+    drop_dead_producers(graph, [i for n in b.matched + b.side for i in n.inputs] + _drop_dead_kept(graph, b.kept))
     if temps:
         _infer_temp_types(graph, [graph.producer[t].proto for t in temps.values() if t in graph.producer],
                           set(temps.values()))
@@ -251,6 +251,22 @@ def alias_value(graph: Graph, old: str, new: str, seq: tuple[int, ...], prefix: 
         return graph.add_node(proto, seq)
     graph.replace_all_uses_with(old, new)
     return None
+
+
+def _drop_dead_kept(graph: Graph, kept: tuple) -> list[str]:
+    """Remove the nodes of shared lines that nothing reads any more (a shared line keeps its node only for
+    readers outside the match); returns their inputs, for drop_dead_producers."""
+    inputs: list[str] = []
+    changed = True
+    while changed:
+        changed = False
+        for n in kept:
+            if n.alive and not n.subgraphs and not any(graph.consumers.get(o) or graph.is_graph_output(o)
+                                                       for o in n.outputs if o):
+                graph.remove_node(n)
+                inputs.extend(i for i in n.inputs if i)
+                changed = True
+    return inputs
 
 
 def drop_dead_producers(graph: Graph, names: list[str]) -> None:

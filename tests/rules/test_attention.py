@@ -653,7 +653,25 @@ EXPORTS = {
     # stage 1: key / value from a sequence reduced by a strided conv; stage 2 (sr 1): from the input itself
     "segformer_ts17": ({"cross-attention": 1, "self-attention": 1}, None),
     "segformer_dynamo18": ({"cross-attention": 1, "self-attention": 1}, None),
+    # decoders with a KV cache (past ++ new keys, grouped KV heads repeated, rotary on per-row position ids;
+    # Phi: rotary on half of each head): MultiHeadAttention on the heads, RotaryEmbedding on q and k
+    "llama_kv_ts17": ({"attention-heads-split-matmul": 2}, "MultiHeadAttention"),
+    "llama_kv_dynamo18": ({"attention-heads-split-matmul": 2}, "MultiHeadAttention"),
+    "phi_kv_ts17": ({"attention-heads-split-matmul": 2}, "MultiHeadAttention"),
+    "phi_kv_dynamo18": ({"attention-heads-split-matmul": 2}, "MultiHeadAttention"),
+    # a decoder step: self-attention over past ++ new, cross-attention on the cached cross key / values
+    "whisper_dec_kv_ts17": ({"attention-heads-split-matmul": 2}, "MultiHeadAttention"),
+    "whisper_dec_kv_dynamo18": ({"attention-heads-split-matmul": 2}, "MultiHeadAttention"),
+    # causal + padding self-attention, cross-attention with the encoder's padding mask
+    "bart_dec_ts17": ({"self-attention": 1, "cross-attention": 1}, None),
+    "bart_dec_dynamo18": ({"self-attention": 1, "cross-attention": 1}, None),
+    # windowed attention: windows folded into the batch, relative position bias, shifted-window mask
+    "swin_ts17": ({"self-attention": 2}, "Attention"),
+    # relative position bias as attention_bias, no scale; layer 0 also reads the key heads' length (for the
+    # bias's positions): its key projection stays for that reader
+    "t5_enc_ts17": ({"self-attention-nobias": 2}, "Attention"),
 }
+ROTARY = {"llama_kv_ts17": 4, "llama_kv_dynamo18": 4, "phi_kv_ts17": 4, "phi_kv_dynamo18": 4}
 
 
 def _export_feeds(name: str) -> dict[str, np.ndarray]:
@@ -667,6 +685,9 @@ def _export_feeds(name: str) -> dict[str, np.ndarray]:
             m = np.ones(i["shape"], i["dtype"])
             m[1, -3:] = 0
             feeds[i["name"]] = m
+        elif i["kind"] == "positions":  # the new tokens follow the cache
+            feeds[i["name"]] = np.broadcast_to(np.arange(i["start"], i["start"] + i["shape"][1]),
+                                               i["shape"]).astype(i["dtype"])
         else:
             feeds[i["name"]] = rng.standard_normal(i["shape"]).astype(i["dtype"])
     return feeds
@@ -674,8 +695,9 @@ def _export_feeds(name: str) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("name", sorted(EXPORTS))
 def test_real_exports_fuse_with_equal_numerics(name, tmp_path):
-    """Every attention block of the CLIP text encoder, the Whisper decoder (self- and cross-attention) and
-    SegFormer (reduced key / value) fuses with the built-in rules, and onnxruntime gives the original's output."""
+    """Every attention block of the CLIP text encoder, the Whisper decoder (self- and cross-attention, with and
+    without a cache), SegFormer (reduced key / value), the BART decoder, Swin (windows) and the Llama / Phi
+    decoders with a KV cache fuses with the built-in rules, and onnxruntime gives the original's outputs."""
     from onnxfuse import OptimizeOptions, optimize
 
     from .conftest import ort_run
@@ -694,7 +716,10 @@ def test_real_exports_fuse_with_equal_numerics(name, tmp_path):
     assert "Softmax" not in ops
     if op is not None:
         assert ops.count(op) == sum(want_rules.values())
+    assert ops.count("RotaryEmbedding") == ROTARY.get(name, 0)
     feeds = _export_feeds(name)
-    want = ort_run(onnx.load(str(src)), feeds)[0]
-    have = ort_run(got, feeds)[0]
-    np.testing.assert_allclose(have, want, rtol=1e-4, atol=1e-4)
+    want = ort_run(onnx.load(str(src)), feeds)
+    have = ort_run(got, feeds)
+    assert len(want) == len(have)
+    for w, h in zip(want, have, strict=True):  # every output: logits and the present key / values
+        np.testing.assert_allclose(h, w, rtol=1e-4, atol=1e-4)
