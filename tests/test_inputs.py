@@ -111,10 +111,12 @@ def test_reflect_pad_needs_a_minimum_length():
     assert plan.shapes["x"][1] > 100
 
 
-def _text_model(table_rows: int, past: bool = False, total: str = "past_sequence + sequence", cross: bool = False):
+def _text_model(table_rows: int, past: bool = False, total: str = "past_sequence + sequence", cross: bool = False,
+                hidden_table: bool = False):
     """input_ids [batch, seq] -> word + position embeddings (a table of `table_rows` rows); with `past`, a KV
     cache [batch, 2, past, 8] concatenated with the new keys and an attention mask over past + new (its length
-    named `total`); with `cross` too, a cross-attention cache [batch, 2, mem, 8] that the new keys only read."""
+    named `total`); with `cross` too, a cross-attention cache [batch, 2, mem, 8] that the new keys only read;
+    `hidden_table`: the positions go through a Mul by 1, so the graph does not show the table bounds them."""
     rng = np.random.default_rng(0)
     inits = {"word": rng.standard_normal((100, 8)).astype(np.float32),
              "pos": rng.standard_normal((table_rows, 8)).astype(np.float32),
@@ -130,7 +132,10 @@ def _text_model(table_rows: int, past: bool = False, total: str = "past_sequence
         inits["two"] = np.array(2, np.int64)
     else:
         nodes.append(oh.make_node("Range", ["zero", "n", "one"], ["pid"]))
-    nodes += [oh.make_node("Gather", ["pos", "pid"], ["pe"]), oh.make_node("Add", ["we", "pe"], ["y"])]
+    if hidden_table:
+        nodes.append(oh.make_node("Mul", ["pid", "one"], ["pid1"]))
+    nodes += [oh.make_node("Gather", ["pos", "pid1" if hidden_table else "pid"], ["pe"]),
+              oh.make_node("Add", ["we", "pe"], ["y"])]
     outputs = [("y", None)]
     if past:  # present = past ++ new (one head pair), masked by attention_mask over past + new
         nodes += [oh.make_node("Unsqueeze", ["y", "ax1"], ["k"]),
@@ -225,6 +230,17 @@ def test_decode_profile_total_follows_the_fixed_past_length():
     got = {p.name: plan.shapes["attention_mask"] for p, plan, _ in discover_profiles(
         model, _probe(model), ShapeSpec(), None, None)}
     assert got == {"prefill": [2, 32], "decode": [2, 32]}
+
+
+def test_profiles_fall_back_to_the_length_that_runs():
+    """A position table the graph does not show as one (40 rows): prefill 128 / decode 1 after 127 cannot run,
+    so the profiles take the length plain discovery settled on (16: 16 + 15 fit), not one plain shape."""
+    from onnxfuse.inputs import discover_profiles
+
+    model = _text_model(40, past=True, hidden_table=True)
+    got = {p.name: plan.shapes["past_key"][2:3] + plan.shapes["ids"][1:] for p, plan, _ in discover_profiles(
+        model, _probe(model), ShapeSpec(), None, None)}
+    assert got == {"prefill": [0, 16], "decode": [15, 1]}
 
 
 def test_cross_attention_cache_keeps_its_length_at_prefill_and_decode():

@@ -211,7 +211,7 @@ def position_table_rows(model: onnx.ModelProto) -> tuple[int, str] | None:
     return best
 
 
-_INDEX_PASS = PASS_THROUGH | {"Add", "Sub", "Cast", "Expand", "Unsqueeze", "Squeeze"}
+_INDEX_PASS = PASS_THROUGH | {"Add", "Sub", "Cast", "Expand", "Unsqueeze", "Squeeze", "Tile"}
 
 
 def _positional(index: GraphIndex, value: str, inputs: set[str], depth: int = 0) -> bool:

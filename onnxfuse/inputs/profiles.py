@@ -57,10 +57,10 @@ def _merged(user: ShapeSpec, profile: ShapeSpec) -> ShapeSpec:
     return ShapeSpec(tensors={**user.tensors, **profile.tensors}, dims={**user.dims, **profile.dims})
 
 
-def default_profiles(model: onnx.ModelProto, spec: ShapeSpec) -> list[Profile]:
-    """Decoders with a KV cache: prefill (the discovered length, empty cache) and decode (one new token after
-    a cache one short of that length), weighted equally. None for other models, or when the user fixed the
-    cache length."""
+def default_profiles(model: onnx.ModelProto, spec: ShapeSpec, length: int | None = None) -> list[Profile]:
+    """Decoders with a KV cache: prefill (the discovered length, or `length`, with an empty cache) and decode
+    (one new token after a cache one short of that length), weighted equally. None for other models, or when
+    the user fixed the cache length."""
     inputs = model_inputs(model)
     if any(i.shape is None for i in inputs):
         return []
@@ -69,7 +69,7 @@ def default_profiles(model: onnx.ModelProto, spec: ShapeSpec) -> list[Profile]:
     seq = [k for k, d in dims.items() if d.role == "seq" and d.fixed is None]
     if not past or len(seq) != 1:
         return []
-    n = dims[seq[0]].ladder[0]
+    n = length or dims[seq[0]].ladder[0]
     return [Profile("prefill", ShapeSpec(dims={seq[0]: n, **{p: 0 for p in past}})),
             Profile("decode", ShapeSpec(dims={seq[0]: 1, **{p: n - 1 for p in past}}))]
 
@@ -83,20 +83,28 @@ def discover_profiles(model: onnx.ModelProto, probe: Callable[[dict], object] | 
         plan, result = discover(model, probe, spec, npz_path, budget_bytes=budget_bytes)
         return [(Profile("default", spec), plan, result)]
 
+    def each(chosen: list[Profile]) -> list[tuple[Profile, InputPlan, object]]:
+        return [(p, *discover(model, probe, _merged(spec, p.spec), budget_bytes=budget_bytes,
+                              given=f"{p.name} profile")) for p in chosen]
+
     if npz_path is not None:
         return single()
-    chosen = profiles or default_profiles(model, spec)
-    out: list[tuple[Profile, InputPlan, object]] = []
-    for p in chosen:
-        try:
-            plan, result = discover(model, probe, _merged(spec, p.spec), budget_bytes=budget_bytes,
-                                    given=f"{p.name} profile")
-        except InputSpecError:
-            if profiles:
-                raise
-            return single()  # the default profiles do not fit this export: its plain shapes then
-        out.append((p, plan, result))
-    return out or single()
+    if profiles:
+        return each(profiles)  # a user's profile the model cannot run is an error
+    chosen = default_profiles(model, spec)
+    if not chosen:
+        return single()
+    try:
+        return each(chosen)
+    except InputSpecError:  # too long for this export (a position table the graph hides): at the length the
+        plain = single()    # plain discovery settled on, else its plain shapes
+        seq = [d.value for d in plain[0][1].dims if d.role == "seq"]
+        if len(seq) == 1 and seq[0] > 1:
+            try:
+                return each(default_profiles(model, spec, seq[0]))
+            except InputSpecError:
+                pass
+        return plain
 
 
 def at_batch(model: onnx.ModelProto, plan: InputPlan, batch: int, seed: int = 0) -> dict[str, np.ndarray] | None:
