@@ -55,3 +55,4 @@ def test_reducemean_over_a_dim_that_is_not_one_stays(tmp_path):
     model = make_model(nodes, [("x", [2, 4, 3])], [("z", [2, 1, 3])], opset=15)
     r, got = _optimize(tmp_path, model)
     assert r.fired == {} and op_types(got) == ["ReduceMean"]
+

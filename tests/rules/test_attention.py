@@ -723,3 +723,20 @@ def test_real_exports_fuse_with_equal_numerics(name, tmp_path):
     assert len(want) == len(have)
     for w, h in zip(want, have, strict=True):  # every output: logits and the present key / values
         np.testing.assert_allclose(h, w, rtol=1e-4, atol=1e-4)
+
+
+def test_two_score_biases_become_one_attention_bias():
+    """MPNet adds a relative position bias and then the mask to the scores: attention-bias-sum sums the two
+    first, and self-attention then fuses with that sum as its attention_bias."""
+    m = _self_attention(mask=(B, 1, S, S))
+    at = next(k for k, n in enumerate(m.graph.node) if n.op_type == "Softmax")
+    masked = m.graph.node[at].input[0]
+    m.graph.node[at].input[0] = "masked2"
+    m.graph.node.insert(at, oh.make_node("Add", [masked, "rel"], ["masked2"], name="rel_add"))
+    m.graph.input.append(oh.make_tensor_value_info("rel", TensorProto.FLOAT, [1, N, S, S]))
+    feeds = _feeds(m)
+    got = check_fires(m, ["attention-bias-sum", "self-attention"], ["Add", *FUSED], feeds=feeds,
+                      fired={"attention-bias-sum": 1, "self-attention": 1}, rtol=1e-4, atol=1e-4)
+    att = next(n for n in got.graph.node if n.op_type == "Attention")
+    assert att.input[5] != "m"  # the sum of the two terms, not the mask alone
+    check_misses(_self_attention(mask=(B, 1, S, S)), "attention-bias-sum")  # one term: nothing to do

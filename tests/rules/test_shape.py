@@ -180,3 +180,25 @@ def test_gather_unsqueeze_slice_fires(index, start, axes):
 ])
 def test_gather_unsqueeze_slice_near_misses(kw, reason):
     check_misses(_gather_unsqueeze(**kw), "gather-unsqueeze-slice", reason)
+
+
+def _dims_slice(start, end, x_shape=("n", 4, 16)):
+    nodes = [oh.make_node("Shape", ["x"], ["s"], name="shape"),
+             oh.make_node("Slice", ["s", "st", "en"], ["d"], name="slice"),
+             oh.make_node("Cast", ["d"], ["y"], name="cast", to=TensorProto.FLOAT)]
+    return make_model(nodes, [("x", list(x_shape))], [("y", None)],
+                      {"st": np.array(start, np.int64), "en": np.array(end, np.int64)})
+
+
+@pytest.mark.parametrize(("start", "end", "want"), [([-1], [2**63 - 1], [16]), ([1], [3], [4, 16])])
+def test_shape_slice_static_fires(start, end, want):
+    """Shape(q)[-1:], as SDPA exports without a scale compute it: the static dims become a constant."""
+    got = check_fires(_dims_slice(start, end), "shape-slice-static", ["Cast"], fold=False,
+                      feeds={"x": np.zeros((3, 4, 16), np.float32)})
+    (init,) = [numpy_helper.to_array(t) for t in got.graph.initializer if t.name == got.graph.node[0].input[0]]
+    assert init.dtype == np.int64 and list(init) == want
+
+
+def test_shape_slice_static_leaves_symbolic_dims():
+    check_misses(_dims_slice([0], [2]), "shape-slice-static", "min(X.dims[int(ST[0]):int(EN[0])]) >= 0",
+                 fold=False)
