@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 __all__ = ["DecisionCache", "cache_dir", "environment_key"]
 
 FORMAT = 1
+# How decisions are measured: a change that can change a verdict (protocol 2: several shape profiles count
+# relative to the original's time at each) makes earlier decisions miss instead of being reused.
+PROTOCOL = 2
 FILE = "decisions.json"
 
 
@@ -45,7 +48,7 @@ def environment_key(provider: str, threads: int) -> str:
     """What a timing decision depends on besides the region: provider, threads, onnxruntime, processor."""
     import onnxruntime as ort
 
-    return f"{provider}|{threads}|ort {ort.__version__}|{_processor()}|format {FORMAT}"
+    return f"{provider}|{threads}|ort {ort.__version__}|{_processor()}|format {FORMAT}|protocol {PROTOCOL}"
 
 
 def digest(*parts: str) -> str:
