@@ -106,7 +106,8 @@ class ModelRow:
 # Counting
 # --------------------------------------------------------------------------- #
 def decomposed_norms(graph: onnx.GraphProto) -> int:
-    """Sqrt(Add(ReduceMean(...), eps)): one per decomposed LayerNorm or RMSNorm."""
+    """Sqrt(Add(ReduceMean(...), eps)): one per decomposed LayerNorm or RMSNorm (GlobalAveragePool in place of
+    ReduceMean: a Keras LayerNormalization converted by tf2onnx)."""
     producer = {o: n for n in all_nodes(graph) for o in n.output}
     count = 0
     for n in all_nodes(graph):
@@ -115,7 +116,8 @@ def decomposed_norms(graph: onnx.GraphProto) -> int:
         add = producer.get(n.input[0])
         if add is None or add.op_type != "Add":
             continue
-        if any(producer.get(i) is not None and producer[i].op_type == "ReduceMean" for i in add.input):
+        if any(producer.get(i) is not None and producer[i].op_type in ("ReduceMean", "GlobalAveragePool")
+               for i in add.input):  # GlobalAveragePool: tf2onnx's Keras LayerNormalization
             count += 1
     return count
 

@@ -328,3 +328,39 @@ def test_skip_norm_needs_a_skip_of_the_same_shape(rule_id):
     r, got = fuse(m, rule_id)
     assert r.fired == {}, "fired: " + str(op_types(got))
     assert_same(m, got, feeds)
+
+
+def _tf_layernorm(shape=SHAPE, square="mul"):
+    """Keras LayerNormalization as tf2onnx converts it: GlobalAveragePool means, m = gamma / sqrt(var + eps),
+    y = x * m + (beta - mean * m)."""
+    nodes = [oh.make_node("GlobalAveragePool", ["x"], ["mean"], name="mean"),
+             oh.make_node("Sub", ["x", "mean"], ["d"], name="d"),
+             oh.make_node("Mul", ["d", "d"], ["sq"], name="sq") if square == "mul"
+             else oh.make_node("Pow", ["d", "two"], ["sq"], name="sq"),
+             oh.make_node("GlobalAveragePool", ["sq"], ["var"], name="var"),
+             oh.make_node("Add", ["var", "eps"], ["ve"], name="ve"),
+             oh.make_node("Sqrt", ["ve"], ["std"], name="std"),
+             oh.make_node("Reciprocal", ["std"], ["rstd"], name="rstd"),
+             oh.make_node("Mul", ["rstd", "gamma"], ["m"], name="m"),
+             oh.make_node("Mul", ["x", "m"], ["xm"], name="xm"),
+             oh.make_node("Mul", ["mean", "m"], ["mm"], name="mm"),
+             oh.make_node("Sub", ["beta", "mm"], ["shift"], name="shift"),
+             oh.make_node("Add", ["xm", "shift"], ["y"], name="y")]
+    inits = {"eps": np.float32(1e-6), "gamma": GAMMA, "beta": BETA, "two": np.float32(2.0)}
+    return make_model(nodes, [("x", list(shape))], [("y", list(shape))], inits)
+
+
+@pytest.mark.parametrize("square", ["mul", "pow"])
+def test_layernorm_batchnorm_form_fires(square):
+    got = check_fires(_tf_layernorm(square=square), "layernorm-batchnorm-form", ["LayerNormalization"],
+                      rtol=1e-5, atol=1e-5)
+    ln = got.graph.node[0]
+    inits = {t.name: numpy_helper.to_array(t) for t in got.graph.initializer}
+    np.testing.assert_array_equal(inits[ln.input[1]], GAMMA)
+    np.testing.assert_array_equal(inits[ln.input[2]], BETA)
+    assert {a.name: a for a in ln.attribute}["epsilon"].f == pytest.approx(1e-6)
+
+
+def test_layernorm_batchnorm_form_needs_rank_3():
+    """On a rank-4 tensor GlobalAveragePool averages the last two axes: not a LayerNorm over the last one."""
+    check_misses(_tf_layernorm(shape=[2, 3, 4, K]), "layernorm-batchnorm-form")
