@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .alignment import Misaligned, alignment_report, vector_width
 from .errors import OnnxfuseError
@@ -45,7 +45,29 @@ def explain(model: str | os.PathLike, patterns: list[str] | None = None, target:
         raise OnnxfuseError(f"--rule {rule}: no rule with that id", hint="see `onnxfuse patterns list`")
     state = rebuild(os.fspath(model), rules, EngineOptions(target=target), set())
     asked = [r for r in rules if rule is None or r.id == rule]
-    misses = near_misses(state.model, asked, target, min_progress=1 if rule else 2)
+    least = 1 if rule else 2
+    misses = near_misses(state.model, asked, target, min_progress=least)
+    # A second look before the fusion rules ran (folding and early canonicalisations only): a smaller rule
+    # that fired first (a score MatMul made a FusedMatMul) hides how far a bigger one got, and why it stopped.
+    before = rebuild(os.fspath(model), [r for r in rules if r.early], EngineOptions(target=target), set())
+    fused = {a.root for a in state.eng.applications}  # candidates some rule took in the end: not misses
+    misses = _deepest(misses, [replace(m, graph="before fusions") for m in near_misses(
+        before.model, asked, target, min_progress=least) if m.value not in fused])
     width = vector_width(target)
     return Explanation(dict(Counter(a.rule for a in state.eng.applications)), misses, state.eng.skipped,
                        alignment_report(state.model, width), width)
+
+
+def _deepest(after: list[NearMiss], before: list[NearMiss]) -> list[NearMiss]:
+    """Per rule and candidate (by its root value), the attempt that got further; a candidate seen only before
+    the fusions is kept where it got further than every attempt of that rule after them."""
+    best: dict[tuple[str, str], NearMiss] = {}
+    for m in after + before:
+        key = (m.rule, m.value or m.node)
+        if key not in best or m.progress > best[key].progress:
+            best[key] = m
+    top_after: dict[str, int] = {}
+    for m in after:
+        top_after[m.rule] = max(top_after.get(m.rule, 0), m.progress)
+    keys_after = {(m.rule, m.value or m.node) for m in after}
+    return [m for k, m in best.items() if k in keys_after or m.progress > top_after.get(m.rule, 0)]

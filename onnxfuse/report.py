@@ -134,7 +134,8 @@ def print_near_misses(misses: list[NearMiss], console: Console) -> None:
     for col in ("rule", "candidate", "failed at", "why"):
         t.add_column(col, overflow="fold")
     for m in misses:
-        t.add_row(m.rule, f"{m.op} {m.node}", m.at, m.reason)
+        t.add_row(m.rule, f"{m.op} {m.node}", m.at, m.reason + (" (before the fusions ran)"
+                                                               if m.graph != "rewritten" else ""))
     console.print(t)
 
 

@@ -32,6 +32,8 @@ class NearMiss:
     at: str  # where the best attempt failed
     reason: str
     progress: int
+    value: str = ""  # the candidate root node's first output
+    graph: str = "rewritten"  # where it was looked for: "rewritten" (after every rule) or "before fusions"
 
 
 @dataclass
@@ -271,5 +273,5 @@ def near_misses(model: Model, rules: list[Rule], target: str, min_progress: int 
                         fail = Failure(len(b.matched), node.name, f"matched, but not applied: {issue}")
                     if fail is not None and fail.progress >= min_progress:
                         out.append(NearMiss(rule.id, node.name or node.outputs[0], node.op_type, fail.node,
-                                            fail.reason, fail.progress))
+                                            fail.reason, fail.progress, node.outputs[0] if node.outputs else ""))
     return out

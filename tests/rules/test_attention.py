@@ -740,3 +740,18 @@ def test_two_score_biases_become_one_attention_bias():
     att = next(n for n in got.graph.node if n.op_type == "Attention")
     assert att.input[5] != "m"  # the sum of the two terms, not the mask alone
     check_misses(_self_attention(mask=(B, 1, S, S)), "attention-bias-sum")  # one term: nothing to do
+
+
+def test_explain_looks_before_smaller_rules_hide_the_reason(tmp_path):
+    """The attention probabilities are a graph output, so self-attention cannot take them; matmul-scale then
+    makes the score MatMul a FusedMatMul, and on that graph self-attention's attempt stops early with a
+    misleading reason (the mask is a graph input). explain also looks before the fusions ran and reports the
+    attempt that got furthest, with the real reason."""
+    from onnxfuse import explain
+
+    path = str(tmp_path / "m.onnx")
+    onnx.save(_self_attention(probs_out=True), path)
+    ex = explain(path, rule="self-attention")
+    assert ex.fired == {"matmul-scale": 1}
+    (miss,) = ex.near_misses
+    assert miss.graph == "before fusions" and "its output 'p' is a graph output" in miss.reason
