@@ -191,8 +191,7 @@ def markdown(rows: list[Row], tools: list[str], threads: list[int]) -> str:
             by_prof.setdefault(pt.profile, {})[pt.threads] = pt
         for pname, per in by_prof.items():
             cells = [r.file, pname, r.present]
-            cells += [r.errors.get(t, r.fused.get(t, "-")) if t in r.errors else r.fused.get(t, "-")
-                      for t in tools]
+            cells += [r.errors[t] if t in r.errors else r.fused.get(t, "-") for t in tools]
             for th in threads:
                 pt = per.get(th)
                 for t in tools:
