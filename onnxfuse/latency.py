@@ -120,44 +120,46 @@ def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cp
     spec = parse_shape_specs(shapes) if shapes else None
     proto = onnx.load(paths[0], load_external_data=False)
     probe = functools.partial(run, make_session(paths[0], "disable", provider))
-    plans = discover_profiles(proto, probe, spec or ShapeSpec(), inputs_npz,
-                              parse_profiles(profiles) if profiles else None)
+    plans = [(prof, plan) for prof, plan, _ in discover_profiles(proto, probe, spec or ShapeSpec(), inputs_npz,
+                                                                 parse_profiles(profiles) if profiles else None)]
     del probe  # its session: not alive while timing
-    results = []
-    for n, (prof, plan, _) in enumerate(plans):
-        step = None if progress is None else (
-            lambda what, f, n=n, name=prof.name: progress(f"{name}: {what}" if len(plans) > 1 else what,
-                                                          (n + f) / len(plans)))
-        r, sessions = _bench_feeds(paths, labels, plan.feeds, provider, threads, level, min_runs,
-                                   budget_s / len(plans), step)
-        r.profile = prof.name
-        if batches:
-            r.batches = batch_sweep({k: sessions[k] for k in labels}, proto, spec, batches, min_runs,
-                                    budget_s / 2 / len(plans), step)
-        del sessions
-        results.append(r)
-    first = results[0]
-    first.profiles = results[1:]
-    return first
-
-
-def _bench_feeds(paths: list[str], labels: list[str], feeds: dict, provider: str, threads: int, level: str,
-                 min_runs: int, budget_s: float, progress: Progress | None) -> tuple[BenchResult, dict]:
-    """One shape profile of `bench`: sessions, warm-up, interleaved timing, statistics; and the sessions (for a
-    batch sweep)."""
-    sessions, load_ms, first_ms, warm = {}, {}, {}, {}
+    sessions, load_ms = {}, {}
     # with two models, a second session of A (created last) measures what order and placement alone do
     control = len(paths) == 2
     for label, path in zip(labels + (["A/A control"] if control else []), paths + ([paths[0]] if control else []),
                            strict=True):
         if progress:
             progress(f"loading {label}", 0.0)
-        s, load_ms[label] = _load(path, provider, threads, level)
+        sessions[label], load_ms[label] = _load(path, provider, threads, level)
+    results = []
+    for n, (prof, plan) in enumerate(plans):
+        step = None if progress is None else (
+            lambda what, f, n=n, name=prof.name: progress(f"{name}: {what}" if len(plans) > 1 else what,
+                                                          (n + f) / len(plans)))
+        r = _bench_feeds(sessions, load_ms, paths, labels, plan.feeds, provider, threads, level, min_runs,
+                         budget_s / len(plans), step)
+        r.profile = prof.name
+        if batches:
+            r.batches = batch_sweep({k: sessions[k] for k in labels}, proto, spec, batches, min_runs,
+                                    budget_s / 2 / len(plans), step)
+        results.append(r)
+    first = results[0]
+    first.profiles = results[1:]
+    return first
+
+
+def _bench_feeds(sessions: dict, load_ms: dict[str, float], paths: list[str], labels: list[str], feeds: dict,
+                 provider: str, threads: int, level: str, min_runs: int, budget_s: float,
+                 progress: Progress | None) -> BenchResult:
+    """One shape profile of `bench` on the sessions of every model (and the A/A control): first run, warm-up,
+    interleaved timing, statistics."""
+    first_ms, warm = {}, {}
+    control = "A/A control" in sessions
+    for label, s in sessions.items():
         t = time.perf_counter()
         run(s, feeds)
         first_ms[label] = (time.perf_counter() - t) * 1e3
         warm[label] = warm_up(s, feeds)
-        sessions[label] = s
     times = time_interleaved(sessions, feeds, min_runs, budget_s, progress)
     models = []
     for label, path in zip(labels, paths, strict=True):
@@ -173,7 +175,7 @@ def _bench_feeds(paths: list[str], labels: list[str], feeds: dict, provider: str
         result.control = paired_ratio(times["A/A control"], times[a])
         result.speedup = float(np.median(np.asarray(times[a]) / np.asarray(times[b])))
         result.verdict = verdict(result.ratio, result.control)
-    return result, sessions
+    return result
 
 
 def dynamic_batch_dim(proto: onnx.ModelProto) -> str | None:
