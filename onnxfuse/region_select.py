@@ -34,7 +34,7 @@ from .rewrite.engine import EngineOptions
 from .rewrite.rebuild import Rewritten, rebuild
 from .runtime import Candidate, make_session, peak_rss_bytes, release_memory
 from .select import GroupEffect, Key, MeasureReport
-from .timing import Ratio, paired_ratio
+from .timing import Ratio, paired_ratio, profile_scale
 from .validate import Validator
 
 __all__ = ["automatic_budget", "region_selection"]
@@ -120,9 +120,7 @@ def _interleaved(sessions: dict[str, object], profiles: list[tuple[float, dict]]
         i += 1
     if per_profile is not None:
         per_profile.update(raw)
-    if len(profiles) == 1:
-        return {k: raw[k, 0] for k in order}
-    scale = [w / max(float(np.median(raw[order[0], p])), 1e-12) for p, (w, _) in enumerate(profiles)]
+    scale = [profile_scale(w, raw[order[0], p], len(profiles) > 1) for p, (w, _) in enumerate(profiles)]
     return {k: [sum(scale[p] * raw[k, p][r] for p in range(len(profiles))) for r in range(i)] for k in order}
 
 

@@ -29,7 +29,7 @@ from .patterns.rules import Rule
 from .rewrite.engine import EngineOptions, EngineResult
 from .rewrite.rebuild import Rewritten, rebuild
 from .runtime import Candidate, make_session
-from .timing import Ratio, paired_ratio, run_times, time_interleaved
+from .timing import Ratio, paired_ratio, profile_scale, run_times, time_interleaved
 from .validate import Validator
 
 Source = str | bytes
@@ -307,8 +307,7 @@ def weighted_time_fn(time_fn: TimeFn, profiles: list[tuple[float, dict[str, np.n
         total: dict[str, list[float]] = {}
         for weight, feeds in profiles:
             times = time_fn(sources, feeds)
-            first = next(iter(times.values()))
-            scale = weight / max(float(np.median(first)), 1e-12) if len(profiles) > 1 else weight
+            scale = profile_scale(weight, next(iter(times.values())), len(profiles) > 1)
             for label, ts in times.items():
                 prev = total.get(label)
                 total[label] = [scale * t for t in ts] if prev is None else [

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SIGNIFICANT", "Progress", "Ratio", "paired_ratio", "percentile", "run_times", "time_interleaved",
-           "warm_up"]
+__all__ = ["SIGNIFICANT", "Progress", "Ratio", "paired_ratio", "percentile", "profile_scale", "run_times",
+           "time_interleaved", "warm_up"]
 
 Progress = Callable[[str, float], None]  # (what, fraction done)
 
@@ -46,6 +46,13 @@ def paired_ratio(variant: list[float], reference: list[float], seed: int = 0) ->
     rng = np.random.default_rng(seed)
     boots = np.median(rng.choice(r, size=(1000, r.size), replace=True), axis=1)
     return Ratio(float(np.median(r)), float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975)))
+
+
+def profile_scale(weight: float, reference: list[float], several: bool) -> float:
+    """A shape profile's factor in a weighted total of run times: with several profiles, its weight divided by
+    the reference's median time there, so that each profile counts by its weight and not by its duration (a
+    decode step is 10-100x shorter than a prefill); with one, its weight."""
+    return weight / max(float(np.median(reference)), 1e-12) if several else weight
 
 
 def percentile(xs: list[float], q: float) -> float:
