@@ -147,7 +147,8 @@ def _assert_believable(r, where):
     for s in r.by_type:
         assert s.residency != "unexplained", (where, s.op, s.gbytes, r.peaks)
         text = s.gbytes_text
-        assert text == "in cache" or float(text) <= limit, (where, s.op, text, limit)
+        # the cell shows the rate rounded to 2 decimals: a rate just under the limit can read 0.005 above it
+        assert text == "in cache" or float(text) <= limit + 0.005, (where, s.op, text, limit)
         if s.residency == "cache":
             assert s.gbytes > limit
 
