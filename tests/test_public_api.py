@@ -63,3 +63,17 @@ def test_cli_json_is_the_results_to_json(cli, tmp_path):
     again = onnxfuse.optimize(os.path.join(MODELS, "cnn_small.onnx"), None,
                               onnxfuse.OptimizeOptions(measure=False)).to_json()
     assert set(data) == set(again) and data["fired"] == again["fired"]
+
+
+def test_every_package_folder_ships_in_the_wheel():
+    """setup.py finds the packages (find_packages skips a folder without __init__.py, which the editable install
+    would still import as a namespace package: the wheel would then lack it, as it once lacked onnxfuse/inputs)."""
+    import os
+
+    from setuptools import find_packages
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = set(find_packages(root, include=["onnxfuse", "onnxfuse.*"]))
+    folders = {os.path.relpath(d, root).replace(os.sep, ".") for d, _, files in os.walk(os.path.join(root, "onnxfuse"))
+               if any(f.endswith(".py") for f in files)}
+    assert folders - found == set()
