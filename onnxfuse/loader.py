@@ -12,6 +12,7 @@ from google.protobuf.message import DecodeError
 
 from .errors import ModelError
 from .ir import Graph, Model, _shell
+from .opschema import runtime_only
 from .ort_check import file_key, ort_probe
 from .repair import repair_model, unrepairable
 from .tensors import external_info, iter_nodes, type_from_proto
@@ -180,7 +181,8 @@ def _recheck(proto: onnx.ModelProto, path: str, refused: str | None) -> None:
     left = unrepairable(proto)
     if left:
         raise ModelError(f"{path}: {left[0]}", hint=left[1])
-    error = _checker_error(weightless(proto))
+    error = checker_error(proto)
+    error = error and error.splitlines()[0]
     if error and refused:
         before = f" (before repair: {refused})" if refused != error else ""
         raise ModelError(f"{path}: invalid model: onnxruntime loads it, but onnx.checker still rejects it after "
@@ -240,17 +242,47 @@ def _check_model(proto: onnx.ModelProto, path: str, external: bool) -> str | Non
     _check_graph_structure(proto.graph, path, set())
     # with external data the checker must see the file's folder to resolve data locations
     # on a copy without the weights: the checker serializes what it is given (external data was checked above)
-    return _checker_error(weightless(proto))
+    error = checker_error(proto)
+    return error and error.splitlines()[0]
 
 
-def _checker_error(model: onnx.ModelProto | str) -> str | None:
+def _checker_error(model: onnx.ModelProto) -> str | None:
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(_runtime_only_masked(model))
     except onnx.checker.ValidationError as e:
         if "topologically sorted" in str(e):
             return None  # acyclic (checked before) but out of order: the writer emits a sorted graph
-        return _first_line(e)
+        return str(e).strip()
     return None
+
+
+def checker_error(proto: onnx.ModelProto) -> str | None:
+    """onnx.checker's complaint about `proto` (its whole text: the first line says what, a later one may name the
+    node), None when it passes. It runs on a weightless copy, and nodes onnxruntime registers in the ONNX domain
+    where ONNX has no schema (opschema.runtime_only: a LayerNormalization at opset 16) are carried through
+    unchecked: onnxruntime, which validation runs next, is their judge."""
+    return _checker_error(weightless(proto))
+
+
+MASK_DOMAIN = "onnxfuse.runtime_only"  # the checker checks no schema in a domain it does not know
+
+
+def _runtime_only_masked(proto: onnx.ModelProto) -> onnx.ModelProto:
+    opset = _default_opset(proto.opset_import)
+    if opset is None or not any(runtime_only(n.op_type, opset) for n in iter_nodes(proto.graph)
+                                if n.domain in ("", "ai.onnx")):
+        return proto
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    for n in iter_nodes(out.graph):
+        if n.domain in ("", "ai.onnx") and runtime_only(n.op_type, opset):
+            n.domain = MASK_DOMAIN
+    out.opset_import.add(domain=MASK_DOMAIN, version=1)
+    return out
+
+
+def _default_opset(imports) -> int | None:
+    return next((o.version for o in imports if o.domain in ("", "ai.onnx")), None)
 
 
 def _check_graph_structure(graph: onnx.GraphProto, path: str, outer: set[str]) -> None:

@@ -48,6 +48,9 @@ def _attr_type(t: object) -> int:
 
 def _default(attr: object) -> object:
     dv = getattr(attr, "default_value", None)
+    raw = getattr(attr, "_default_value", None)  # onnxruntime's schemas: the serialized AttributeProto
+    if dv is None and raw:
+        dv = onnx.AttributeProto.FromString(raw)
     if dv is None or not dv.name:
         return None
     return _plain(onnx.helper.get_attribute_value(dv))
@@ -84,8 +87,41 @@ def _contrib_schemas() -> dict[tuple[str, str], object]:
 
 
 @functools.cache
+def _runtime_onnx_schemas() -> dict[str, tuple[object, ...]]:
+    """onnxruntime's own schemas in the ONNX domain, by op (every version it registers, oldest first)."""
+    try:
+        import onnxruntime.capi.onnxruntime_pybind11_state as C
+    except ImportError:  # pragma: no cover - onnxruntime is a dependency
+        return {}
+    out: dict[str, list[object]] = {}
+    for s in C.get_all_operator_schema():
+        if s.domain in ("", "ai.onnx"):
+            out.setdefault(s.name, []).append(s)
+    return {k: tuple(sorted(v, key=lambda s: s.since_version)) for k, v in out.items()}
+
+
+@functools.cache
+def runtime_only(op: str, opset: int) -> bool:
+    """Whether onnxruntime registers `op` in the ONNX domain at `opset` where ONNX itself has no such op:
+    LayerNormalization below opset 17 (onnxruntime's transformers optimizer writes it), SimplifiedLayerNormalization
+    at any opset. onnxruntime runs such nodes; onnx.checker has no schema for them."""
+    try:
+        onnx.defs.get_schema(op, opset, "")
+        return False
+    except onnx.defs.SchemaError:
+        pass
+    return _runtime_schema(op, opset) is not None
+
+
+def _runtime_schema(op: str, opset: int | None) -> object | None:
+    at = [s for s in _runtime_onnx_schemas().get(op, ()) if opset is None or s.since_version <= opset]
+    return at[-1] if at else None
+
+
+@functools.cache
 def op_spec(domain: str, op: str, opset: int | None = None) -> OpSpec | None:
-    """The schema of `op` (newest version not above `opset` for the ONNX domain), or None if unknown."""
+    """The schema of `op` (newest version not above `opset` for the ONNX domain), or None if unknown. An op
+    onnxruntime registers in the ONNX domain where ONNX has none (runtime_only) has onnxruntime's schema."""
     domain = "" if domain == "ai.onnx" else domain
     if domain == "":
         try:
@@ -94,7 +130,8 @@ def op_spec(domain: str, op: str, opset: int | None = None) -> OpSpec | None:
             else:
                 schema = onnx.defs.get_schema(op, opset, "")
         except onnx.defs.SchemaError:
-            return None
+            rt = _runtime_schema(op, opset)
+            return None if rt is None else _spec_from(rt, "")
         return _spec_from(schema, "")
     s = _contrib_schemas().get((domain, op))
     return None if s is None else _spec_from(s, domain)

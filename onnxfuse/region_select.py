@@ -159,7 +159,8 @@ class _Run:
         regions into classes by signature; the first region of a class keeps its inputs for timing."""
         g = original.proto.graph
         have = {o.name for o in g.output}
-        feeds_names = {i.name for i in g.input}
+        # what the runs feed; an overridable initializer left unfed (its default) is fetched like any value
+        feeds_names = {k for _, feeds in self.profiles for k in feeds}
         wanted = [v for v in dict.fromkeys(v for r in regions for v in r.inputs) if v not in feeds_names]
         added = len(g.output)
         for v in wanted:

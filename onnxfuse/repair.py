@@ -73,6 +73,11 @@ def _opset_imports(proto: onnx.ModelProto, r: Repairs) -> None:
     for o in proto.opset_import:
         entries.setdefault(_norm(o.domain), []).append(o)
     if all(len(v) == 1 for v in entries.values()):
+        spelled = [o for o in proto.opset_import if o.domain == "ai.onnx"]
+        for o in spelled:  # one spelling for the default domain: nodes follow in _node_domains
+            o.domain = ""
+            r.done.append(f"opset import spells the default domain 'ai.onnx' (version {o.version}): set to '', "
+                          "the spelling onnx.checker knows")
         return
     kept = []
     for domain, lst in entries.items():
@@ -92,6 +97,7 @@ def _node_domains(proto: onnx.ModelProto, r: Repairs) -> None:
     """Nodes spelling the default domain 'ai.onnx' where only '' is imported; domains used but not imported."""
     imported = {o.domain for o in proto.opset_import}
     spelled = [n for n in _all_nodes(proto.graph) if n.domain == "ai.onnx"]
+    spelled += [n for f in proto.functions for n in f.node if n.domain == "ai.onnx"]
     if spelled and "ai.onnx" not in imported:
         for n in spelled:
             n.domain = ""

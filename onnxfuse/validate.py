@@ -14,7 +14,7 @@ from .compare import OutputCheck, Tolerance, compare_outputs
 from .errors import InputSpecError, OnnxfuseError
 from .inputs import InputPlan, Profile, at_batch, discover_profiles, parse_profiles
 from .inputs.shapes import ShapeSpec, check_spec_names, model_inputs, parse_shape_specs
-from .loader import LoadInfo, weightless
+from .loader import LoadInfo, checker_error
 from .options import OptimizeOptions
 from .runtime import Candidate, failing_node, make_session, release_memory, run
 
@@ -168,11 +168,10 @@ def checker_accepts(v: Validator, cand: Candidate, proto: onnx.ModelProto) -> Ou
     """onnx.checker accepts the candidate. It runs on a weightless copy (the large initializers as typed inputs):
     the checker serializes what it is given, and onnxruntime, which loads the whole candidate next, is the check
     of the weights themselves."""
-    try:
-        onnx.checker.check_model(weightless(proto))
-    except onnx.checker.ValidationError as e:
-        return Outcome(False, [], f"onnx.checker rejects the model: {str(e).strip().splitlines()[0]}",
-                       node=failing_node(str(e)))
+    error = checker_error(proto)
+    if error:
+        return Outcome(False, [], f"onnx.checker rejects the model: {error.splitlines()[0]}",
+                       node=failing_node(error))
     return None
 
 
