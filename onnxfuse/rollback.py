@@ -4,6 +4,7 @@ directly; otherwise bisection over the rules' rewrites finds the first failing p
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from .errors import OnnxfuseError
@@ -43,8 +44,13 @@ def validate_with_rollback(input_path: str, rules: list[Rule], base: EngineOptio
                                         f"created by this rewrite: {outcome.reason}", outcome.node))
         else:
             if bisections >= MAX_ROLLBACKS or len(rolled_back) >= MAX_NAMED_ROLLBACKS:
-                raise OnnxfuseError(f"validation still fails after rolling back {len(rolled_back)} rewrites: "
-                                    f"{outcome.reason}; nothing written")
+                by_rule = Counter(b.rule for b in rolled_back)
+                which = ", ".join(f"{r} x{k}" for r, k in by_rule.most_common(4))
+                raise OnnxfuseError(f"validation still fails after rolling back {len(rolled_back)} rewrites "
+                                    f"({which}), each of which moved the outputs: {outcome.reason}; nothing written",
+                                    hint="if the model's own numerics are that loose (run-time quantization or "
+                                    "reduced precision onnxfuse did not recognize), give the tolerance with --rtol "
+                                    "and --atol; --skip RULE leaves a rule out")
             bisections += 1
             culprit = bisect(input_path, rules, base, deny, validator)
             rolled_back.append(Rollback(culprit.rule, culprit.root, outcome.reason))

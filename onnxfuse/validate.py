@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from .compare import OutputCheck, Tolerance, compare_outputs
+from .compare import OutputCheck, Tolerance, compare_outputs, default_tolerance
 from .errors import InputSpecError, OnnxfuseError
 from .inputs import InputPlan, Profile, at_batch, discover_profiles, parse_profiles
 from .inputs.shapes import ShapeSpec, check_spec_names, model_inputs, parse_shape_specs
-from .loader import LoadInfo, checker_error
+from .loader import LoadInfo, checker_error, infer_types
 from .options import OptimizeOptions
+from .precision import JITTER, NOISE_FACTOR, graph_precision, jittered
 from .runtime import Candidate, failing_node, make_session, release_memory, run
 
 __all__ = ["CHECKS", "Outcome", "ProfileRun", "Validator"]
@@ -62,6 +63,9 @@ class Validator:
         self.tolerance = (Tolerance(opts.rtol if opts.rtol is not None else 1e-4,
                                     opts.atol if opts.atol is not None else 1e-4)
                           if opts.rtol is not None or opts.atol is not None else None)
+        # why the tolerance is what it is, when the graph's precision set it (precision.py); settled on first check
+        self.tolerance_note = ""
+        self._tolerance_settled = self.tolerance is not None
 
     @property
     def runs(self) -> list[ProfileRun]:
@@ -96,9 +100,10 @@ class Validator:
     def check(self, proto: onnx.ModelProto, info: LoadInfo) -> Outcome:
         """Run CHECKS on the candidate in order; the first failure is the outcome."""
         _ = self.runs  # first: it settles the inputs
+        self._settle_tolerance(info)
         cand = Candidate(proto, info)
         try:
-            notes: list[str] = []
+            notes: list[str] = [self.tolerance_note] if self.tolerance_note else []
             checks: list[OutputCheck] = []
             for check in CHECKS:
                 out = check(self, cand, proto)
@@ -111,6 +116,51 @@ class Validator:
         finally:
             cand.close()
             release_memory()  # the candidate's sessions are gone: the next export or write starts lower
+
+    def _settle_tolerance(self, info: LoadInfo) -> None:
+        """The tolerance from the precision the original computes in (precision.py), unless the user gave one."""
+        if self._tolerance_settled:
+            return
+        self._tolerance_settled = True
+        p = graph_precision(self.proto)
+        if p.quantizers:
+            noise = self._jitter_noise(info)
+            if noise is not None:
+                t = max(1e-4, NOISE_FACTOR * noise)
+                self.tolerance = Tolerance(rtol=t, atol=t)
+                self.tolerance_note = (
+                    f"tolerance {t:.2g}: the graph quantizes at run time ({p.quantizers} quantizer(s)), where a "
+                    f"reordered float32 sum can move a value by a whole step; the original itself moves by up to "
+                    f"{noise:.2g} when its quantizers' inputs change by {JITTER:.1g} (x{NOISE_FACTOR:g})")
+                return
+        if p.narrow:
+            self.tolerance = default_tolerance(getattr(onnx.TensorProto, p.narrow.upper()))
+            self.tolerance_note = (f"tolerance {self.tolerance.rtol:g}: the graph computes in {p.narrow} inside "
+                                   "(its float outputs are rounded through it)")
+
+    def _jitter_noise(self, info: LoadInfo) -> float | None:
+        """The largest change (as |diff| / (1 + |ref|)) of any float output when every quantizer's input is
+        jittered up or down (precision.jittered), over all profiles; None when it cannot be run."""
+        inferred = infer_types(self.proto)
+        types = {t.name: t.data_type for t in self.proto.graph.initializer}
+        for vi in (list(inferred.graph.value_info) + list(inferred.graph.input) if inferred is not None else []):
+            if vi.type.HasField("tensor_type"):
+                types[vi.name] = vi.type.tensor_type.elem_type
+        noise = 0.0
+        for sign in (1, -1):
+            cand = Candidate(jittered(self.proto, types, sign), info)
+            try:
+                sess = make_session(cand.source, "disable", self.provider)
+                for r in self.runs:
+                    got = run(sess, r.plan.feeds)
+                    noise = max([noise] + [c.min_tolerance for c in compare_outputs(r.reference, got)
+                                           if c.min_tolerance == c.min_tolerance])
+                del sess
+            except OnnxfuseError:
+                return None
+            finally:
+                cand.close()
+        return noise
 
     def at_all(self, r: ProfileRun) -> dict:
         """The original's outputs at ORT_ENABLE_ALL on a profile's inputs."""

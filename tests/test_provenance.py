@@ -104,3 +104,130 @@ def test_layernormalization_below_opset_17_carried_through_untouched(tmp_path):
     out = onnx.load(str(tmp_path / "o.onnx"))
     assert [x for x in out.graph.node if x.op_type == "LayerNormalization"][0].domain == ""
     _same_outputs(src, str(tmp_path / "o.onnx"), _cnn_feeds(m))
+
+
+def _encoder(layers: int = 2, h: int = 64) -> onnx.ModelProto:
+    """Layers of MatMul + bias + residual + LayerNormalization (and a Relu), big enough for quantize_dynamic."""
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        p = f"l{i}_"
+        nodes += [oh.make_node("MatMul", [x, p + "w"], [p + "mm"], name=p + "mm"),
+                  oh.make_node("Add", [p + "mm", p + "b"], [p + "ab"], name=p + "ab"),
+                  oh.make_node("Relu", [p + "ab"], [p + "r"], name=p + "relu"),
+                  oh.make_node("Add", [p + "r", x], [p + "s"], name=p + "res"),
+                  oh.make_node("LayerNormalization", [p + "s", p + "g", p + "beta"], [p + "y"], name=p + "ln",
+                               axis=-1, epsilon=1e-5)]
+        inits += [nh.from_array((RNG.standard_normal((h, h)) / 8).astype(np.float32), p + "w"),
+                  nh.from_array(RNG.standard_normal(h).astype(np.float32), p + "b"),
+                  nh.from_array(np.ones(h, np.float32), p + "g"), nh.from_array(np.zeros(h, np.float32), p + "beta")]
+        x = p + "y"
+    nodes.append(oh.make_node("Identity", [x], ["y"], name="out"))
+    g = oh.make_graph(nodes, "enc", [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", h])],
+                      [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", h])], inits)
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+
+
+def _quantized(tmp_path) -> str:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    save(_encoder(), tmp_path / "enc.onnx")
+    quantize_dynamic(str(tmp_path / "enc.onnx"), str(tmp_path / "enc_dq.onnx"), weight_type=QuantType.QInt8)
+    return str(tmp_path / "enc_dq.onnx")
+
+
+def test_dynamic_quantization_tolerance_from_the_model(tmp_path):
+    """quantize_dynamic's graph: a reordered float32 sum before DynamicQuantizeLinear moves values by a whole step.
+    The tolerance is measured on the original (jittered quantizer inputs), stated, and the output is written."""
+    src = _quantized(tmp_path)
+    assert "DynamicQuantizeLinear" in op_types(src)
+    r = optimize(src, tmp_path / "o.onnx", OptimizeOptions(measure_budget_s=2.0, shapes=["s=128"]))
+    assert r.validation.startswith("passed") and "quantizes at run time" in r.validation
+    tol = r.checks[0].tolerance.rtol
+    assert 1e-4 < tol < 0.2  # at 2x128 tokens the original's own quantization moves outputs by more than 1e-4
+    x = RNG.standard_normal((2, 7, 64)).astype(np.float32)
+    (a,), (b,) = ort_run(onnx.load(src), {"x": x}), ort_run(onnx.load(str(tmp_path / "o.onnx")), {"x": x})
+    assert float((np.abs(a - b) / (1 + np.abs(a))).max()) <= tol
+
+
+USER_WRONG = """rules:
+- id: relu-is-sigmoid
+  doc: A wrong rewrite, which validation must catch even with a quantized graph's tolerance.
+  match:
+    Y: Relu(X)
+  rewrite:
+    Y: Sigmoid(X)
+"""
+
+
+def test_dynamic_quantization_tolerance_still_catches_a_wrong_rewrite(tmp_path):
+    src = _quantized(tmp_path)
+    rules = tmp_path / "wrong.yaml"
+    rules.write_text(USER_WRONG)
+    r = optimize(src, tmp_path / "o.onnx", OptimizeOptions(measure=False, patterns=[str(rules)]))
+    assert "relu-is-sigmoid" in {b.rule for b in r.rolled_back}
+    assert "Sigmoid" not in op_types(tmp_path / "o.onnx")
+
+
+def test_float16_inside_tolerance(tmp_path):
+    """float16 inside, float32 at the edges (convert_float_to_float16(keep_io_types=True)): the float16 tolerance,
+    stated, and the skip norms fuse."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    src = save(convert_float_to_float16(_encoder(), keep_io_types=True), tmp_path / "enc16.onnx")
+    r = optimize(src, tmp_path / "o.onnx", OptimizeOptions(measure=False))
+    assert r.validation.startswith("passed") and "computes in float16 inside" in r.validation
+    assert r.checks[0].tolerance.rtol == 1e-2
+    assert "com.microsoft.SkipLayerNormalization" in op_types(tmp_path / "o.onnx")
+
+
+def _silero_like() -> onnx.ModelProto:
+    """silero VAD v5's shape puzzle: `input [?, ?]`, `state [2, ?, 128]`, `sr`; an If on sr runs an LSTM whose
+    initial state is sliced from `state`, so state's unnamed dim is tied to input's batch only by the LSTM."""
+    hd = 128
+
+    def vi(name, elem, shape):
+        v = oh.make_tensor_value_info(name, elem, None)
+        for d in shape:
+            dim = v.type.tensor_type.shape.dim.add()
+            if d is not None:
+                dim.dim_value = d
+        return v
+
+    def branch(tag):
+        w = nh.from_array((RNG.standard_normal((1, 4 * hd, 64)) / 8).astype(np.float32), f"W{tag}")
+        r = nh.from_array((RNG.standard_normal((1, 4 * hd, hd)) / 8).astype(np.float32), f"R{tag}")
+        p = nh.from_array(RNG.standard_normal((1, 64)).astype(np.float32), f"P{tag}")
+        nodes = [oh.make_node("Mul", ["m", f"P{tag}"], [f"f{tag}"]),
+                 oh.make_node("Unsqueeze", [f"f{tag}", "ax0"], [f"X{tag}"]),
+                 oh.make_node("LSTM", [f"X{tag}", f"W{tag}", f"R{tag}", "", "", "h0", "c0"], ["", f"yh{tag}", f"yc{tag}"],
+                              hidden_size=hd),
+                 oh.make_node("Concat", [f"yh{tag}", f"yc{tag}"], [f"st{tag}"], axis=0),
+                 oh.make_node("Squeeze", [f"yh{tag}", "ax0"], [f"o{tag}"])]
+        return oh.make_graph(nodes, f"b{tag}", [], [vi(f"o{tag}", TensorProto.FLOAT, [None, hd]),
+                                                    vi(f"st{tag}", TensorProto.FLOAT, [2, None, hd])], [w, r, p])
+
+    nodes = [oh.make_node("ReduceMean", ["input"], ["m"], axes=[1], keepdims=1),
+             oh.make_node("Slice", ["state", "s0", "s1", "ax0"], ["h0"]),
+             oh.make_node("Slice", ["state", "s1", "s2", "ax0"], ["c0"]),
+             oh.make_node("Equal", ["sr", "k16"], ["is16"]),
+             oh.make_node("If", ["is16"], ["out", "stateN"], then_branch=branch("a"), else_branch=branch("b"))]
+    inits = [nh.from_array(np.array(v, np.int64), k) for k, v in
+             (("ax0", [0]), ("s0", [0]), ("s1", [1]), ("s2", [2]), ("k16", 16000))]
+    g = oh.make_graph(nodes, "silero_like", [vi("input", TensorProto.FLOAT, [None, None]),
+                                             vi("state", TensorProto.FLOAT, [2, None, hd]),
+                                             oh.make_tensor_value_info("sr", TensorProto.INT64, [])],
+                      [vi("out", TensorProto.FLOAT, [None, hd]), vi("stateN", TensorProto.FLOAT, [2, None, hd])], inits)
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 16)], ir_version=8)
+
+
+def test_inputs_from_the_runtimes_own_words(tmp_path):
+    """Three unnamed free dims; onnxruntime's 'Input initial_h must have shape {1,2,128}. Actual:{1,16,128}' says
+    which value the state's dim needs: it is retried at that value, and the model optimizes."""
+    from onnxfuse import find_inputs
+
+    src = save(_silero_like(), tmp_path / "vad.onnx")
+    plan = find_inputs(src)
+    assert plan.feeds["state"].shape[1] == plan.feeds["input"].shape[0]
+    assert any("LSTM needs" in c.why for c in plan.dims if c.key == "state[1]")
+    r = optimize(src, tmp_path / "o.onnx", OptimizeOptions(measure_budget_s=2.0))
+    assert r.validation.startswith("passed") or r.validation.startswith("not needed")

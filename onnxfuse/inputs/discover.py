@@ -426,9 +426,10 @@ def _retry_from_error(message: str, values: dict[str, int], dims: dict[str, _Dim
     exactly its element count (scale the dim by requested/actual: {33,2,256} -> {20,8,64} takes 15840 samples to
     9600); one with a -1 needs a multiple of the known dims' product (the largest multiple below); a broadcast of
     v against k takes k."""
+    out_eq = _equalize(message, values, dims)
     free = [k for k, d in dims.items() if d.fixed is None and d.role not in ("past", "total")]
     if len(free) != 1:
-        return []
+        return out_eq
     key = free[0]
     v = values[key]
     out: list[tuple[dict, str]] = []
@@ -458,6 +459,32 @@ def _retry_from_error(message: str, values: dict[str, int], dims: dict[str, _Dim
         k = int(b.group(2)) if int(b.group(1)) == v else int(b.group(1))
         if k > 1:
             out.append(({**values, key: k}, f"broadcast against {k} ({where})"))
+    return out + [t for t in out_eq if all(t[0] != o[0] for o in out)]
+
+
+def _equalize(message: str, values: dict[str, int], dims: dict[str, _Dim]) -> list[tuple[dict, str]]:
+    """Tries from an error that says two dims must be equal, whatever the number of free dims: an LSTM/GRU state
+    that 'must have shape {1,2,128}. Actual:{1,1,128}', a Concat's 'mismatched dimensions of 2 and 1', a
+    broadcast of 3 by 5. Each dim (free, or the default batch) now at the wrong value is tried at the right one;
+    for the symmetric messages, both ways."""
+    pairs: list[tuple[int, int]] = []  # (wanted, given)
+    m = re.search(r"must have shape\s*\{([-\d, ]*)\}\.?\s*Actual:?\s*\{([-\d, ]*)\}", message)
+    if m:
+        pairs += [(w, h) for w, h in zip(_ints(m.group(1)), _ints(m.group(2)), strict=False) if w != h and w > 0]
+    for pat in (r"mismatched dimensions of (\d+) and (\d+)", r"broadcast an axis by a dimension other than 1\. "
+                r"(\d+) by (\d+)"):
+        for a, b in re.findall(pat, message):
+            pairs += [(int(a), int(b)), (int(b), int(a))]
+    node = re.findall(r"running (\w+) node\. Name:'([^']*)'", message)
+    where = (f"{node[-1][0]} '{node[-1][1]}'" if node[-1][1] else node[-1][0]) if node else "a node"
+    movable = [k for k, d in dims.items() if d.role not in ("past", "total") and (d.fixed is None or d.why == "batch")]
+    out: list[tuple[dict, str]] = []
+    for want, have in dict.fromkeys(pairs):
+        for k in movable:
+            if values[k] == have and want > 0:
+                tried = {**values, k: want}
+                if all(t != tried for t, _ in out):
+                    out.append((tried, f"{where} needs {want} where {have} was given"))
     return out
 
 
@@ -624,11 +651,13 @@ def discover(model: onnx.ModelProto, probe: Callable[[dict], object] | None, spe
     tried: list[str] = []
     first_error: InputSpecError | None = None
     levels = max([len(d.ladder) for d in dims.values() if d.fixed is None], default=1)
-    queue: list[tuple[dict[str, int], str]] = [(_values_at(dims, level), "") for level in range(levels)]
+    # (values, what decided them, the values of the failed try that suggested them)
+    queue: list[tuple[dict[str, int], str, dict[str, int]]] = [(_values_at(dims, level), "", {})
+                                                                 for level in range(levels)]
     seen: set[tuple] = set()
     probes = 0
     while queue and probes < MAX_PROBES:
-        values, decided = queue.pop(0)
+        values, decided, parent = queue.pop(0)
         if tuple(sorted(values.items())) in seen:
             continue
         seen.add(tuple(sorted(values.items())))
@@ -653,9 +682,10 @@ def discover(model: onnx.ModelProto, probe: Callable[[dict], object] | None, spe
             tried.append(f"{label}: {_short(e.message)}")
             if not [d for d in dims.values() if d.fixed is None]:
                 raise
-            queue[:0] = _retry_from_error(e.message, values, dims)
+            queue[:0] = [(t, why, values) for t, why in _retry_from_error(e.message, values, dims)]
             continue
-        choices = [DimChoice(k, d.role, values[k], _why(d, values[k], decided, tried)) for k, d in dims.items()]
+        choices = [DimChoice(k, d.role, values[k], _why(d, values[k], decided if parent.get(k) != values[k] else "",
+                                                         tried)) for k, d in dims.items()]
         return InputPlan(feeds, choices, tried, given if spec.tensors or spec.dims else "discovered",
                          est, budget), result
     free = [k for k, d in dims.items() if d.fixed is None]
