@@ -688,6 +688,12 @@ def corpus() -> list[Entry]:
         d=32, opset=13, axis=3, ffn_act="erf")
     add("bert_o17_lnop_shape", "opset 17 LayerNormalization op, Reshape from Shape", "bert", bert_torch,
         opset=17, reshape="shape", axis=-1)
+    # the same forms at opset 17 (LayerNormalization op), to tell the attention cause from the LayerNorm one
+    add("bert_o17_const_div_ax3", "opset 17 LN op, Softmax axis=3", "bert", bert_torch, opset=17, axis=3)
+    add("bert_o17_const_divq", "opset 17 LN op, Q Div sqrt(H)", "bert", bert_torch, opset=17, scale="div_q",
+        axis=-1)
+    add("bert_o17_shape_mul_ax3", "opset 17 LN op, Reshape from Shape, scores Mul, Softmax axis=3", "bert",
+        bert_torch, opset=17, reshape="shape", scale="mul", axis=3)
     # merged QKV
     add("qkv_split_o13", "merged QKV MatMul(3D) + Split", "bert", bert_merged_qkv, opset=13)
     add("qkv_split_o11", "merged QKV + Split (attribute), opset 11", "bert", bert_merged_qkv, opset=11)
@@ -703,6 +709,10 @@ def corpus() -> list[Entry]:
     add("gpt2_past_matmul_o11", "GPT-2 opset 11, MatMul+Add projections, past Split", "gpt2", gpt2,
         opset=11, past="split", gemm=False, k_form="0213")
     add("gpt2_nopast_mulsub", "GPT-2 no past, mask as w*b - 1e4*(1-b)", "gpt2", gpt2, opset=13, where=False)
+    add("gpt2_nopast_gemm_o17", "GPT-2 Conv1D(Gemm), no past, opset 17 LN op", "gpt2", gpt2, opset=17)
+    add("gpt2_past_split_o17", "GPT-2 past Split+Squeeze, opset 17 LN op", "gpt2", gpt2, opset=17,
+        past="split", k_form="0213")
+    add("gpt2_megatron_o17", "Megatron form, opset 17 LN op", "gpt2", gpt2_megatron, opset=17)
     add("gpt2_megatron", "Megatron: Q,K / sqrt(sqrt(H)), Mul/Sub causal mask input", "gpt2", gpt2_megatron,
         opset=13)
     # tf2onnx
@@ -718,6 +728,8 @@ def corpus() -> list[Entry]:
         "conformer", conformer, opset=13)
     add("conformer_relpos_mask", "conformer: matrix_bd from pos projection + Where mask", "conformer",
         conformer, opset=13, pos="proj", mask=True)
+    add("conformer_kvbias_mask_o17", "conformer with K/V bias, Where mask, opset 17 LN op", "conformer",
+        conformer, opset=17, mask=True, kv_bias=True)
     # DiT / MMDiT
     add("dit_cast_kdirect", "DiT: Cast around Softmax, K Transpose [0,2,3,1], Mul scale on Q and K",
         "mmdit", dit, opset=17)
