@@ -33,6 +33,7 @@ import contextlib
 import io
 import json
 import logging
+import re
 import subprocess
 import sys
 import tempfile
@@ -155,23 +156,46 @@ def onnxfuse_batch(paths: list[Path], out_dir: Path, jobs: int) -> dict[str, dic
     return {Path(r["input"]).stem: r for r in results}
 
 
-def explain(path: Path, kinds: list[str]) -> str:
+# the rules whose near misses explain a missing op type (attention: every attention rule)
+OP_RULES = {
+    "LayerNormalization": ("layernorm-decomposed", "layernorm-batchnorm-form"),
+    "SkipLayerNormalization": ("skip-layernorm", "skip-layernorm-bias", "layernorm-decomposed"),
+    "EmbedLayerNormalization": ("embed-layernorm",),
+    "FastGelu": ("tanh-gelu", "bias-fastgelu"),
+    "BiasGelu": ("bias-gelu", "erf-gelu"),
+    "Gelu": ("erf-gelu",),
+}
+
+
+def explain(path: Path, missed: list[str]) -> str:
+    """One line per missed op type (or "attention"): the near miss with the most progress among the rules
+    that make it; where none of them has one, what fired of them and the kind's nearest miss instead."""
     proc = subprocess.run([onnxfuse_exe(), "explain", str(path), "--json"], capture_output=True, text=True,
                           check=False)
     try:
-        misses = json.loads(proc.stdout)["near_misses"]
+        d = json.loads(proc.stdout)
+        misses, fired = d["near_misses"], d.get("fired", {})
     except (json.JSONDecodeError, KeyError):
         return f"explain failed: {proc.stderr.strip()[-200:]}"
     out = []
-    for kind in kinds:
-        cands = [m for m in misses if rule_kind(m["rule"]) == kind]
+    for what in missed:
+        kind = "attention" if what == "attention" else next(k for k, ops in KINDS.items() if what in ops)
+        rules = OP_RULES.get(what)
+        cands = [m for m in misses if (m["rule"] in rules if rules else rule_kind(m["rule"]) == kind)]
+        prefix = ""
         if not cands:
-            out.append(f"{kind}: no near miss (no rule's anchor found)")
-            continue
+            fired_here = {r: n for r, n in fired.items() if rule_kind(r) == kind}
+            prefix = f"{what}: no near miss of {'/'.join(rules) if rules else 'the attention rules'}"
+            prefix += f" (fired: {fired_here})" if fired_here else ""
+            cands = [m for m in misses if rule_kind(m["rule"]) == kind]
+            if not cands:
+                out.append(prefix)
+                continue
+            prefix += "; nearest: "
         m = max(cands, key=lambda m: (m["progress"], m["graph"] == "rewritten"))
         where = " (before the fusions ran)" if m["graph"] != "rewritten" else ""
-        out.append(f"{m['rule']}: {m['at']}: {m['reason']}{where}")
-    return " / ".join(out)
+        out.append(f"{prefix}{m['rule']}: {m['at']}: {m['reason']}{where}")
+    return " / ".join(dict.fromkeys(out))
 
 
 def rule_kind(rule: str) -> str | None:
@@ -181,15 +205,20 @@ def rule_kind(rule: str) -> str | None:
     return None
 
 
-def missed_kinds(ortc: collections.Counter, fusec: collections.Counter) -> list[str]:
-    kinds = []
+def missed_ops(ortc: collections.Counter, fusec: collections.Counter) -> list[str]:
+    """"attention" and the norm / gelu op types ORT-opt made more of than onnxfuse."""
+    missed = []
     for kind, ops in KINDS.items():
         if kind in MERGED:
             if sum(ortc[o] for o in ops) > sum(fusec[o] for o in ops):
-                kinds.append(kind)
-        elif any(ortc[o] > fusec[o] for o in ops):
-            kinds.append(kind)
-    return kinds
+                missed.append(kind)
+        else:
+            missed += [o for o in sorted(ops) if ortc[o] > fusec[o]]
+    return missed
+
+
+def missed_kinds(missed: list[str]) -> set[str]:
+    return {"attention" if m == "attention" else next(k for k, ops in KINDS.items() if m in ops) for m in missed}
 
 
 def fmt(c: collections.Counter | None, err: str | None = None) -> str:
@@ -241,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             row["onnxfuse_validated"] = r["validation"]["status"]
             row["onnxfuse_fired"] = r["fired"]
         ortc, fusec = collections.Counter(row["ortopt"]), collections.Counter(row["onnxfuse"])
-        row["missed"] = missed_kinds(ortc, fusec)
+        row["missed"] = missed_ops(ortc, fusec)
         row["reason"] = explain(src, row["missed"]) if row["missed"] else ""
         rows.append(row)
         print(f"# {name}: done", file=sys.stderr)
@@ -267,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\nonnxfuse fuses at least what ORT-opt fuses (graphs where ORT-opt fuses something of the kind):")
     for kind, ops in KINDS.items():
         relevant = [r for r in rows if any(r["ortopt"].get(o) for o in ops)]
-        ok = [r for r in relevant if kind not in r["missed"]]
+        ok = [r for r in relevant if kind not in missed_kinds(r["missed"])]
         more = [r for r in rows if not any(r["ortopt"].get(o) for o in ops) and any(r["onnxfuse"].get(o)
                                                                                      for o in ops)]
         print(f"- {kind}: {len(ok)}/{len(relevant)} graphs; onnxfuse alone fuses this kind on {len(more)} more")
@@ -278,6 +307,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"- {tool} output fails or does not run: {len(bad)} {bad}")
     notpass = [r["model"] for r in rows if not str(r["onnxfuse_validated"]).startswith(("passed", "not needed"))]
     print(f"- onnxfuse validation not passed: {len(notpass)} {notpass}")
+    print("\nonnxfuse misses by explain's reason (node names and opsets blurred), one example each:")
+    causes: dict[str, list[tuple[str, str]]] = collections.defaultdict(list)
+    for r in rows:
+        for part in filter(None, r["reason"].split(" / ")):
+            key = re.sub(r"/model/[\w./-]+", "*", part.split("; nearest: ")[0])
+            key = re.sub(r"'?\b[A-Za-z]+_\d+(_o\d*)?\b'?(/[\w/-]+)?", "*", key)
+            key = re.sub(r"opset \d+", "opset N", key)
+            causes[key].append((r["model"], part))
+    for key, hits in sorted(causes.items(), key=lambda kv: -len(kv[1])):
+        print(f"- {len(hits)} graphs: {key}  [e.g. {hits[0][0]}: {hits[0][1]}]")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
