@@ -83,7 +83,17 @@ class G:
         return name
 
     def out(self, value: str, name: str, dtype=F, shape=None) -> str:
-        self.op("Identity", [value], outputs=[name])
+        """Make ``value`` a graph output called ``name``: its producer's output is renamed (exporters write no
+        Identity there); an Identity only for a graph input or a value that already is an output."""
+        producer = next((n for n in self.nodes if value in n.output), None)
+        if producer is None or any(o.name == value for o in self.outputs):
+            self.op("Identity", [value], outputs=[name])
+        else:
+            for n in self.nodes:
+                for seq in (n.input, n.output):
+                    for i, v in enumerate(seq):
+                        if v == value:
+                            seq[i] = name
         self.outputs.append(helper.make_tensor_value_info(name, dtype, shape))
         return name
 
