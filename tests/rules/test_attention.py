@@ -755,3 +755,14 @@ def test_explain_looks_before_smaller_rules_hide_the_reason(tmp_path):
     assert ex.fired == {"matmul-scale": 1}
     (miss,) = ex.near_misses
     assert miss.graph == "before fusions" and "its output 'p' is a graph output" in miss.reason
+
+
+def test_softmax_axis_3_is_the_last_axis():
+    """Older torch exporters write the scores' Softmax as axis=3: softmax-last-axis spells it -1 first, then the
+    attention rule fuses the block as it does the axis=-1 spelling."""
+    m = _self_attention("ts", "div", (B, 1, S, S), softmax_axis=3)
+    check_misses(m, "self-attention", "Softmax axis=3, rule needs -1")
+    check_fires(m, ["softmax-last-axis", "self-attention"], FUSED, fired={"softmax-last-axis": 1, "self-attention": 1},
+                feeds=_feeds(m), rtol=1e-4, atol=1e-4)
+    check_misses(make_model([oh.make_node("Softmax", ["x"], ["y"], axis=2)], [("x", [2, 3, 4, 5])], [("y", None)]),
+                 "softmax-last-axis")
