@@ -12,6 +12,7 @@ from rich.console import Console
 
 from . import __version__
 from .errors import OnnxfuseError
+from .options import check_choice, check_count
 from .timing_lock import REPORT_WAIT_S, WAIT_KEY, busy_lock, timing_lock
 
 try:  # typer >= 0.20 vendors click; older typer uses the click package
@@ -33,10 +34,16 @@ PatternsOpt = Annotated[list[str] | None, typer.Option("--patterns", "-p", help=
 TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Execution provider: cpu or cuda.")]
 
 
-def _target(value: str) -> str:
-    if value not in ("cpu", "cuda"):
-        raise OnnxfuseError(f"--target {value}: unknown target", hint="use cpu or cuda")
-    return value
+# API option names (OnnxfuseError.option) -> the flags that set them: a CLI error names the flag
+FLAGS = {"target": "--target", "provider": "--provider", "measure_threads": "--threads", "threads": "--threads",
+         "measure_budget_s": "--measure-budget", "budget_s": "--budget", "min_runs": "--runs", "runs": "--runs",
+         "rtol": "--rtol", "atol": "--atol", "measure_by": "--measure-by", "jobs": "--jobs", "shapes": "--shape",
+         "profiles": "--profile", "inputs_npz": "--inputs", "level": "--level", "batches": "--batch",
+         "patterns": "--patterns", "only": "--only", "skip": "--skip", "rule": "--rule"}
+
+
+def _target(value: str, option: str = "target") -> str:
+    return check_choice(option, value, ("cpu", "cuda"))
 
 
 @app.command()
@@ -102,9 +109,9 @@ def optimize(
                            inputs_npz=inputs, rtol=rtol, atol=atol, force=force, dry_run=dry_run,
                            measure=not no_measure, fold=not no_fold, pad_channels=pad_channels, static=static,
                            measure_threads=threads, measure_budget_s=measure_budget, profiles=profile or [],
-                           measure_by=measure_by, cache=not no_cache)
-    if threads < 1 or (measure_budget is not None and measure_budget <= 0):
-        raise OnnxfuseError("--threads must be >= 1 and --measure-budget > 0")
+                           measure_by=measure_by, cache=not no_cache).check()
+    if jobs is not None:
+        check_count("jobs", jobs)
     if (bench_after or html) and dry_run:
         raise OnnxfuseError("--bench/--html need the written output; drop --dry-run")
     if len(paths) < 2:
@@ -168,8 +175,6 @@ def _optimize_batch(inputs: list[str], out_dir: str, opts, jobs: int | None, rec
     if html:
         raise OnnxfuseError("--html writes the report of one model; with several models use --bench, or --html "
                             "on each model alone")
-    if jobs is not None and jobs < 1:
-        raise OnnxfuseError("--jobs must be >= 1")
     items = collect(inputs, out_dir, recursive)
     n_jobs = min(jobs or default_jobs(), len(items))
     t0 = time.perf_counter()
@@ -304,16 +309,10 @@ def _batches(text: str | None) -> list[int] | None:
     try:
         values = [int(x) for x in text.split(",")]
     except ValueError:
-        raise OnnxfuseError(f"--batch {text}: expected sizes like 1,2,4,8") from None
+        raise OnnxfuseError("expected sizes like 1,2,4,8", option="batches", value=text) from None
     if any(v < 1 for v in values):
-        raise OnnxfuseError(f"--batch {text}: sizes must be >= 1")
+        raise OnnxfuseError("sizes must be >= 1", option="batches", value=text)
     return values
-
-
-def _level(level: str) -> str:
-    if level not in ("disable", "basic", "extended", "all"):
-        raise OnnxfuseError(f"--level {level}: expected disable, basic, extended or all")
-    return level
 
 
 @app.command()
@@ -345,7 +344,7 @@ def bench(
             raise OnnxfuseError(f"{p}: no such file")
     with _progress() as prog, timing_lock():  # timings from processes running side by side lie
         task = prog.add_task("bench", total=1.0)
-        res = run_bench(paths, provider=_target(provider), threads=threads, level=_level(level), shapes=shape,
+        res = run_bench(paths, provider=_target(provider, "provider"), threads=threads, level=level, shapes=shape,
                         inputs_npz=inputs, min_runs=runs, budget_s=budget, batches=_batches(batch),
                         profiles=profile or None, progress=lambda what, f: prog.update(task, description=what, completed=f))
     if html:
@@ -390,7 +389,7 @@ def profile(
     with _progress() as prog:
         task = prog.add_task("profiling", total=len(paths))
         for p in paths:
-            results.append(run_profile(p, _target(provider), threads, _level(level), runs, shapes=shape,
+            results.append(run_profile(p, _target(provider, "provider"), threads, level, runs, shapes=shape,
                                        inputs_npz=inputs, batches=sizes))
             prog.advance(task)
     if html:
@@ -578,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{cmd}: error: {e.format_message()} (see '{cmd} --help')", file=sys.stderr)
         return 2
     except OnnxfuseError as e:
-        text = str(e)
+        text = e.for_flags(FLAGS)
         print(text if ": error: " in text else f"onnxfuse: error: {text}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

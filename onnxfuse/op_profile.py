@@ -22,6 +22,7 @@ import onnx
 
 from .inputs.shapes import parse_shape_specs
 from .op_cost import CONTROL_FLOW, entries, model_index, node_bytes, node_flops, released_bytes
+from .options import check_count, check_strings
 from .runtime import make_session
 from .timing import run_times
 
@@ -259,8 +260,11 @@ def profile(path: str, provider: str = "cpu", threads: int = 1, level: str = "al
     """Profile one model on the inputs optimize would use (probed; `shapes`/`inputs_npz` as in optimize).
     With two or more `batches`, the third memory-bound signal (throughput against batch size) is measured
     with a batch sweep."""
-    from .latency import bench, probed_inputs
+    from .latency import bench, check_bench_options, probed_inputs
 
+    check_bench_options(provider, threads, level, runs, None, batches, runs_option="runs")
+    check_count("warmup", warmup, 0)
+    shapes = check_strings("shapes", shapes)
     spec = parse_shape_specs(shapes) if shapes else None
     proto = onnx.load(path, load_external_data=False)
     plain = make_session(path, level, provider, threads) if latency_ms is None else None  # unprofiled runs

@@ -21,7 +21,7 @@ from .inputs import discover as discover_inputs
 from .ir import Model
 from .loader import LoadInfo, approx_bytes, load_model, save_model
 from .opschema import RUNTIME_DOMAINS
-from .options import OptimizeOptions
+from .options import OptimizeOptions, check_choice, check_strings
 from .patterns.rules import Rule
 from .region_select import region_selection
 from .result import Result, op_counts
@@ -46,7 +46,7 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, output_path: str | os.P
     """Optimize a model (a path, or a ModelProto in memory) and return what was done; `Result.model` is the
     optimized ModelProto. With `output_path` it is also written there, atomically (a model that fails
     validation is never written). Raises OnnxfuseError (one line a user can act on) for bad input."""
-    opts = options or OptimizeOptions()
+    opts = (options or OptimizeOptions()).check()
     out = None if output_path is None else os.fspath(output_path)
     with _source(model, opts, out) as (shown, path):
         return _optimize(shown, path, out, opts)
@@ -97,8 +97,6 @@ class _Loaded:
 
 
 def _optimize(shown: str, path: str, out: str | None, opts: OptimizeOptions) -> Result:
-    if opts.target not in ("cpu", "cuda"):
-        raise OnnxfuseError(f"--target {opts.target}: unknown target", hint="use cpu or cuda")
     timings: dict[str, float] = {}
     with _timed(timings, "patterns"):
         extra = [os.path.join(builtin_patterns_dir(), "optional", "pad_channels.yaml")] if opts.pad_channels else []
@@ -137,8 +135,6 @@ def _measure(path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOp
                              "has no CUDA execution provider"), state
     if opts.measure_by == "model":
         return measured_selection(path, rules, opts, base, deny, state, validator)
-    if opts.measure_by != "regions":
-        raise OnnxfuseError(f"--measure-by {opts.measure_by}: unknown strategy", hint="use regions or model")
     return region_selection(path, rules, opts, base, deny, state, validator, DecisionCache(enabled=opts.cache),
                             spent_s)
 
@@ -246,9 +242,11 @@ def find_inputs(model: str | os.PathLike, shapes: list[str] | None = None, input
                 target: str = "cpu", probe: bool = True, budget_bytes: int | None = None) -> InputPlan:
     """The inputs `optimize` would validate and measure on, and why: discovered from the model (see
     inputs/discover.py) and, with `probe`, settled by running the original on the target's provider."""
+    check_choice("target", target, ("cpu", "cuda"))
+    shapes = check_strings("shapes", shapes)
     path = os.fspath(model)
     loaded, _ = load_model(path)
-    spec = parse_shape_specs(shapes or [])
+    spec = parse_shape_specs(shapes)
     provider = runs_on(target)
     run_on = None
     if probe:
