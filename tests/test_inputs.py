@@ -271,7 +271,7 @@ def test_profiles_are_parsed_with_weights_and_checked():
     plans = discover_profiles(model, _probe(model), ShapeSpec(), None, profiles)
     assert [plan.shapes["attention_mask"] for _, plan, _ in plans] == [[2, 40], [2, 21]]
     for bad in ("prefill", "p:", "p:seq=1@0", "p:seq=x"):
-        with pytest.raises(InputSpecError, match="--profile|--shape"):
+        with pytest.raises(InputSpecError, match=f"^profiles={bad!r}: "):
             parse_profiles([bad])
     with pytest.raises(InputSpecError, match="given twice"):
         parse_profiles(["a:seq=1", "a:seq=2"])
@@ -291,7 +291,7 @@ def test_optimize_validates_every_profile_and_measures_their_weighted_total(cli,
     assert code == 0, stderr
     assert "inputs: ids[2x8]" in stdout
     code, _, stderr = cli("optimize", src, tmp_path / "o3.onnx", "--profile", "bad")
-    assert code == 1 and "invalid --profile 'bad'" in stderr
+    assert code == 1 and stderr.startswith("onnxfuse: error: --profile bad: expected NAME:DIM=V,DIM=V[@WEIGHT]")
 
 
 def test_bench_times_a_kv_decoder_at_prefill_and_decode(cli, tmp_path):

@@ -3,6 +3,7 @@ option at fault; the CLI names the flag, the Python API the option, never a flag
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -87,3 +88,49 @@ def test_a_str_for_a_list_is_one_item():
     assert opts.shapes == ["batch=1"] and opts.skip == ["silu"]
     assert result.inputs.shapes == {"x": [1, 3, 32, 32]}
     assert onnxfuse.find_inputs(CNN, "batch=3", probe=False).shapes == {"x": [3, 3, 32, 32]}
+
+
+# ---- unknown input and dim names (typos) -------------------------------------------------------------------
+
+UNKNOWN_DIM = "unknown dim 'batchh'; the model's dims are: batch"
+
+
+@pytest.mark.parametrize("argv", [
+    ["optimize", CNN, "OUT", "--shape", "batchh=4"],
+    ["inputs", CNN, "--shape", "batchh=4"],
+    ["inputs", CNN, "--shape", "batchh=4", "--no-probe"],
+    ["bench", CNN, "--shape", "batchh=4", "--budget", "0.1"],
+    ["profile", CNN, "--shape", "batchh=4", "--runs", "1"],
+])
+def test_unknown_dim_in_shape_is_an_error_everywhere(cli, tmp_path, argv):
+    code, stdout, stderr = cli(*[str(tmp_path / "o.onnx") if a == "OUT" else a for a in argv])
+    assert code == 1 and stdout == ""
+    assert stderr.strip() == f"onnxfuse: error: --shape batchh=4: {UNKNOWN_DIM}"
+    assert not (tmp_path / "o.onnx").exists()
+
+
+@pytest.mark.parametrize("cmd", ["optimize", "bench"])
+def test_unknown_dim_in_profile_is_an_error(cli, tmp_path, cmd):
+    argv = [cmd, CNN] + ([str(tmp_path / "o.onnx")] if cmd == "optimize" else [])
+    code, _, stderr = cli(*argv, "--profile", "p:batchh=4@2")
+    assert code == 1
+    assert stderr.strip() == f"onnxfuse: error: --profile p:batchh=4@2: {UNKNOWN_DIM}"
+
+
+def test_unknown_dim_in_the_api_names_the_option():
+    with pytest.raises(OnnxfuseError) as e:
+        onnxfuse.optimize(CNN, None, OptimizeOptions(shapes=["batch=1", "batchh=4"], measure=False))
+    assert str(e.value) == f"shapes='batchh=4': {UNKNOWN_DIM}"
+    with pytest.raises(OnnxfuseError) as e:
+        onnxfuse.optimize(CNN, None, OptimizeOptions(profiles=["p:batchh=4"], measure=False))
+    assert str(e.value) == f"profiles='p:batchh=4': {UNKNOWN_DIM}"
+    with pytest.raises(OnnxfuseError, match=UNKNOWN_DIM):
+        onnxfuse.find_inputs(CNN, ["batchh=4"], probe=False)
+
+
+def test_known_dims_still_apply(cli):
+    """The check does not refuse real names: a named dim and an unnamed one (`input[axis]`) both take effect."""
+    assert onnxfuse.find_inputs(CNN, ["batch=3"], probe=False).shapes == {"x": [3, 3, 32, 32]}
+    code, stdout, stderr = cli("inputs", CNN, "--shape", "batch=5", "--json", "--no-probe")
+    assert code == 0, stderr
+    assert json.loads(stdout)["shapes"] == {"x": [5, 3, 32, 32]}
