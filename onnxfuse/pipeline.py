@@ -16,8 +16,7 @@ import onnx
 from .compare import OutputCheck
 from .decision_cache import DecisionCache
 from .errors import ModelError, OnnxfuseError
-from .inputs import InputPlan, parse_shape_specs
-from .inputs import discover as discover_inputs
+from .inputs import InputPlan, discover_profiles, parse_profiles, parse_shape_specs
 from .ir import Model
 from .loader import LoadInfo, approx_bytes, load_model, save_model
 from .opschema import RUNTIME_DOMAINS
@@ -38,7 +37,7 @@ from .tensors import iter_nodes
 from .timing_lock import timing_lock
 from .validate import Validator
 
-__all__ = ["find_inputs", "optimize"]
+__all__ = ["find_inputs", "find_profiles", "optimize"]
 
 
 def optimize(model: str | os.PathLike | onnx.ModelProto, output_path: str | os.PathLike | None = None,
@@ -239,20 +238,31 @@ def unvalidatable_ops(proto: onnx.ModelProto, provider: str) -> list[str]:
 
 
 def find_inputs(model: str | os.PathLike, shapes: list[str] | None = None, inputs_npz: str | None = None,
-                target: str = "cpu", probe: bool = True, budget_bytes: int | None = None) -> InputPlan:
-    """The inputs `optimize` would validate and measure on, and why: discovered from the model (see
-    inputs/discover.py) and, with `probe`, settled by running the original on the target's provider."""
+                target: str = "cpu", probe: bool = True, budget_bytes: int | None = None,
+                profiles: list[str] | None = None) -> InputPlan:
+    """The inputs `optimize` would validate and measure on first (`Result.inputs`), and why: discovered from the
+    model (see inputs/discover.py) and, with `probe`, settled by running the original on the target's provider.
+    A KV-cache decoder has more than one shape profile: `find_profiles` gives every one."""
+    return find_profiles(model, shapes, inputs_npz, target, probe, budget_bytes, profiles)[0][2]
+
+
+def find_profiles(model: str | os.PathLike, shapes: list[str] | None = None, inputs_npz: str | None = None,
+                  target: str = "cpu", probe: bool = True, budget_bytes: int | None = None,
+                  profiles: list[str] | None = None) -> list[tuple[str, float, InputPlan]]:
+    """(name, weight, inputs) of every shape profile `optimize` would validate and measure on (`Result.profiles`):
+    prefill and decode for a decoder with a KV cache, the `profiles` given (texts as `--profile` takes them),
+    else one named 'default'."""
     check_choice("target", target, ("cpu", "cuda"))
     shapes = check_strings("shapes", shapes)
+    chosen = parse_profiles(check_strings("profiles", profiles)) or None
     path = os.fspath(model)
     loaded, _ = load_model(path)
     spec = parse_shape_specs(shapes)
-    provider = runs_on(target)
     run_on = None
     if probe:
-        sess = make_session(path, "disable", provider)
+        sess = make_session(path, "disable", runs_on(target))
 
         def run_on(feeds: dict) -> dict:
             return run_session(sess, feeds)
-    plan, _ = discover_inputs(loaded.proto, run_on, spec, inputs_npz, budget_bytes=budget_bytes)
-    return plan
+    found = discover_profiles(loaded.proto, run_on, spec, inputs_npz, chosen, budget_bytes=budget_bytes)
+    return [(p.name, p.weight, plan) for p, plan, _ in found]

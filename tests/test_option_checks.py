@@ -109,7 +109,7 @@ def test_unknown_dim_in_shape_is_an_error_everywhere(cli, tmp_path, argv):
     assert not (tmp_path / "o.onnx").exists()
 
 
-@pytest.mark.parametrize("cmd", ["optimize", "bench"])
+@pytest.mark.parametrize("cmd", ["optimize", "inputs", "bench"])
 def test_unknown_dim_in_profile_is_an_error(cli, tmp_path, cmd):
     argv = [cmd, CNN] + ([str(tmp_path / "o.onnx")] if cmd == "optimize" else [])
     code, _, stderr = cli(*argv, "--profile", "p:batchh=4@2")
