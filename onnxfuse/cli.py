@@ -29,6 +29,18 @@ app.add_typer(cache_app, name="cache")
 
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"onnxfuse {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    """Make ONNX models faster on onnxruntime with validated YAML fusions."""
+
 PatternsOpt = Annotated[list[str] | None, typer.Option("--patterns", "-p", help="Extra pattern file or folder "
                                                        "(repeatable).")]
 TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Execution provider: cpu or cuda.")]
@@ -77,7 +89,8 @@ def optimize(
     no_measure: Annotated[bool, typer.Option("--no-measure", help="Keep every validated rewrite without timing "
                                              "them (default: time groups of rewrites, keep only those that help).")]
     = False,
-    threads: Annotated[int, typer.Option("--threads", help="onnxruntime intra-op threads for --measure.")] = 1,
+    threads: Annotated[int, typer.Option("--threads", help="onnxruntime intra-op threads while measuring (and "
+                                         "for --bench).")] = 1,
     measure_budget: Annotated[float | None, typer.Option("--measure-budget", help="Seconds for the whole "
                                                          "measuring phase (default: automatic, 4-10 s, keeping "
                                                          "optimize near 12 s; more past 1 GiB of weights; with "
@@ -267,7 +280,7 @@ def explain(
     rule: Annotated[str | None, typer.Option("--rule", "-r", help="Only this rule (shows every attempt).")] = None,
     patterns: PatternsOpt = None,
     target: TargetOpt = "cpu",
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the explanation as JSON.")] = False,
 ) -> None:
     """Why fusions did not happen: the near misses of every rule, with the node and constraint that failed."""
     from . import explain as run_explain
@@ -332,7 +345,7 @@ def bench(
                                                       "[@WEIGHT] (repeatable): each timed (default for a decoder "
                                                       "with a KV cache: prefill and decode).")] = None,
     html: Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (docs/json.md).")] = False,
 ) -> None:
     """Latency of A (and B, interleaved): median, p90, p99, min, spread, speedup with a 95% CI and a verdict;
     a decoder with a KV cache at prefill and at decode."""
@@ -363,17 +376,18 @@ def bench(
 def profile(
     a: Annotated[str, typer.Argument(help="Model to profile.")],
     b: Annotated[str | None, typer.Argument(help="A second model (e.g. the optimized one), side by side.")] = None,
-    provider: Annotated[str, typer.Option("--provider")] = "cpu",
-    threads: Annotated[int, typer.Option("--threads")] = 1,
-    level: Annotated[str, typer.Option("--level")] = "all",
+    provider: Annotated[str, typer.Option("--provider", help="cpu or cuda.")] = "cpu",
+    threads: Annotated[int, typer.Option("--threads", help="intra-op threads.")] = 1,
+    level: Annotated[str, typer.Option("--level", help="ORT optimization level: disable|basic|extended|all.")]
+    = "all",
     shape: BenchShape = None,
-    inputs: Annotated[str | None, typer.Option("--inputs")] = None,
+    inputs: Annotated[str | None, typer.Option("--inputs", help="Inputs from an .npz file.")] = None,
     runs: Annotated[int, typer.Option("--runs", help="Profiled runs (after 10 warm-up runs).")] = 30,
     nodes: Annotated[bool, typer.Option("--nodes", help="Also list the slowest nodes.")] = False,
     batch: Annotated[str | None, typer.Option("--batch", help="Batch sizes for the utilization signal, e.g. 1,8.")]
     = None,
     html: Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (docs/json.md).")] = False,
 ) -> None:
     """Op-time table (onnxruntime profiler), bytes and FLOPs per op, utilization against measured peaks, and
     the memory-bound signals."""
@@ -406,7 +420,8 @@ def profile(
 
 @patterns_app.command("list")
 def patterns_list(patterns: PatternsOpt = None,
-                  no_builtin: Annotated[bool, typer.Option("--no-builtin")] = False,
+                  no_builtin: Annotated[bool, typer.Option("--no-builtin", help="Only the --patterns files.")]
+                  = False,
                   target: Annotated[str | None, typer.Option("--target", "-t", help="Say for each rule whether it "
                                                              "is used on this target (cpu or cuda), and why not.")]
                   = None) -> None:
@@ -469,7 +484,8 @@ def patterns_check(files: Annotated[list[str], typer.Argument(help="Pattern file
 
 @patterns_app.command("test")
 def patterns_test(files: Annotated[list[str] | None, typer.Argument(help="Pattern files (default: built-in).")]
-                  = None, rule: Annotated[str | None, typer.Option("--rule", "-r")] = None) -> None:
+                  = None, rule: Annotated[str | None, typer.Option("--rule", "-r", help="Only this rule id.")] = None
+                  ) -> None:
     """Self-test rules: build a model per alternative and operand order, check the rule fires once with equal
     onnxruntime outputs, and that mutants (constant off, extra consumer, wrong dtype) do not fire."""
     from . import load_rules, self_test
