@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -134,8 +135,11 @@ def optimize(
         _optimize_batch(inputs, output, opts, jobs, recursive, bench_after, html, as_json)
         return
     input = inputs[0]
-    with busy_lock() as waited:  # shared: never beside a process that is timing; measuring takes it exclusive
-        result = run_optimize(input, output, opts)
+    from .progress import status_line
+
+    # shared: never beside a process that is timing; measuring takes it exclusive
+    with status_line(not as_json) as progress, busy_lock() as waited:
+        result = run_optimize(input, output, opts, progress=progress)
     if waited > REPORT_WAIT_S:
         result.timings[WAIT_KEY] = result.timings.get(WAIT_KEY, 0.0) + waited
     _report_optimize(result, input, output, opts, bench_after or bool(html), html, as_json)
@@ -148,18 +152,18 @@ def _report_optimize(result, input: str, output: str, opts, bench_after: bool, h
     if bench_after:
         from . import bench as run_bench
 
-        with _progress() as prog, timing_lock():
-            task = prog.add_task("bench", total=1.0)
+        with _bench_status(not as_json, 5.0) as progress, timing_lock():
             bench_res = run_bench([input, output], ["input", "output"], provider=opts.target,
                                   threads=opts.measure_threads, shapes=opts.shapes or None,
-                                  inputs_npz=opts.inputs_npz, profiles=opts.profiles or None,
-                                  progress=lambda what, f: prog.update(task, description=what, completed=f))
+                                  inputs_npz=opts.inputs_npz, profiles=opts.profiles or None, progress=progress)
     if html:
         from . import profile as run_profile
         from .html_report import render, write
 
-        profiles = [run_profile(p, opts.target, opts.measure_threads, shapes=opts.shapes or None,
-                                inputs_npz=opts.inputs_npz) for p in (input, output)]
+        with _profile_status(not as_json) as progress:
+            profiles = [run_profile(p, opts.target, opts.measure_threads, shapes=opts.shapes or None,
+                                    inputs_npz=opts.inputs_npz, progress=progress(label))
+                        for label, p in (("input", input), ("output", output))]
         write(html, render(f"onnxfuse optimize: {input}", bench=bench_res, profiles=profiles,
                            labels=["input", "output"], result=result))
     if as_json:
@@ -309,11 +313,22 @@ def explain(
 BenchShape = Annotated[list[str] | None, typer.Option("--shape", help="Input shape name:1x3x224x224 or dim=4.")]
 
 
-def _progress():
-    """A progress bar on stderr (hidden when stderr is not a terminal)."""
-    from rich.progress import Progress
+@contextlib.contextmanager
+def _bench_status(enabled: bool, budget_s: float):
+    """bench's `progress(what, fraction)` on the status line (progress.py): the step, how far, the budget."""
+    from .progress import status_line
 
-    return Progress(console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty())
+    with status_line(enabled) as show:
+        yield lambda what, f: show(f"bench: {what} ({f:.0%})", budget_s)
+
+
+@contextlib.contextmanager
+def _profile_status(enabled: bool):
+    """profile's phases on the status line, per model: `progress(label)` is the callback for that model."""
+    from .progress import status_line
+
+    with status_line(enabled) as show:
+        yield lambda label: lambda phase, budget_s=None: show(f"profile {label}: {phase}", budget_s)
 
 
 def _batches(text: str | None) -> list[int] | None:
@@ -355,11 +370,10 @@ def bench(
     for p in paths:
         if not os.path.isfile(p):
             raise OnnxfuseError(f"{p}: no such file")
-    with _progress() as prog, timing_lock():  # timings from processes running side by side lie
-        task = prog.add_task("bench", total=1.0)
+    with _bench_status(not as_json, budget) as progress, timing_lock():  # side by side, timings lie
         res = run_bench(paths, provider=_target(provider, "provider"), threads=threads, level=level, shapes=shape,
                         inputs_npz=inputs, min_runs=runs, budget_s=budget, batches=_batches(batch),
-                        profiles=profile or None, progress=lambda what, f: prog.update(task, description=what, completed=f))
+                        profiles=profile or None, progress=progress)
     if html:
         from .html_report import render, write
 
@@ -400,12 +414,10 @@ def profile(
             raise OnnxfuseError(f"{p}: no such file")
     sizes = _batches(batch)
     results = []
-    with _progress() as prog:
-        task = prog.add_task("profiling", total=len(paths))
-        for p in paths:
+    with _profile_status(not as_json) as progress:
+        for label, p in zip(labels, paths, strict=True):
             results.append(run_profile(p, _target(provider, "provider"), threads, level, runs, shapes=shape,
-                                       inputs_npz=inputs, batches=sizes))
-            prog.advance(task)
+                                       inputs_npz=inputs, batches=sizes, progress=progress(label)))
     if html:
         from .html_report import render, write
 

@@ -22,6 +22,7 @@ from .loader import LoadInfo, approx_bytes, load_model, save_model
 from .opschema import RUNTIME_DOMAINS
 from .options import OptimizeOptions, check_choice, check_strings
 from .patterns.rules import Rule
+from .progress import Phase, quiet
 from .region_select import region_selection
 from .result import Result, op_counts
 from .rewrite.engine import EngineOptions, RuleSkip, run
@@ -41,14 +42,15 @@ __all__ = ["find_inputs", "find_profiles", "optimize"]
 
 
 def optimize(model: str | os.PathLike | onnx.ModelProto, output_path: str | os.PathLike | None = None,
-             options: OptimizeOptions | None = None) -> Result:
+             options: OptimizeOptions | None = None, progress: Phase | None = None) -> Result:
     """Optimize a model (a path, or a ModelProto in memory) and return what was done; `Result.model` is the
     optimized ModelProto. With `output_path` it is also written there, atomically (a model that fails
-    validation is never written). Raises OnnxfuseError (one line a user can act on) for bad input."""
+    validation is never written). Raises OnnxfuseError (one line a user can act on) for bad input.
+    `progress(phase, budget_s=None)` is called as each phase starts (see progress.py)."""
     opts = (options or OptimizeOptions()).check()
     out = None if output_path is None else os.fspath(output_path)
     with _source(model, opts, out) as (shown, path):
-        return _optimize(shown, path, out, opts)
+        return _optimize(shown, path, out, opts, progress or quiet)
 
 
 @contextlib.contextmanager
@@ -75,7 +77,9 @@ def _source(model: str | os.PathLike | onnx.ModelProto, opts: OptimizeOptions,
 
 
 @contextlib.contextmanager
-def _timed(timings: dict[str, float], phase: str) -> Iterator[None]:
+def _timed(timings: dict[str, float], phase: str, progress: Phase = quiet,
+           budget_s: float | None = None) -> Iterator[None]:
+    progress(phase, budget_s)
     t0 = time.perf_counter()
     try:
         yield
@@ -95,29 +99,30 @@ class _Loaded:
     validator: Validator | None
 
 
-def _optimize(shown: str, path: str, out: str | None, opts: OptimizeOptions) -> Result:
+def _optimize(shown: str, path: str, out: str | None, opts: OptimizeOptions, progress: Phase) -> Result:
     timings: dict[str, float] = {}
-    with _timed(timings, "patterns"):
+    with _timed(timings, "patterns", progress):
         extra = [os.path.join(builtin_patterns_dir(), "optional", "pad_channels.yaml")] if opts.pad_channels else []
         rules = load_rules(extra + list(opts.patterns), opts.builtin, opts.only, opts.skip)
     _check_paths(path, None if opts.dry_run else out, opts.force)
-    with _timed(timings, "load"):
+    with _timed(timings, "load", progress):
         loaded = _load(path, opts)
-    with _timed(timings, "rewrite"):
+    with _timed(timings, "rewrite", progress):
         rules, base, state = _rewrite(loaded, rules, opts)
     deny: set[tuple[str, str]] = set()
-    with _timed(timings, "validate"):
+    with _timed(timings, "validate", progress):
         state, status, checks, rolled_back = _validate(path, rules, base, deny, state, loaded, opts)
     measured: MeasureReport | None = None
     if opts.measure and state.eng.applications:
         assert loaded.validator is not None
-        with timing_lock(timings), _timed(timings, "measure"):  # one process times at a time
+        with timing_lock(timings), _timed(timings, "measure", progress, opts.measure_budget_s):  # one at a time
             # what the run took so far, and the validation of the kept selection still to come (about as long)
             measured, state = _measure(path, rules, opts, base, deny, state, loaded.validator,
-                                       spent_s=sum(timings.values()) + timings.get("validate", 0.0))
+                                       spent_s=sum(timings.values()) + timings.get("validate", 0.0),
+                                       progress=progress)
     written: list[str] = []
     if out is not None and not opts.dry_run:
-        with _timed(timings, "write"):
+        with _timed(timings, "write", progress):
             big = approx_bytes(state.proto) > 2**31 - 2**24
             written = save_model(state.proto, out, loaded.model.base_dir,
                                  external=state.info.external_data or big,
@@ -126,7 +131,8 @@ def _optimize(shown: str, path: str, out: str | None, opts: OptimizeOptions) -> 
 
 
 def _measure(path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions, deny: set[tuple[str, str]],
-             state: Rewritten, validator: Validator, spent_s: float = 0.0) -> tuple[MeasureReport, Rewritten]:
+             state: Rewritten, validator: Validator, spent_s: float = 0.0,
+             progress: Phase = quiet) -> tuple[MeasureReport, Rewritten]:
     """Measured selection on the target: by region (the default) or by whole-model rounds. `spent_s`: seconds
     optimize took before measuring (the automatic budget keeps the whole run near a target)."""
     if opts.target == "cuda" and not provider_registered("cuda"):
@@ -135,7 +141,7 @@ def _measure(path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOp
     if opts.measure_by == "model":
         return measured_selection(path, rules, opts, base, deny, state, validator)
     return region_selection(path, rules, opts, base, deny, state, validator, DecisionCache(enabled=opts.cache),
-                            spent_s)
+                            spent_s, progress)
 
 
 def _load(path: str, opts: OptimizeOptions) -> _Loaded:
