@@ -214,7 +214,8 @@ def batch_sweep(sessions: dict[str, object], proto: onnx.ModelProto, spec, batch
     if dim is None:
         from .errors import InputSpecError
 
-        raise InputSpecError("--batch needs a model whose inputs share a dynamic first (batch) dimension")
+        raise InputSpecError("a batch sweep needs a model whose inputs share a dynamic first (batch) dimension",
+                             option="batches", value=",".join(map(str, batches)))
     points = []
     for n, b in enumerate(batches):
         if progress:

@@ -134,3 +134,16 @@ def test_known_dims_still_apply(cli):
     code, stdout, stderr = cli("inputs", CNN, "--shape", "batch=5", "--json", "--no-probe")
     assert code == 0, stderr
     assert json.loads(stdout)["shapes"] == {"x": [5, 3, 32, 32]}
+
+
+def test_batch_sweep_on_a_fixed_batch_names_the_option(cli, tmp_path):
+    import onnx.helper as oh
+    from conftest import make_model, save
+
+    src = save(make_model([oh.make_node("Relu", ["x"], ["y"])], [("x", [2, 3])], [("y", [2, 3])]), tmp_path / "f.onnx")
+    code, _, stderr = cli("bench", src, "--batch", "1,2", "--budget", "0.2")
+    assert code == 1
+    assert stderr.strip() == ("onnxfuse: error: --batch 1,2: a batch sweep needs a model whose inputs share a "
+                              "dynamic first (batch) dimension")
+    with pytest.raises(OnnxfuseError, match=r"^batches='1,2': a batch sweep needs"):
+        onnxfuse.bench([src], batches=[1, 2], budget_s=0.2)
