@@ -17,11 +17,11 @@ from .inputs import InputPlan
 from .latency import BenchResult, bench
 from .op_profile import ProfileResult, profile
 from .options import OptimizeOptions
-from .pipeline import find_inputs, optimize
+from .pipeline import find_inputs, find_profiles, optimize
 from .result import Result
 from .ruleset import builtin_patterns_dir, load_rules, pattern_schema, rules_in_order, self_test
 
 __all__ = ["BenchResult", "Explanation", "InputPlan", "InputSpecError", "ModelError", "OnnxfuseError",
            "OptimizeOptions", "PatternError", "ProfileResult", "Result", "__version__", "bench",
-           "builtin_patterns_dir", "explain", "find_inputs", "load_rules", "optimize", "pattern_schema", "profile",
-           "rules_in_order", "self_test"]
+           "builtin_patterns_dir", "explain", "find_inputs", "find_profiles", "load_rules", "optimize",
+           "pattern_schema", "profile", "rules_in_order", "self_test"]

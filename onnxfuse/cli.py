@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -12,6 +13,7 @@ from rich.console import Console
 
 from . import __version__
 from .errors import OnnxfuseError
+from .options import check_choice, check_count
 from .timing_lock import REPORT_WAIT_S, WAIT_KEY, busy_lock, timing_lock
 
 try:  # typer >= 0.20 vendors click; older typer uses the click package
@@ -28,15 +30,33 @@ app.add_typer(cache_app, name="cache")
 
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"onnxfuse {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    """Make ONNX models faster on onnxruntime with validated YAML fusions."""
+
 PatternsOpt = Annotated[list[str] | None, typer.Option("--patterns", "-p", help="Extra pattern file or folder "
                                                        "(repeatable).")]
 TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Execution provider: cpu or cuda.")]
 
 
-def _target(value: str) -> str:
-    if value not in ("cpu", "cuda"):
-        raise OnnxfuseError(f"--target {value}: unknown target", hint="use cpu or cuda")
-    return value
+# API option names (OnnxfuseError.option) -> the flags that set them: a CLI error names the flag
+FLAGS = {"target": "--target", "provider": "--provider", "measure_threads": "--threads", "threads": "--threads",
+         "measure_budget_s": "--measure-budget", "budget_s": "--budget", "min_runs": "--runs", "runs": "--runs",
+         "rtol": "--rtol", "atol": "--atol", "measure_by": "--measure-by", "jobs": "--jobs", "shapes": "--shape",
+         "profiles": "--profile", "inputs_npz": "--inputs", "level": "--level", "batches": "--batch",
+         "patterns": "--patterns", "only": "--only", "skip": "--skip", "rule": "--rule"}
+
+
+def _target(value: str, option: str = "target") -> str:
+    return check_choice(option, value, ("cpu", "cuda"))
 
 
 @app.command()
@@ -70,7 +90,8 @@ def optimize(
     no_measure: Annotated[bool, typer.Option("--no-measure", help="Keep every validated rewrite without timing "
                                              "them (default: time groups of rewrites, keep only those that help).")]
     = False,
-    threads: Annotated[int, typer.Option("--threads", help="onnxruntime intra-op threads for --measure.")] = 1,
+    threads: Annotated[int, typer.Option("--threads", help="onnxruntime intra-op threads while measuring (and "
+                                         "for --bench).")] = 1,
     measure_budget: Annotated[float | None, typer.Option("--measure-budget", help="Seconds for the whole "
                                                          "measuring phase (default: automatic, 4-10 s, keeping "
                                                          "optimize near 12 s; more past 1 GiB of weights; with "
@@ -102,9 +123,9 @@ def optimize(
                            inputs_npz=inputs, rtol=rtol, atol=atol, force=force, dry_run=dry_run,
                            measure=not no_measure, fold=not no_fold, pad_channels=pad_channels, static=static,
                            measure_threads=threads, measure_budget_s=measure_budget, profiles=profile or [],
-                           measure_by=measure_by, cache=not no_cache)
-    if threads < 1 or (measure_budget is not None and measure_budget <= 0):
-        raise OnnxfuseError("--threads must be >= 1 and --measure-budget > 0")
+                           measure_by=measure_by, cache=not no_cache).check()
+    if jobs is not None:
+        check_count("jobs", jobs)
     if (bench_after or html) and dry_run:
         raise OnnxfuseError("--bench/--html need the written output; drop --dry-run")
     if len(paths) < 2:
@@ -114,8 +135,11 @@ def optimize(
         _optimize_batch(inputs, output, opts, jobs, recursive, bench_after, html, as_json)
         return
     input = inputs[0]
-    with busy_lock() as waited:  # shared: never beside a process that is timing; measuring takes it exclusive
-        result = run_optimize(input, output, opts)
+    from .progress import status_line
+
+    # shared: never beside a process that is timing; measuring takes it exclusive
+    with status_line(not as_json) as progress, busy_lock() as waited:
+        result = run_optimize(input, output, opts, progress=progress)
     if waited > REPORT_WAIT_S:
         result.timings[WAIT_KEY] = result.timings.get(WAIT_KEY, 0.0) + waited
     _report_optimize(result, input, output, opts, bench_after or bool(html), html, as_json)
@@ -128,18 +152,18 @@ def _report_optimize(result, input: str, output: str, opts, bench_after: bool, h
     if bench_after:
         from . import bench as run_bench
 
-        with _progress() as prog, timing_lock():
-            task = prog.add_task("bench", total=1.0)
+        with _bench_status(not as_json, 5.0) as progress, timing_lock():
             bench_res = run_bench([input, output], ["input", "output"], provider=opts.target,
                                   threads=opts.measure_threads, shapes=opts.shapes or None,
-                                  inputs_npz=opts.inputs_npz, profiles=opts.profiles or None,
-                                  progress=lambda what, f: prog.update(task, description=what, completed=f))
+                                  inputs_npz=opts.inputs_npz, profiles=opts.profiles or None, progress=progress)
     if html:
         from . import profile as run_profile
         from .html_report import render, write
 
-        profiles = [run_profile(p, opts.target, opts.measure_threads, shapes=opts.shapes or None,
-                                inputs_npz=opts.inputs_npz) for p in (input, output)]
+        with _profile_status(not as_json) as progress:
+            profiles = [run_profile(p, opts.target, opts.measure_threads, shapes=opts.shapes or None,
+                                    inputs_npz=opts.inputs_npz, progress=progress(label))
+                        for label, p in (("input", input), ("output", output))]
         write(html, render(f"onnxfuse optimize: {input}", bench=bench_res, profiles=profiles,
                            labels=["input", "output"], result=result))
     if as_json:
@@ -168,8 +192,6 @@ def _optimize_batch(inputs: list[str], out_dir: str, opts, jobs: int | None, rec
     if html:
         raise OnnxfuseError("--html writes the report of one model; with several models use --bench, or --html "
                             "on each model alone")
-    if jobs is not None and jobs < 1:
-        raise OnnxfuseError("--jobs must be >= 1")
     items = collect(inputs, out_dir, recursive)
     n_jobs = min(jobs or default_jobs(), len(items))
     t0 = time.perf_counter()
@@ -262,7 +284,7 @@ def explain(
     rule: Annotated[str | None, typer.Option("--rule", "-r", help="Only this rule (shows every attempt).")] = None,
     patterns: PatternsOpt = None,
     target: TargetOpt = "cpu",
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the explanation as JSON.")] = False,
 ) -> None:
     """Why fusions did not happen: the near misses of every rule, with the node and constraint that failed."""
     from . import explain as run_explain
@@ -291,11 +313,22 @@ def explain(
 BenchShape = Annotated[list[str] | None, typer.Option("--shape", help="Input shape name:1x3x224x224 or dim=4.")]
 
 
-def _progress():
-    """A progress bar on stderr (hidden when stderr is not a terminal)."""
-    from rich.progress import Progress
+@contextlib.contextmanager
+def _bench_status(enabled: bool, budget_s: float):
+    """bench's `progress(what, fraction)` on the status line (progress.py): the step, how far, the budget."""
+    from .progress import status_line
 
-    return Progress(console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty())
+    with status_line(enabled) as show:
+        yield lambda what, f: show(f"bench: {what} ({f:.0%})", budget_s)
+
+
+@contextlib.contextmanager
+def _profile_status(enabled: bool):
+    """profile's phases on the status line, per model: `progress(label)` is the callback for that model."""
+    from .progress import status_line
+
+    with status_line(enabled) as show:
+        yield lambda label: lambda phase, budget_s=None: show(f"profile {label}: {phase}", budget_s)
 
 
 def _batches(text: str | None) -> list[int] | None:
@@ -304,16 +337,10 @@ def _batches(text: str | None) -> list[int] | None:
     try:
         values = [int(x) for x in text.split(",")]
     except ValueError:
-        raise OnnxfuseError(f"--batch {text}: expected sizes like 1,2,4,8") from None
+        raise OnnxfuseError("expected sizes like 1,2,4,8", option="batches", value=text) from None
     if any(v < 1 for v in values):
-        raise OnnxfuseError(f"--batch {text}: sizes must be >= 1")
+        raise OnnxfuseError("sizes must be >= 1", option="batches", value=text)
     return values
-
-
-def _level(level: str) -> str:
-    if level not in ("disable", "basic", "extended", "all"):
-        raise OnnxfuseError(f"--level {level}: expected disable, basic, extended or all")
-    return level
 
 
 @app.command()
@@ -333,7 +360,7 @@ def bench(
                                                       "[@WEIGHT] (repeatable): each timed (default for a decoder "
                                                       "with a KV cache: prefill and decode).")] = None,
     html: Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (docs/json.md).")] = False,
 ) -> None:
     """Latency of A (and B, interleaved): median, p90, p99, min, spread, speedup with a 95% CI and a verdict;
     a decoder with a KV cache at prefill and at decode."""
@@ -343,11 +370,10 @@ def bench(
     for p in paths:
         if not os.path.isfile(p):
             raise OnnxfuseError(f"{p}: no such file")
-    with _progress() as prog, timing_lock():  # timings from processes running side by side lie
-        task = prog.add_task("bench", total=1.0)
-        res = run_bench(paths, provider=_target(provider), threads=threads, level=_level(level), shapes=shape,
+    with _bench_status(not as_json, budget) as progress, timing_lock():  # side by side, timings lie
+        res = run_bench(paths, provider=_target(provider, "provider"), threads=threads, level=level, shapes=shape,
                         inputs_npz=inputs, min_runs=runs, budget_s=budget, batches=_batches(batch),
-                        profiles=profile or None, progress=lambda what, f: prog.update(task, description=what, completed=f))
+                        profiles=profile or None, progress=progress)
     if html:
         from .html_report import render, write
 
@@ -364,17 +390,18 @@ def bench(
 def profile(
     a: Annotated[str, typer.Argument(help="Model to profile.")],
     b: Annotated[str | None, typer.Argument(help="A second model (e.g. the optimized one), side by side.")] = None,
-    provider: Annotated[str, typer.Option("--provider")] = "cpu",
-    threads: Annotated[int, typer.Option("--threads")] = 1,
-    level: Annotated[str, typer.Option("--level")] = "all",
+    provider: Annotated[str, typer.Option("--provider", help="cpu or cuda.")] = "cpu",
+    threads: Annotated[int, typer.Option("--threads", help="intra-op threads.")] = 1,
+    level: Annotated[str, typer.Option("--level", help="ORT optimization level: disable|basic|extended|all.")]
+    = "all",
     shape: BenchShape = None,
-    inputs: Annotated[str | None, typer.Option("--inputs")] = None,
+    inputs: Annotated[str | None, typer.Option("--inputs", help="Inputs from an .npz file.")] = None,
     runs: Annotated[int, typer.Option("--runs", help="Profiled runs (after 10 warm-up runs).")] = 30,
     nodes: Annotated[bool, typer.Option("--nodes", help="Also list the slowest nodes.")] = False,
     batch: Annotated[str | None, typer.Option("--batch", help="Batch sizes for the utilization signal, e.g. 1,8.")]
     = None,
     html: Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (docs/json.md).")] = False,
 ) -> None:
     """Op-time table (onnxruntime profiler), bytes and FLOPs per op, utilization against measured peaks, and
     the memory-bound signals."""
@@ -387,12 +414,10 @@ def profile(
             raise OnnxfuseError(f"{p}: no such file")
     sizes = _batches(batch)
     results = []
-    with _progress() as prog:
-        task = prog.add_task("profiling", total=len(paths))
-        for p in paths:
-            results.append(run_profile(p, _target(provider), threads, _level(level), runs, shapes=shape,
-                                       inputs_npz=inputs, batches=sizes))
-            prog.advance(task)
+    with _profile_status(not as_json) as progress:
+        for label, p in zip(labels, paths, strict=True):
+            results.append(run_profile(p, _target(provider, "provider"), threads, level, runs, shapes=shape,
+                                       inputs_npz=inputs, batches=sizes, progress=progress(label)))
     if html:
         from .html_report import render, write
 
@@ -407,7 +432,8 @@ def profile(
 
 @patterns_app.command("list")
 def patterns_list(patterns: PatternsOpt = None,
-                  no_builtin: Annotated[bool, typer.Option("--no-builtin")] = False,
+                  no_builtin: Annotated[bool, typer.Option("--no-builtin", help="Only the --patterns files.")]
+                  = False,
                   target: Annotated[str | None, typer.Option("--target", "-t", help="Say for each rule whether it "
                                                              "is used on this target (cpu or cuda), and why not.")]
                   = None) -> None:
@@ -470,7 +496,8 @@ def patterns_check(files: Annotated[list[str], typer.Argument(help="Pattern file
 
 @patterns_app.command("test")
 def patterns_test(files: Annotated[list[str] | None, typer.Argument(help="Pattern files (default: built-in).")]
-                  = None, rule: Annotated[str | None, typer.Option("--rule", "-r")] = None) -> None:
+                  = None, rule: Annotated[str | None, typer.Option("--rule", "-r", help="Only this rule id.")] = None
+                  ) -> None:
     """Self-test rules: build a model per alternative and operand order, check the rule fires once with equal
     onnxruntime outputs, and that mutants (constant off, extra consumer, wrong dtype) do not fire."""
     from . import load_rules, self_test
@@ -503,20 +530,29 @@ def patterns_schema() -> None:
 def inputs_cmd(
     model: Annotated[str, typer.Argument(help="Model to inspect.")],
     shape: BenchShape = None,
+    profile: Annotated[list[str] | None, typer.Option("--profile", help="A named shape profile NAME:DIM=V,..."
+                                                      "[@WEIGHT] (repeatable), as optimize takes it (default for a "
+                                                      "decoder with a KV cache: prefill and decode).")] = None,
     target: TargetOpt = "cpu",
     no_probe: Annotated[bool, typer.Option("--no-probe", help="Do not run the model; print the first "
                                            "candidate within the memory budget.")] = False,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the inputs as JSON (docs/json.md).")] = False,
 ) -> None:
-    """The input shapes optimize would use when none are given, and why (read from the model, probed on it)."""
-    from . import find_inputs
+    """The input shapes optimize would use when none are given, and why (read from the model, probed on it):
+    one set per shape profile (a decoder with a KV cache: prefill and decode)."""
+    from . import find_profiles
     from .report import print_inputs
 
-    plan = find_inputs(model, shape or [], None, _target(target), probe=not no_probe)
+    found = find_profiles(model, shape or [], None, _target(target), probe=not no_probe, profiles=profile or [])
     if as_json:
-        print(json.dumps({"schema": "onnxfuse.inputs/1", **plan.to_json()}, indent=2))
+        print(json.dumps({"schema": "onnxfuse.inputs/1", **found[0][2].to_json(),
+                          "profiles": [{"name": n, "weight": w, "inputs": p.to_json()} for n, w, p in found]},
+                         indent=2))
         return
-    print_inputs(plan, out)
+    for name, weight, plan in found:
+        if len(found) > 1 or name != "default":
+            out.print(f"{name} profile (weight {weight:g}):", markup=False)
+        print_inputs(plan, out)
 
 
 @cache_app.command("show")
@@ -578,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{cmd}: error: {e.format_message()} (see '{cmd} --help')", file=sys.stderr)
         return 2
     except OnnxfuseError as e:
-        text = str(e)
+        text = e.for_flags(FLAGS)
         print(text if ": error: " in text else f"onnxfuse: error: {text}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -2,17 +2,47 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 
 class OnnxfuseError(Exception):
-    """An error caused by the user's input (model, pattern file, flag). Printed without a traceback."""
+    """An error caused by the user's input (model, pattern file, flag). Printed without a traceback.
 
-    def __init__(self, message: str, hint: str | None = None) -> None:
+    An error about one option value carries `option` (its name in the Python API, e.g. `measure_threads`) and
+    `value`: the message then reads `measure_threads=0: must be >= 1` in the API, and the CLI shows the same
+    error under its flag (`--threads 0: must be >= 1`, see `for_flags`). Messages never name CLI flags."""
+
+    def __init__(self, message: str, hint: str | None = None, option: str | None = None,
+                 value: object = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.option = option
+        self.value = value
 
     def __str__(self) -> str:
-        return self.message + (f" (hint: {self.hint})" if self.hint else "")
+        return self._text(None if self.option is None else _api_name(self.option, self.value))
+
+    def for_flags(self, flags: Mapping[str, str]) -> str:
+        """The one line the CLI prints: the option shown as its flag (`flags` maps API option names to flags)."""
+        if self.option is None:
+            return str(self)
+        flag = flags.get(self.option)
+        return self._text(_api_name(self.option, self.value) if flag is None else f"{flag} {_shown(self.value)}")
+
+    def _text(self, where: str | None) -> str:
+        head = f"{where}: {self.message}" if where else self.message
+        return head + (f" (hint: {self.hint})" if self.hint else "")
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return " ".join(value.split()) if isinstance(value, str) else str(value)
+
+
+def _api_name(option: str, value: object) -> str:
+    return f"{option}={value!r}"
 
 
 class ModelError(OnnxfuseError):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from .alignment import Misaligned, alignment_report, vector_width
 from .errors import OnnxfuseError
+from .options import check_choice, check_strings
 from .rewrite.engine import EngineOptions, NearMiss, RuleSkip, near_misses
 from .rewrite.rebuild import rebuild
 from .ruleset import load_rules
@@ -40,9 +41,10 @@ def explain(model: str | os.PathLike, patterns: list[str] | None = None, target:
             rule: str | None = None, builtin: bool = True) -> Explanation:
     """Apply the rules to a fixed point, then report for every candidate left why its best attempt failed
     (only `rule`'s attempts, all of them, when given)."""
-    rules = load_rules(patterns, builtin, only=None)
+    check_choice("target", target, ("cpu", "cuda"))
+    rules = load_rules(check_strings("patterns", patterns), builtin, only=None)
     if rule is not None and rule not in {r.id for r in rules}:
-        raise OnnxfuseError(f"--rule {rule}: no rule with that id", hint="see `onnxfuse patterns list`")
+        raise OnnxfuseError("no rule with that id", hint="see `onnxfuse patterns list`", option="rule", value=rule)
     state = rebuild(os.fspath(model), rules, EngineOptions(target=target), set())
     asked = [r for r in rules if rule is None or r.id == rule]
     least = 1 if rule else 2

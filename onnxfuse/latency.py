@@ -15,7 +15,8 @@ import onnx
 from .inputs import discover, discover_profiles, parse_profiles
 from .inputs.shapes import ShapeSpec, model_inputs, parse_shape_specs, resolve_shapes
 from .inputs.synth import make_inputs
-from .runtime import make_session, run
+from .options import check_choice, check_count, check_seconds, check_strings
+from .runtime import LEVELS, make_session, run
 from .timing import (
     SIGNIFICANT,
     Progress,
@@ -116,6 +117,8 @@ def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cp
     `shapes`/`inputs_npz`); `batches` adds a batch sweep (latency and samples/s per batch size). A decoder with a
     KV cache is timed at prefill and at decode (or at each of `profiles`, texts as `--profile` takes them), the
     budget shared between them: the result is the first profile's, the others under `profiles`."""
+    check_bench_options(provider, threads, level, min_runs, budget_s, batches)
+    shapes, profiles = check_strings("shapes", shapes), check_strings("profiles", profiles)
     labels = labels or [chr(ord("A") + i) for i in range(len(paths))]
     spec = parse_shape_specs(shapes) if shapes else None
     proto = onnx.load(paths[0], load_external_data=False)
@@ -146,6 +149,21 @@ def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cp
     first = results[0]
     first.profiles = results[1:]
     return first
+
+
+def check_bench_options(provider: str, threads: int, level: str, runs: int | None = None,
+                        budget_s: float | None = None, batches: list[int] | None = None,
+                        runs_option: str = "min_runs") -> None:
+    """bench's and profile's values, checked before anything loads: one OnnxfuseError naming the option."""
+    check_choice("provider", provider, ("cpu", "cuda"))
+    check_count("threads", threads)
+    check_choice("level", level, LEVELS)
+    if runs is not None:
+        check_count(runs_option, runs)
+    if budget_s is not None:
+        check_seconds("budget_s", budget_s)
+    for b in batches or []:
+        check_count("batches", b)
 
 
 def _bench_feeds(sessions: dict, load_ms: dict[str, float], paths: list[str], labels: list[str], feeds: dict,
@@ -196,7 +214,8 @@ def batch_sweep(sessions: dict[str, object], proto: onnx.ModelProto, spec, batch
     if dim is None:
         from .errors import InputSpecError
 
-        raise InputSpecError("--batch needs a model whose inputs share a dynamic first (batch) dimension")
+        raise InputSpecError("a batch sweep needs a model whose inputs share a dynamic first (batch) dimension",
+                             option="batches", value=",".join(map(str, batches)))
     points = []
     for n, b in enumerate(batches):
         if progress:

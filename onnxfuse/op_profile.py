@@ -22,6 +22,8 @@ import onnx
 
 from .inputs.shapes import parse_shape_specs
 from .op_cost import CONTROL_FLOW, entries, model_index, node_bytes, node_flops, released_bytes
+from .options import check_count, check_strings
+from .progress import Phase, quiet
 from .runtime import make_session
 from .timing import run_times
 
@@ -255,18 +257,26 @@ def _per_run_kernel_us(events: list[dict], runs: int) -> list[float]:
 
 def profile(path: str, provider: str = "cpu", threads: int = 1, level: str = "all", runs: int = 30,
             warmup: int = 10, shapes: list[str] | None = None, inputs_npz: str | None = None,
-            latency_ms: float | None = None, batches: list[int] | None = None) -> ProfileResult:
+            latency_ms: float | None = None, batches: list[int] | None = None,
+            progress: Phase | None = None) -> ProfileResult:
     """Profile one model on the inputs optimize would use (probed; `shapes`/`inputs_npz` as in optimize).
     With two or more `batches`, the third memory-bound signal (throughput against batch size) is measured
-    with a batch sweep."""
-    from .latency import bench, probed_inputs
+    with a batch sweep. `progress(phase)` as each step starts: finding inputs, profiled runs, batch sweep (progress.py)."""
+    from .latency import bench, check_bench_options, probed_inputs
 
+    check_bench_options(provider, threads, level, runs, None, batches, runs_option="runs")
+    check_count("warmup", warmup, 0)
+    shapes = check_strings("shapes", shapes)
     spec = parse_shape_specs(shapes) if shapes else None
+    progress = progress or quiet
+    progress("finding inputs")
     proto = onnx.load(path, load_external_data=False)
     plain = make_session(path, level, provider, threads) if latency_ms is None else None  # unprofiled runs
     feeds = probed_inputs(path, proto, spec, inputs_npz, provider, plain)
+    progress("profiled runs")
     result = _profile(path, proto, feeds, provider, threads, level, runs, warmup, latency_ms, plain)
     if batches and len(batches) > 1:
+        progress("batch sweep", 2.0)
         sweep = bench([path], provider=provider, threads=threads, level=level, shapes=shapes, min_runs=20,
                       budget_s=2.0, batches=batches).batches
         gain = sweep[-1].throughput["A"] / sweep[0].throughput["A"]

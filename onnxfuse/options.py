@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-__all__ = ["OptimizeOptions"]
+from .errors import OnnxfuseError
+
+__all__ = ["OptimizeOptions", "check_choice", "check_strings", "check_count", "check_seconds", "check_tolerance"]
 
 
 @dataclass
@@ -36,6 +39,23 @@ class OptimizeOptions:
     # confirmed) or model (rounds of whole-model variants) (--measure-by)
     cache: bool = True  # read and write the persistent decision cache (--no-cache)
 
+    def check(self) -> OptimizeOptions:
+        """Every value checked before anything runs (optimize calls it; so does the CLI, before a batch starts):
+        one OnnxfuseError naming the option. A str where a list is expected is taken as one item
+        (`shapes="batch=1"` is `shapes=["batch=1"]`). Returns self."""
+        for name in _LISTS:
+            setattr(self, name, check_strings(name, getattr(self, name)))
+        check_choice("target", self.target, ("cpu", "cuda"))
+        check_choice("measure_by", self.measure_by, ("regions", "model"))
+        check_tolerance("rtol", self.rtol)
+        check_tolerance("atol", self.atol)
+        check_count("measure_threads", self.measure_threads)
+        if self.measure_budget_s is not None:
+            check_seconds("measure_budget_s", self.measure_budget_s)
+        if self.inputs_npz is not None and not isinstance(self.inputs_npz, str):
+            raise OnnxfuseError("expected the path of an .npz file", option="inputs_npz", value=self.inputs_npz)
+        return self
+
     @property
     def round_budget_s(self) -> float:
         """Seconds of timing per round with measure_by="model"."""
@@ -43,3 +63,54 @@ class OptimizeOptions:
 
 
 ROUND_BUDGET_S = 2.0
+
+_LISTS = ("patterns", "only", "skip", "shapes", "profiles")
+
+
+def check_strings(option: str, value: object) -> list[str]:
+    """A list of strings; one str is one item (`"batch=1"` is `["batch=1"]`, not read a character at a time);
+    None is []."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise OnnxfuseError(f"expected a list of strings, got {type(value).__name__}", option=option, value=value)
+    return list(value)
+
+
+def check_choice(option: str, value: object, choices: tuple[str, ...]) -> str:
+    """`value` is one of `choices`, else one OnnxfuseError naming the option and the choices."""
+    if value not in choices:
+        raise OnnxfuseError(f"expected {' or '.join(choices)}" if len(choices) < 3 else
+                            f"expected one of {', '.join(choices)}", option=option, value=value)
+    return value  # type: ignore[return-value]
+
+
+def check_count(option: str, value: object, minimum: int = 1) -> int:
+    """A whole number >= minimum (threads, jobs, runs)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OnnxfuseError("expected a whole number", option=option, value=value)
+    if value < minimum:
+        raise OnnxfuseError(f"must be >= {minimum}", option=option, value=value)
+    return value
+
+
+def check_seconds(option: str, value: object) -> float:
+    """A finite number of seconds > 0 (budgets)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise OnnxfuseError("expected a number of seconds", option=option, value=value)
+    if not math.isfinite(value) or value <= 0:
+        raise OnnxfuseError("must be a number of seconds > 0", option=option, value=value)
+    return float(value)
+
+
+def check_tolerance(option: str, value: object) -> float | None:
+    """None (the default by dtype) or a finite number >= 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise OnnxfuseError("expected a number", option=option, value=value)
+    if not math.isfinite(value) or value < 0:
+        raise OnnxfuseError("must be a finite number >= 0", option=option, value=value)
+    return float(value)

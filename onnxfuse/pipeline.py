@@ -16,13 +16,13 @@ import onnx
 from .compare import OutputCheck
 from .decision_cache import DecisionCache
 from .errors import ModelError, OnnxfuseError
-from .inputs import InputPlan, parse_shape_specs
-from .inputs import discover as discover_inputs
+from .inputs import InputPlan, discover_profiles, parse_profiles, parse_shape_specs
 from .ir import Model
 from .loader import LoadInfo, approx_bytes, load_model, save_model
 from .opschema import RUNTIME_DOMAINS
-from .options import OptimizeOptions
+from .options import OptimizeOptions, check_choice, check_strings
 from .patterns.rules import Rule
+from .progress import Phase, quiet
 from .region_select import region_selection
 from .result import Result, op_counts
 from .rewrite.engine import EngineOptions, RuleSkip, run
@@ -38,18 +38,19 @@ from .tensors import iter_nodes
 from .timing_lock import timing_lock
 from .validate import Validator
 
-__all__ = ["find_inputs", "optimize"]
+__all__ = ["find_inputs", "find_profiles", "optimize"]
 
 
 def optimize(model: str | os.PathLike | onnx.ModelProto, output_path: str | os.PathLike | None = None,
-             options: OptimizeOptions | None = None) -> Result:
+             options: OptimizeOptions | None = None, progress: Phase | None = None) -> Result:
     """Optimize a model (a path, or a ModelProto in memory) and return what was done; `Result.model` is the
     optimized ModelProto. With `output_path` it is also written there, atomically (a model that fails
-    validation is never written). Raises OnnxfuseError (one line a user can act on) for bad input."""
-    opts = options or OptimizeOptions()
+    validation is never written). Raises OnnxfuseError (one line a user can act on) for bad input.
+    `progress(phase, budget_s=None)` is called as each phase starts (see progress.py)."""
+    opts = (options or OptimizeOptions()).check()
     out = None if output_path is None else os.fspath(output_path)
     with _source(model, opts, out) as (shown, path):
-        return _optimize(shown, path, out, opts)
+        return _optimize(shown, path, out, opts, progress or quiet)
 
 
 @contextlib.contextmanager
@@ -76,7 +77,9 @@ def _source(model: str | os.PathLike | onnx.ModelProto, opts: OptimizeOptions,
 
 
 @contextlib.contextmanager
-def _timed(timings: dict[str, float], phase: str) -> Iterator[None]:
+def _timed(timings: dict[str, float], phase: str, progress: Phase = quiet,
+           budget_s: float | None = None) -> Iterator[None]:
+    progress(phase, budget_s)
     t0 = time.perf_counter()
     try:
         yield
@@ -96,31 +99,30 @@ class _Loaded:
     validator: Validator | None
 
 
-def _optimize(shown: str, path: str, out: str | None, opts: OptimizeOptions) -> Result:
-    if opts.target not in ("cpu", "cuda"):
-        raise OnnxfuseError(f"--target {opts.target}: unknown target", hint="use cpu or cuda")
+def _optimize(shown: str, path: str, out: str | None, opts: OptimizeOptions, progress: Phase) -> Result:
     timings: dict[str, float] = {}
-    with _timed(timings, "patterns"):
+    with _timed(timings, "patterns", progress):
         extra = [os.path.join(builtin_patterns_dir(), "optional", "pad_channels.yaml")] if opts.pad_channels else []
         rules = load_rules(extra + list(opts.patterns), opts.builtin, opts.only, opts.skip)
     _check_paths(path, None if opts.dry_run else out, opts.force)
-    with _timed(timings, "load"):
+    with _timed(timings, "load", progress):
         loaded = _load(path, opts)
-    with _timed(timings, "rewrite"):
+    with _timed(timings, "rewrite", progress):
         rules, base, state = _rewrite(loaded, rules, opts)
     deny: set[tuple[str, str]] = set()
-    with _timed(timings, "validate"):
+    with _timed(timings, "validate", progress):
         state, status, checks, rolled_back = _validate(path, rules, base, deny, state, loaded, opts)
     measured: MeasureReport | None = None
     if opts.measure and state.eng.applications:
         assert loaded.validator is not None
-        with timing_lock(timings), _timed(timings, "measure"):  # one process times at a time
+        with timing_lock(timings), _timed(timings, "measure", progress, opts.measure_budget_s):  # one at a time
             # what the run took so far, and the validation of the kept selection still to come (about as long)
             measured, state = _measure(path, rules, opts, base, deny, state, loaded.validator,
-                                       spent_s=sum(timings.values()) + timings.get("validate", 0.0))
+                                       spent_s=sum(timings.values()) + timings.get("validate", 0.0),
+                                       progress=progress)
     written: list[str] = []
     if out is not None and not opts.dry_run:
-        with _timed(timings, "write"):
+        with _timed(timings, "write", progress):
             big = approx_bytes(state.proto) > 2**31 - 2**24
             written = save_model(state.proto, out, loaded.model.base_dir,
                                  external=state.info.external_data or big,
@@ -129,7 +131,8 @@ def _optimize(shown: str, path: str, out: str | None, opts: OptimizeOptions) -> 
 
 
 def _measure(path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions, deny: set[tuple[str, str]],
-             state: Rewritten, validator: Validator, spent_s: float = 0.0) -> tuple[MeasureReport, Rewritten]:
+             state: Rewritten, validator: Validator, spent_s: float = 0.0,
+             progress: Phase = quiet) -> tuple[MeasureReport, Rewritten]:
     """Measured selection on the target: by region (the default) or by whole-model rounds. `spent_s`: seconds
     optimize took before measuring (the automatic budget keeps the whole run near a target)."""
     if opts.target == "cuda" and not provider_registered("cuda"):
@@ -137,10 +140,8 @@ def _measure(path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOp
                              "has no CUDA execution provider"), state
     if opts.measure_by == "model":
         return measured_selection(path, rules, opts, base, deny, state, validator)
-    if opts.measure_by != "regions":
-        raise OnnxfuseError(f"--measure-by {opts.measure_by}: unknown strategy", hint="use regions or model")
     return region_selection(path, rules, opts, base, deny, state, validator, DecisionCache(enabled=opts.cache),
-                            spent_s)
+                            spent_s, progress)
 
 
 def _load(path: str, opts: OptimizeOptions) -> _Loaded:
@@ -243,18 +244,31 @@ def unvalidatable_ops(proto: onnx.ModelProto, provider: str) -> list[str]:
 
 
 def find_inputs(model: str | os.PathLike, shapes: list[str] | None = None, inputs_npz: str | None = None,
-                target: str = "cpu", probe: bool = True, budget_bytes: int | None = None) -> InputPlan:
-    """The inputs `optimize` would validate and measure on, and why: discovered from the model (see
-    inputs/discover.py) and, with `probe`, settled by running the original on the target's provider."""
+                target: str = "cpu", probe: bool = True, budget_bytes: int | None = None,
+                profiles: list[str] | None = None) -> InputPlan:
+    """The inputs `optimize` would validate and measure on first (`Result.inputs`), and why: discovered from the
+    model (see inputs/discover.py) and, with `probe`, settled by running the original on the target's provider.
+    A KV-cache decoder has more than one shape profile: `find_profiles` gives every one."""
+    return find_profiles(model, shapes, inputs_npz, target, probe, budget_bytes, profiles)[0][2]
+
+
+def find_profiles(model: str | os.PathLike, shapes: list[str] | None = None, inputs_npz: str | None = None,
+                  target: str = "cpu", probe: bool = True, budget_bytes: int | None = None,
+                  profiles: list[str] | None = None) -> list[tuple[str, float, InputPlan]]:
+    """(name, weight, inputs) of every shape profile `optimize` would validate and measure on (`Result.profiles`):
+    prefill and decode for a decoder with a KV cache, the `profiles` given (texts as `--profile` takes them),
+    else one named 'default'."""
+    check_choice("target", target, ("cpu", "cuda"))
+    shapes = check_strings("shapes", shapes)
+    chosen = parse_profiles(check_strings("profiles", profiles)) or None
     path = os.fspath(model)
     loaded, _ = load_model(path)
-    spec = parse_shape_specs(shapes or [])
-    provider = runs_on(target)
+    spec = parse_shape_specs(shapes)
     run_on = None
     if probe:
-        sess = make_session(path, "disable", provider)
+        sess = make_session(path, "disable", runs_on(target))
 
         def run_on(feeds: dict) -> dict:
             return run_session(sess, feeds)
-    plan, _ = discover_inputs(loaded.proto, run_on, spec, inputs_npz, budget_bytes=budget_bytes)
-    return plan
+    found = discover_profiles(loaded.proto, run_on, spec, inputs_npz, chosen, budget_bytes=budget_bytes)
+    return [(p.name, p.weight, plan) for p, plan, _ in found]

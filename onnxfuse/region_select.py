@@ -16,7 +16,7 @@ import contextlib
 import hashlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +29,7 @@ from .ir import Model
 from .loader import all_tensors, load_model
 from .options import OptimizeOptions
 from .patterns.rules import Rule
+from .progress import Phase, quiet
 from .regions import Region, find_regions, region_model, signature
 from .rewrite.engine import EngineOptions
 from .rewrite.rebuild import Rewritten, rebuild
@@ -433,12 +434,14 @@ def automatic_budget(weights: int, spent_s: float) -> float:
 
 def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions,
                      deny: set[Key], state: Rewritten, validator: Validator,
-                     cache: DecisionCache, spent_s: float = 0.0) -> tuple[MeasureReport, Rewritten]:
+                     cache: DecisionCache, spent_s: float = 0.0,
+                     progress: Phase = quiet) -> tuple[MeasureReport, Rewritten]:
     """Keep the region classes that are faster (timed, or decided before), confirm on the whole model, and
-    return the report and the rewritten model to write. `spent_s`: what optimize took before measuring."""
+    return the report and the rewritten model to write. `spent_s`: what optimize took before measuring;
+    `progress("measure: <step>", budget_s)` as each step starts."""
     run = _Run(input_path, rules, opts, base, deny, state, validator, cache, spent_s)
     report = run.report
-    phase = _Phases(report.phases, report.phase_peaks)
+    phase = _Phases(report.phases, report.phase_peaks, lambda name: progress(f"measure: {name}", run.budget))
     rule_ids = {r.id for r in rules}
     selection_key = digest("selection", _file_digest(input_path, state.info.external_data), repr(sorted(a.key for a in state.eng.applications)),
                            repr([sorted((k, v.dtype.str, v.shape) for k, v in f.items()) for _, f in run.profiles]),
@@ -558,11 +561,13 @@ def _untimed_rows(regions: list[Region]) -> list[GroupEffect]:
 class _Phases:
     """Seconds per phase, added up (a phase may run twice)."""
 
-    def __init__(self, into: dict[str, float], peaks: dict[str, int]) -> None:
-        self.into, self.peaks = into, peaks
+    def __init__(self, into: dict[str, float], peaks: dict[str, int],
+                 starting: Callable[[str], None] = lambda name: None) -> None:
+        self.into, self.peaks, self.starting = into, peaks, starting
 
     @contextlib.contextmanager
     def __call__(self, name: str) -> Iterator[None]:
+        self.starting(name)
         t = time.perf_counter()
         try:
             yield

@@ -12,8 +12,8 @@ import onnx
 
 from .compare import OutputCheck, Tolerance, compare_outputs, default_tolerance
 from .errors import InputSpecError, OnnxfuseError
-from .inputs import InputPlan, Profile, at_batch, discover_profiles, parse_profiles
-from .inputs.shapes import ShapeSpec, check_spec_names, model_inputs, parse_shape_specs
+from .inputs import InputPlan, Profile, at_batch, check_names, discover_profiles, parse_profiles
+from .inputs.shapes import ShapeSpec, parse_shape_specs
 from .loader import LoadInfo, checker_error, infer_types
 from .options import OptimizeOptions
 from .precision import JITTER, NOISE_FACTOR, graph_precision, jittered
@@ -54,8 +54,8 @@ class Validator:
         self.spec = parse_shape_specs(opts.shapes) if opts.shapes else ShapeSpec()
         self.user_profiles = parse_profiles(opts.profiles) if opts.profiles else None
         self.npz = opts.inputs_npz
-        if self.npz is None:  # a --shape naming no input fails now, before any rewriting
-            check_spec_names(self.spec, model_inputs(proto))
+        # a shape or profile naming no input or dim of the model fails now, before any rewriting
+        check_names(proto, self.spec if self.npz is None else ShapeSpec(), self.user_profiles)
         self.proto = proto  # the original: input discovery reads its graph inputs and tables
         self._runs: list[ProfileRun] | None = None
         self.session_s = 0.0  # creating the reference session of the original (what measuring can expect)

@@ -114,7 +114,7 @@ CASES = [
     ("--inputs with a wrong name", lambda t: [CNN, OUT, "--inputs", _npz(t, image=np.zeros((1, 3, 32, 32), np.float32))],
      "image", 1),
     ("unknown flag", lambda t: [CNN, OUT, "--fast"], "No such option: --fast", 2),
-    ("bad flag value", lambda t: [CNN, OUT, "--target", "tpu"], "unknown target", 1),
+    ("bad flag value", lambda t: [CNN, OUT, "--target", "tpu"], "--target tpu: expected cpu or cuda", 1),
     ("unknown rule id", lambda t: [CNN, OUT, "--skip", "nope"], "--skip nope: no rule with that id", 1),
     ("--static without every dim", lambda t: [CNN, OUT, "--static"],
      "--static needs a value for every dynamic input dim; missing: x[0] (batch)", 1),

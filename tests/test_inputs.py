@@ -271,7 +271,7 @@ def test_profiles_are_parsed_with_weights_and_checked():
     plans = discover_profiles(model, _probe(model), ShapeSpec(), None, profiles)
     assert [plan.shapes["attention_mask"] for _, plan, _ in plans] == [[2, 40], [2, 21]]
     for bad in ("prefill", "p:", "p:seq=1@0", "p:seq=x"):
-        with pytest.raises(InputSpecError, match="--profile|--shape"):
+        with pytest.raises(InputSpecError, match=f"^profiles={bad!r}: "):
             parse_profiles([bad])
     with pytest.raises(InputSpecError, match="given twice"):
         parse_profiles(["a:seq=1", "a:seq=2"])
@@ -291,7 +291,7 @@ def test_optimize_validates_every_profile_and_measures_their_weighted_total(cli,
     assert code == 0, stderr
     assert "inputs: ids[2x8]" in stdout
     code, _, stderr = cli("optimize", src, tmp_path / "o3.onnx", "--profile", "bad")
-    assert code == 1 and "invalid --profile 'bad'" in stderr
+    assert code == 1 and stderr.startswith("onnxfuse: error: --profile bad: expected NAME:DIM=V,DIM=V[@WEIGHT]")
 
 
 def test_bench_times_a_kv_decoder_at_prefill_and_decode(cli, tmp_path):
@@ -490,3 +490,36 @@ def test_candidates_keep_their_weights_in_a_mapped_side_file(tmp_path):
     finally:
         cand.close()
     assert not os.path.exists(cand.source)
+
+
+def test_inputs_command_shows_the_profiles_optimize_uses(cli, tmp_path):
+    """`onnxfuse inputs` on a KV-cache decoder prints the prefill and decode profiles that optimize validates and
+    measures on (not one shape set of its own), in text and JSON."""
+    src = save(_text_model(64, past=True), tmp_path / "kv.onnx")
+    code, stdout, stderr = cli("optimize", src, tmp_path / "o.onnx", "--json")
+    assert code == 0, stderr
+    optimized = [(p["name"], p["weight"], p["inputs"]["shapes"]) for p in json.loads(stdout)["profiles"]]
+    code, stdout, stderr = cli("inputs", src, "--json")
+    assert code == 0, stderr
+    data = json.loads(stdout)
+    shown = [(p["name"], p["weight"], p["inputs"]["shapes"]) for p in data["profiles"]]
+    assert [n for n, _, _ in shown] == ["prefill", "decode"]
+    assert shown == optimized
+    assert data["shapes"] == shown[0][2]  # the top-level fields are the first profile's, as optimize's `inputs`
+    code, stdout, _ = cli("inputs", src)
+    assert code == 0
+    assert stdout.index("prefill profile (weight 1):") < stdout.index("decode profile (weight 1):")
+    assert "ids: int64[2x32]" in stdout and "ids: int64[2x1]" in stdout
+    code, stdout, stderr = cli("inputs", src, "--profile", "short:sequence=8@3", "--json")
+    assert code == 0, stderr
+    assert [(p["name"], p["weight"], p["inputs"]["shapes"]["ids"]) for p in json.loads(stdout)["profiles"]] == [
+        ("short", 3.0, [2, 8])]
+
+
+def test_find_inputs_is_the_first_profile_optimize_runs(tmp_path):
+    import onnxfuse
+
+    src = save(_text_model(64, past=True), tmp_path / "kv.onnx")
+    profiles = onnxfuse.find_profiles(src)
+    assert [(n, w) for n, w, _ in profiles] == [("prefill", 1.0), ("decode", 1.0)]
+    assert onnxfuse.find_inputs(src).shapes == profiles[0][2].shapes

@@ -29,6 +29,7 @@ from .shapes import (
     InputInfo,
     ShapeSpec,
     check_spec_names,
+    dim_key,
     model_inputs,
     np_dtype,
     resolve_one,
@@ -563,13 +564,7 @@ def plan_dims(model: onnx.ModelProto, inputs: list[InputInfo], spec: ShapeSpec,
     return dims
 
 
-_UNNAMED = ("?", "-1", "None", "none", "unk", "")
-
-
-def _dim_key(info: InputInfo, axis: int) -> str:
-    """The dim_param (inputs sharing it share the value), or `input[axis]` for a dim with no real name."""
-    d = (info.shape or [])[axis]
-    return d if isinstance(d, str) and d.strip() not in _UNNAMED else f"{info.name}[{axis}]"
+_dim_key = dim_key
 
 
 def shapes_at(inputs: list[InputInfo], spec: ShapeSpec, values: dict[str, int]) -> dict[str, list[int]]:

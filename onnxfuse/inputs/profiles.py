@@ -12,10 +12,10 @@ import onnx
 
 from ..errors import InputSpecError
 from .discover import InputPlan, discover, plan_dims, shapes_at
-from .shapes import BATCH_DEFAULT, ShapeSpec, model_inputs, parse_shape_specs
+from .shapes import BATCH_DEFAULT, ShapeSpec, check_spec_names, model_inputs, parse_shape_specs
 from .synth import synthesize
 
-__all__ = ["Profile", "at_batch", "default_profiles", "discover_profiles", "parse_profiles"]
+__all__ = ["Profile", "at_batch", "check_names", "default_profiles", "discover_profiles", "parse_profiles"]
 
 
 @dataclass
@@ -26,6 +26,7 @@ class Profile:
     name: str
     spec: ShapeSpec
     weight: float = 1.0
+    text: str = ""  # as the user wrote it (error messages)
 
 
 _PROFILE = re.compile(r"^\s*([A-Za-z_][\w.-]*)\s*:(.*?)(?:@\s*([0-9.]+))?\s*$")
@@ -36,21 +37,31 @@ def parse_profiles(texts: list[str]) -> list[Profile]:
     out: list[Profile] = []
     for text in texts:
         m = _PROFILE.match(text)
+        where = {"option": "profiles", "value": text}
         if not m or not m.group(2).strip():
-            raise InputSpecError(f"invalid --profile '{text}'",
-                                 hint="use NAME:DIM=V,DIM=V[@WEIGHT], e.g. decode:sequence=1,past_sequence=127@4")
+            raise InputSpecError("expected NAME:DIM=V,DIM=V[@WEIGHT]",
+                                 hint="e.g. decode:sequence=1,past_sequence=127@4", **where)
         name, body, weight = m.group(1), m.group(2), m.group(3)
         if any(p.name == name for p in out):
-            raise InputSpecError(f"--profile '{name}' given twice")
+            raise InputSpecError(f"profile '{name}' given twice", **where)
+        spec = parse_shape_specs([item for item in body.split(",") if item.strip()], "profiles", text)
         try:
-            spec = parse_shape_specs([item for item in body.split(",") if item.strip()])
             w = float(weight) if weight else 1.0
-        except ValueError as e:
-            raise InputSpecError(f"invalid --profile '{text}': {e}") from e
+        except ValueError:
+            raise InputSpecError(f"the weight {weight!r} is not a number", **where) from None
         if w <= 0:
-            raise InputSpecError(f"invalid --profile '{text}': the weight must be positive")
-        out.append(Profile(name, spec, w))
+            raise InputSpecError("the weight must be positive", **where)
+        out.append(Profile(name, spec, w, text))
     return out
+
+
+def check_names(model: onnx.ModelProto, spec: ShapeSpec, profiles: list[Profile] | None) -> None:
+    """The inputs and dims the user's shapes and profiles name are the model's (else one error naming the
+    unknown one and listing the model's): before anything runs."""
+    inputs = model_inputs(model)
+    check_spec_names(spec, inputs)
+    for p in profiles or []:
+        check_spec_names(p.spec, inputs, "profiles", p.text or p.name)
 
 
 def _merged(user: ShapeSpec, profile: ShapeSpec) -> ShapeSpec:
@@ -87,6 +98,7 @@ def discover_profiles(model: onnx.ModelProto, probe: Callable[[dict], object] | 
         return [(p, *discover(model, probe, _merged(spec, p.spec), budget_bytes=budget_bytes,
                               given=f"{p.name} profile")) for p in chosen]
 
+    check_names(model, ShapeSpec() if npz_path is not None else spec, profiles)
     if npz_path is not None:
         return single()
     if profiles:

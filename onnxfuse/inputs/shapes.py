@@ -29,51 +29,48 @@ class ShapeSpec:
 _DIM_LIST = re.compile(r"^\s*(\d+\s*([x,]\s*\d+\s*)*)?$")
 
 
-def parse_shape_specs(specs: list[str]) -> ShapeSpec:
-    """Parse ``name:1x3x224x224`` / ``name:1,3,224,224`` (tensor shape) and ``batch=4`` (symbolic dim)."""
+def parse_shape_specs(specs: list[str], option: str = "shapes", shown: str | None = None) -> ShapeSpec:
+    """Parse ``name:1x3x224x224`` / ``name:1,3,224,224`` (tensor shape) and ``batch=4`` (symbolic dim).
+    Errors name `option` with the item (or `shown`: a profile's whole text)."""
     result = ShapeSpec()
     for raw in specs:
         spec = raw.strip()
+        where = {"option": option, "value": shown or spec}
         if ":" in spec:
-            name, dims = _parse_tensor_spec(spec)
+            name, dims = _parse_tensor_spec(spec, where)
             if name in result.tensors:
-                raise InputSpecError(f"--shape given twice for input '{name}'")
+                raise InputSpecError(f"input '{name}' given twice", **where)
             result.tensors[name] = dims
         elif "=" in spec:
-            dim_name, value = _parse_dim_spec(spec)
+            dim_name, value = _parse_dim_spec(spec, where)
             if dim_name in result.dims:
-                raise InputSpecError(f"--shape given twice for dimension '{dim_name}'")
+                raise InputSpecError(f"dimension '{dim_name}' given twice", **where)
             result.dims[dim_name] = value
         else:
-            raise InputSpecError(
-                f"invalid --shape '{raw}'",
-                hint="use NAME:1x3x224x224 for an input or DIM=4 for a symbolic dimension",
-            )
+            raise InputSpecError("expected NAME:1x3x224x224 for an input or DIM=4 for a symbolic dimension", **where)
     return result
 
 
-def _parse_tensor_spec(spec: str) -> tuple[str, list[int]]:
+def _parse_tensor_spec(spec: str, where: dict) -> tuple[str, list[int]]:
     name, _, dims_text = spec.rpartition(":")  # rpartition: input names may contain ':' (e.g. "x:0")
     name = name.strip()
     if not name:
-        raise InputSpecError(f"invalid --shape '{spec}': missing input name before ':'")
+        raise InputSpecError("missing input name before ':'", **where)
     if not _DIM_LIST.match(dims_text):
-        raise InputSpecError(
-            f"invalid --shape '{spec}': dims must be non-negative integers separated by 'x' or ','",
-            hint=f"e.g. {name}:1x3x224x224 (an empty list means a scalar)",
-        )
+        raise InputSpecError("dims must be non-negative integers separated by 'x' or ','",
+                             hint=f"e.g. {name}:1x3x224x224 (an empty list means a scalar)", **where)
     dims = [int(d) for d in re.split(r"[x,]", dims_text) if d.strip()]
     return name, dims
 
 
-def _parse_dim_spec(spec: str) -> tuple[str, int]:
+def _parse_dim_spec(spec: str, where: dict) -> tuple[str, int]:
     name, _, value_text = spec.partition("=")
     name = name.strip()
     value_text = value_text.strip()
     if not name:
-        raise InputSpecError(f"invalid --shape '{spec}': missing dimension name before '='")
+        raise InputSpecError("missing dimension name before '='", **where)
     if not value_text.isdigit():
-        raise InputSpecError(f"invalid --shape '{spec}': dimension value must be a non-negative integer")
+        raise InputSpecError("dimension value must be a non-negative integer", **where)
     return name, int(value_text)
 
 
@@ -135,13 +132,44 @@ def fmt_shape(shape: list[Dim] | tuple[int, ...] | None) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
-def check_spec_names(shapes: ShapeSpec, inputs: list[InputInfo]) -> None:
+def check_spec_names(shapes: ShapeSpec, inputs: list[InputInfo], option: str = "shapes",
+                     shown: str | None = None) -> None:
+    """Every input and dim `shapes` names is one of the model's, else one error naming the unknown one and
+    listing the model's (a typo is never silently ignored). `option`/`shown`: the option the spec came from
+    (shapes, profiles) and its text, for the message (default: the item as written)."""
     names = [i.name for i in inputs]
     unknown = [n for n in shapes.tensors if n not in names]
     if unknown:
-        raise InputSpecError(
-            f"--shape names unknown input '{unknown[0]}'; model inputs are: {', '.join(names) or '(none)'}"
-        )
+        raise InputSpecError(f"unknown input '{unknown[0]}'; model inputs are: {', '.join(names) or '(none)'}",
+                             option=option, value=shown or f"{unknown[0]}:{'x'.join(map(str, shapes.tensors[unknown[0]]))}")
+    known = model_dims(inputs)
+    bad = [d for d in shapes.dims if d not in known]
+    if bad:
+        listed = f"the model's dims are: {', '.join(known)}" if known else \
+            "the model has no named dims (its input shapes are fixed)"
+        raise InputSpecError(f"unknown dim '{bad[0]}'; {listed}", option=option,
+                             value=shown or f"{bad[0]}={shapes.dims[bad[0]]}")
+
+
+_UNNAMED = ("?", "-1", "None", "none", "unk", "")
+
+
+def dim_key(info: InputInfo, axis: int) -> str:
+    """The dim_param (inputs sharing it share the value), or `input[axis]` for a dim with no real name."""
+    d = (info.shape or [])[axis]
+    return d if isinstance(d, str) and d.strip() not in _UNNAMED else f"{info.name}[{axis}]"
+
+
+def model_dims(inputs: list[InputInfo]) -> list[str]:
+    """The names a `DIM=V` spec may give: the inputs' named dims, and `input[axis]` for dims with no name."""
+    out: dict[str, None] = {}
+    for info in inputs:
+        for axis, d in enumerate(info.shape or []):
+            if not isinstance(d, int):
+                out[dim_key(info, axis)] = None
+            if isinstance(d, str):
+                out[d] = None
+    return list(out)
 
 
 # ---- shape resolution -----------------------------------------------------------------------------------------
