@@ -169,3 +169,20 @@ def test_linear_bias_then_erf_gelu_becomes_bias_gelu():
     got = check_fires(m, ("erf-gelu", "bias-gelu"), ["com.microsoft.BiasGelu"],
                       fired={"erf-gelu": 1, "bias-gelu": 1}, feeds=rand_feeds(m), rtol=1e-4, atol=1e-4)
     assert list(got.graph.node[0].input) == ["x0", "b"]
+
+
+@pytest.mark.parametrize("c3", [0.7978845608 * 0.044715, 0.05])
+def test_tanh_gelu_constants_multiplied_out(c3):
+    """tanh(sqrt(2/pi) * x + 0.0356774 * x^3): the constants folded into each term, as some converters write it;
+    a wrong product constant does not fire."""
+    nodes = [oh.make_node("Pow", ["x", "three"], ["cube"], name="pow"),
+             oh.make_node("Mul", ["x", "c2"], ["a"], name="a"), oh.make_node("Mul", ["cube", "c3"], ["b"], name="b"),
+             oh.make_node("Add", ["a", "b"], ["arg"], name="arg"), oh.make_node("Tanh", ["arg"], ["t"], name="tanh"),
+             oh.make_node("Add", ["t", "one"], ["p"], name="add_one")]
+    _scaled_product(nodes, "p", "half_first", False)
+    m = make_model(nodes, [X], [("y", X[1])], {"three": np.float32(3), "c2": np.float32(0.7978845608),
+                                                 "c3": np.float32(c3), "one": np.float32(1), "half": np.float32(0.5)})
+    if c3 == 0.05:
+        check_misses(m, "tanh-gelu")
+    else:
+        check_fires(m, "tanh-gelu", ["com.microsoft.FastGelu"], rtol=1e-4, atol=1e-4)
