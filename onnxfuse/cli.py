@@ -449,8 +449,10 @@ def _rule_source(path: str, line: int) -> str:
 
 @patterns_app.command("check")
 def patterns_check(files: Annotated[list[str], typer.Argument(help="Pattern files or folders.")]) -> None:
-    """Validate pattern files; print every problem as file:line:col: error: ..."""
+    """Validate pattern files; print every problem as file:line:col: error: ..., and as warnings the rules that
+    can never be used (no kernel on any of their targets) or whose id is a built-in rule's."""
     from . import PatternError, load_rules
+    from .ruleset import rule_warnings
 
     problems = 0
     for f in files:
@@ -458,7 +460,11 @@ def patterns_check(files: Annotated[list[str], typer.Argument(help="Pattern file
             raise OnnxfuseError(f"{f}: no such pattern file or folder")
         try:
             rules = load_rules([f], builtin=False)
-            out.print(f"{f}: ok ({len(rules)} rules)")
+            warnings = rule_warnings(rules)
+            for w in warnings:
+                print(w, file=sys.stderr)
+            out.print(f"{f}: {len(rules)} rules, {len(warnings)} warning(s)" if warnings else
+                      f"{f}: ok ({len(rules)} rules)")
         except PatternError as e:
             diags = getattr(e, "diagnostics", None) or [e.message]
             for d in diags:
@@ -480,14 +486,19 @@ def patterns_test(files: Annotated[list[str] | None, typer.Argument(help="Patter
         rules = [r for r in rules if r.id == rule]
         if not rules:
             raise OnnxfuseError(f"no rule with id {rule!r}")
-    failures = 0
+    from rich.markup import escape
+
+    colour = {"ok": "green", "FAIL": "red"}
+    counts: dict[str, int] = {}
     for report in self_test(rules):
-        status = "[green]ok[/green]" if report.ok else "[red]FAIL[/red]"
-        out.print(f"{status} {report.rule}: {report.summary}")
+        status = report.status
+        counts[status] = counts.get(status, 0) + 1
+        out.print(f"[{colour.get(status, 'yellow')}]{status}[/] {report.rule}: {escape(report.summary)}")
         for problem in report.problems:
-            out.print(f"    {problem}")
-        failures += not report.ok
-    if failures:
+            out.print(f"    {escape(problem)}")
+    out.print(f"{len(rules)} rule(s): " + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("ok", "not validated here",
+                                                                                        "FAIL")))
+    if counts.get("FAIL"):
         raise typer.Exit(1)
 
 
