@@ -429,6 +429,11 @@ def patterns_show(rule_id: Annotated[str, typer.Argument(help="Rule id.")], patt
 
     rules = {r.id: r for r in load_rules(patterns or [])}
     if rule_id not in rules:
+        from .rewrite.fold import CLEANUP_STEPS
+
+        if rule_id in CLEANUP_STEPS:
+            raise OnnxfuseError(f"{rule_id!r} is an exact cleanup step, not a rule",
+                                hint="docs/commands.md lists the cleanup steps; --no-fold turns them off")
         raise OnnxfuseError(f"no rule with id {rule_id!r}", hint="see `onnxfuse patterns list`")
     r = rules[rule_id]
     out.print(f"# {r.file}:{r.span.line}  size={r.size} targets={','.join(r.targets)}")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from .alignment import Misaligned, alignment_report, vector_width
 from .errors import OnnxfuseError
 from .rewrite.engine import EngineOptions, NearMiss, RuleSkip, near_misses
+from .rewrite.fold import CLEANUP_STEPS
 from .rewrite.rebuild import rebuild
 from .ruleset import load_rules
 
@@ -22,7 +23,7 @@ class Explanation:
     """What `explain` found: rules that would fire, near misses with their reasons, rules not usable on the
     target, and misaligned dims."""
 
-    fired: dict[str, int]
+    fired: dict[str, int]  # rules only (folding and the other cleanup steps are not rules)
     near_misses: list[NearMiss]
     skipped: list[RuleSkip]
     misaligned: list[Misaligned] = field(default_factory=list)
@@ -54,7 +55,7 @@ def explain(model: str | os.PathLike, patterns: list[str] | None = None, target:
     misses = _deepest(misses, [replace(m, graph="before fusions") for m in near_misses(
         before.model, asked, target, min_progress=least) if m.value not in fused])
     width = vector_width(target)
-    return Explanation(dict(Counter(a.rule for a in state.eng.applications)), misses, state.eng.skipped,
+    return Explanation(dict(Counter(a.rule for a in state.eng.applications if a.rule not in CLEANUP_STEPS)), misses, state.eng.skipped,
                        alignment_report(state.model, width), width)
 
 

@@ -140,7 +140,10 @@ def _optimize_section(result) -> str:
     for a in result.applications:
         created.setdefault(a.rule, Counter()).update(a.ops)
     rows = [[_e(rule), n, _e(", ".join(sorted(created[rule])))] for rule, n in sorted(result.fired.items())]
-    out.append(_table(["rule", "rewrites", "creates"], rows) if rows else "<p>No rewrites kept.</p>")
+    out.append(_table(["rule", "rewrites", "creates"], rows) if rows else "<p>No rule rewrites kept.</p>")
+    if result.cleanups:
+        out.append("<p class=meta>cleanups (exact steps, not rules): " + _e(", ".join(
+            f"{k} x{n}" for k, n in sorted(result.cleanups.items()))) + "</p>")
     out.append(f"<p class=meta>nodes {result.nodes_before} &rarr; {result.nodes_after}</p>")
     if result.rolled_back:
         out.append("<h3>Rolled back by validation</h3>" + _table(

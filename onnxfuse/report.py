@@ -29,7 +29,7 @@ def print_result(r: Result, console: Console) -> None:
         console.print(f"repaired on load: {escape(line)}")
     for line in r.load_notes:
         console.print(f"[dim]note on load: {escape(line)}[/dim]")
-    if r.applications:
+    if r.fired:
         t = Table(title="rules fired", title_justify="left")
         t.add_column("rule")
         t.add_column("count", justify="right")
@@ -40,6 +40,9 @@ def print_result(r: Result, console: Console) -> None:
         for rule, n in sorted(r.fired.items(), key=lambda kv: (-kv[1], kv[0])):
             t.add_row(rule, str(n), ", ".join(f"{op}" for op in sorted(created[rule])))
         console.print(t)
+    if r.cleanups:
+        console.print("cleanups (exact steps, not rules; --no-fold turns them off): "
+                      + ", ".join(f"{k} x{n}" for k, n in sorted(r.cleanups.items(), key=lambda kv: (-kv[1], kv[0]))))
     changes = _delta(r.ops_before, r.ops_after)
     if changes:
         t = Table(title="op counts that changed", title_justify="left")

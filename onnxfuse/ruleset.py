@@ -12,6 +12,7 @@ from .patterns.parser import load_path
 from .patterns.rules import Rule
 from .patterns.spec import json_schema_text
 from .rewrite.engine import order_rules, rule_issue
+from .rewrite.fold import CLEANUP_STEPS
 from .selftest import RuleReport, check_rules
 
 __all__ = ["builtin_patterns_dir", "load_rules", "pattern_schema", "rules_in_order", "self_test"]
@@ -39,6 +40,9 @@ def load_rules(patterns: list[str] | None = None, builtin: bool = True, only: li
     ids = {r.id for r in rules}
     seen: dict[str, Rule] = {}
     for r in rules:
+        if r.id in CLEANUP_STEPS:
+            raise OnnxfuseError(f"{r.span}: error: rule id {r.id!r} is the name of an internal step",
+                                hint="rename the rule")
         if r.id in seen:
             first = seen[r.id]
             raise OnnxfuseError(f"{r.span}: error: rule id {r.id!r} is already defined at {first.span}"
@@ -46,6 +50,10 @@ def load_rules(patterns: list[str] | None = None, builtin: bool = True, only: li
         seen[r.id] = r
     for flag, names in (("--only", only), ("--skip", skip)):
         for n in names or []:
+            if n in CLEANUP_STEPS:
+                raise OnnxfuseError(f"{flag} {n}: {n!r} is an exact cleanup step, not a rule",
+                                    hint="--no-fold turns off every cleanup step (constant folding, If inlining, "
+                                    "merging); see docs/commands.md")
             if n not in ids:
                 raise OnnxfuseError(f"{flag} {n}: no rule with that id", hint="see `onnxfuse patterns list`")
     if only:
