@@ -43,7 +43,7 @@ def _target(value: str) -> str:
 def optimize(
     ctx: typer.Context,
     paths: Annotated[list[str], typer.Argument(metavar="PATHS", help="IN OUT: the model (.onnx) and "
-                                               "where to write it; or IN... OUTDIR: several models and/or folders "
+                                               "where to write it (an existing folder OUT: OUT/<IN's file name>); or IN... OUTDIR: several models and/or folders "
                                                "of models (their *.onnx) and an output folder.")],
     patterns: PatternsOpt = None,
     only: Annotated[list[str] | None, typer.Option("--only", help="Apply only this rule id (repeatable).")] = None,
@@ -114,6 +114,8 @@ def optimize(
         _optimize_batch(inputs, output, opts, jobs, recursive, bench_after, html, as_json)
         return
     input = inputs[0]
+    if os.path.isdir(output):  # an existing folder: the output is OUT/<input's file name>
+        output = os.path.join(output, os.path.basename(input))
     with busy_lock() as waited:  # shared: never beside a process that is timing; measuring takes it exclusive
         result = run_optimize(input, output, opts)
     if waited > REPORT_WAIT_S:
@@ -215,18 +217,26 @@ def _failure_line(d: dict) -> str:
 
 def _batch_line(d: dict) -> str:
     """One model of a batch: nodes before -> after, fused ops, validation, measured ratio, seconds."""
-    before = d["ops_before"]  # fused ops: contrib ops, and op types the input did not have, that grew
+    before = d["ops_before"]  # op types that grew: contrib (fused) ops, and other op types the input lacked
     grew = {op: n - before.get(op, 0) for op, n in d["ops_after"].items()
             if n > before.get(op, 0) and ("." in op or op not in before) and op != "Constant"}
-    fused = ", ".join(f"{op.removeprefix('com.microsoft.')} x{n}" for op, n in sorted(grew.items(),
-                                                                                        key=lambda kv: -kv[1]))
-    parts = [f"nodes {d['nodes_before']} -> {d['nodes_after']}", f"fused {fused}" if fused else "no fused ops",
-             "validation " + d["validation"]["status"].split(";")[0]]
+
+    def listed(ops: dict[str, int]) -> str:
+        return ", ".join(f"{op.removeprefix('com.microsoft.')} x{n}" for op, n in sorted(ops.items(),
+                                                                                         key=lambda kv: -kv[1]))
+
+    fused, added = listed({k: v for k, v in grew.items() if "." in k}), listed({k: v for k, v in grew.items()
+                                                                                if "." not in k})
+    parts = [f"nodes {d['nodes_before']} -> {d['nodes_after']}", f"fused ops {fused}" if fused else "no fused ops"]
+    parts += [f"ops added {added}"] if added else []
+    parts += ["validation " + d["validation"]["status"].split(";")[0]]
     m = d.get("measure")
     if m is not None:
         r = m.get("final_ratio")
         if r:
-            parts.append(f"measured {r['median']:.3f}x [{r['low']:.3f}, {r['high']:.3f}] {m.get('final_verdict')}")
+            whole = "weighted over profiles" if m.get("profiles") else "whole model"
+            parts.append(f"time ratio ({whole}, kept / original) {r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"
+                         f" {m.get('final_verdict')}")
         else:
             why = m.get("note") or m.get("confirmed") or "no whole-model ratio"
             parts.append(f"measured: {why[:70]}")
@@ -548,12 +558,34 @@ def cache_show(as_json: Annotated[bool, typer.Option("--json", help="Print every
     kinds = ", ".join(f"{n} {k}" for k, n in sorted(summary["by_kind"].items())) or "empty"
     print(f"{summary['path']}: {summary['decisions']} decision(s) ({kinds}), {summary['bytes']} bytes")
     for key, d in sorted(summary["entries"].items(), key=lambda kv: kv[1].get("when", "")):
-        what = d.get("label", "whole model")
-        verdict = ("kept" if d.get("keep") else "original") if d.get("kind") == "region" else "confirmation"
-        r = d.get("ratio")
-        how = (f"ratio {r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}]" if r else
-               f"not reached within {d.get('budget', 0):g} s")
-        print(f"  {d.get('when', '?')}  {d.get('kind', '?'):6} {what[:40]:40} {verdict:12} {how}  {key[:12]}")
+        print("  " + _cache_line(key, d))
+
+
+def _cache_line(key: str, d: dict) -> str:
+    """One decision: date, kind, the model it was taken on, threads, rules, what was decided and how."""
+    kind, rules = d.get("kind", "?"), ", ".join(d.get("rules", [])) or "-"
+    model = d.get("model") or "(model not recorded)"
+    threads = f"{d['threads']} thread(s)" if d.get("threads") is not None else "threads not recorded"
+
+    def ratio(r) -> str:
+        return f"ratio {r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}]"
+
+    if kind == "region":
+        what = f"region {d.get('label', '?')}: " + (("kept" if d.get("keep") else "left as the original")
+                                                   + (f", {ratio(d['ratio'])}" if d.get("ratio") else
+                                                      f", budget ({d.get('budget', 0):g} s) ran out before it"))
+    elif kind == "model":
+        what = "whole-model confirmation: " + (ratio(d["ratio"]) if d.get("ratio") else
+                                               d.get("why") or f"not reached within {d.get('budget', 0):g} s")
+    elif kind == "selection":
+        rep = d.get("report") or {}
+        final = rep.get("final_ratio")
+        what = (f"selection: {len(d.get('kept', []))} rewrite(s) kept, {len(d.get('dropped', []))} dropped; "
+                f"confirmation {rep.get('confirmed') or 'not recorded'}"
+                + (f", {ratio([final['median'], final['low'], final['high']])}" if final else ""))
+    else:
+        what = kind
+    return f"{d.get('when', '?')}  {model}  {threads}  rules {rules}  {what}  ({key[:12]})"
 
 
 @cache_app.command("clear")

@@ -98,9 +98,10 @@ def _bench_section(b: BenchResult, named: bool = False, first: bool = True) -> s
                    "runs"], rows)]
     if b.ratio is not None:
         ident = ' id="verdict"' if first else ""
-        out.append(f'<p class="verdict"{ident}>B vs A: {b.speedup:.3f}x speed, time ratio {_e(b.ratio)} '
-                   f"(95% CI) &rarr; {_e(b.verdict)}</p><p class=meta>Noise floor: a second session of A against A "
-                   f"measures {_e(b.control)}; B must differ by more than that.</p>")
+        a, b_ = (b.models[0].label, b.models[1].label) if len(b.models) > 1 else ("A", "B")
+        out.append(f'<p class="verdict"{ident}>{_e(b_)} vs {_e(a)}: {b.speedup:.3f}x speed, time ratio '
+                   f"{_e(b.ratio)} (95% CI) &rarr; {_e(b.verdict)}</p><p class=meta>Noise floor: a second session "
+                   f"of {_e(a)} against {_e(a)} measures {_e(b.control)}; {_e(b_)} must differ by more than that.</p>")
     if b.batches:
         labels = [m.label for m in b.models]
         rows = [[p.batch] + [f"{p.median_ms[lab]:.3f}" for lab in labels] + [f"{p.throughput[lab]:.1f}"

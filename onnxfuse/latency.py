@@ -20,6 +20,7 @@ from .timing import (
     SIGNIFICANT,
     Progress,
     Ratio,
+    judge,
     paired_ratio,
     percentile,
     time_interleaved,
@@ -84,12 +85,7 @@ class BenchResult:
 def verdict(ratio: Ratio, control: Ratio) -> str:
     """B against A, beyond what a second session of A itself shows (placement and order effects): B's interval
     must clear 1 by more than the control's distance from 1 plus its half-width (and at least 0.5%)."""
-    margin = max(SIGNIFICANT, abs(control.median - 1) + (control.high - control.low) / 2)
-    if ratio.high < 1 - margin:
-        return "faster"
-    if ratio.low > 1 + margin:
-        return "slower"
-    return "no significant change"
+    return judge(ratio, max(SIGNIFICANT, abs(control.median - 1) + (control.high - control.low) / 2))
 
 
 def _load(path: str, provider: str, threads: int, level: str):

@@ -48,6 +48,8 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, output_path: str | os.P
     validation is never written). Raises OnnxfuseError (one line a user can act on) for bad input."""
     opts = options or OptimizeOptions()
     out = None if output_path is None else os.fspath(output_path)
+    if out is not None and os.path.isdir(out) and not isinstance(model, onnx.ModelProto):
+        out = os.path.join(out, os.path.basename(os.fspath(model)))  # an existing folder: OUT/<input's name>
     with _source(model, opts, out) as (shown, path):
         return _optimize(shown, path, out, opts)
 
@@ -213,7 +215,8 @@ def _check_paths(input_path: str, output_path: str | None, force: bool) -> None:
     if output_path is None:
         return
     if os.path.isdir(output_path):
-        raise ModelError(f"{output_path}: is a directory, expected an output .onnx file path")
+        raise ModelError(f"{output_path}: is a directory, expected an output .onnx file path",
+                         hint="a model given as a ModelProto has no file name: name the output file")
     if os.path.exists(output_path) and os.path.exists(input_path) and os.path.samefile(input_path, output_path):
         if not force:
             raise ModelError(f"{output_path}: output is the input model; refusing to overwrite it",

@@ -85,6 +85,11 @@ def print_result(r: Result, console: Console) -> None:
     console.print("time: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in r.timings.items()))
 
 
+def _versus(b) -> str:
+    """'output vs input' (or 'B vs A'): the models' own labels, B first."""
+    return f"{b.models[1].label} vs {b.models[0].label}" if len(b.models) > 1 else "B vs A"
+
+
 def print_measure(m, console: Console) -> None:
     if m.note:
         console.print(f"measure: {m.note}")
@@ -121,11 +126,13 @@ def _print_final(m, console: Console) -> None:
     if m.final is not None:
         what = ("no rewrite group kept (none made it faster; exact folding, if any, stays)" if m.dropped_everything
                 else "kept rewrites")
-        console.print(f"measure: {what}; candidate / original latency {m.final} -> "
+        whole = ("weighted total over the shape profiles (each profile counts by its weight, relative to the "
+                 "original's time there)" if m.profiles else "whole model")
+        console.print(f"measure: {what}; candidate / original latency, {whole}: {m.final} -> "
                       f"{m.final.verdict_beyond(m.floor)} (noise floor: two sessions of one candidate differ by up "
                       f"to {m.floor:.1%})")
         if m.profiles:
-            console.print("measure: per profile, candidate / original: " + "; ".join(
+            console.print("measure: each profile alone (its own shapes), candidate / original: " + "; ".join(
                 f"{name} (weight {w:g}) {r} -> {r.verdict_beyond(m.floor)}" for name, w, r in m.profiles))
 
 
@@ -188,8 +195,9 @@ def _print_bench_profile(b, console: Console, named: bool) -> None:
     console.print(t)
     if b.ratio is not None:
         console.print((f"{b.profile}: " if named else "") +
-                      f"B vs A: {b.speedup:.3f}x speed (time ratio {b.ratio}, 95% CI) -> [bold]{b.verdict}[/bold]"
-                      f" (noise floor: a second session of A measures {b.control})")
+                      f"{_versus(b)}: {b.speedup:.3f}x speed (time ratio {b.ratio}, 95% CI) -> "
+                      f"[bold]{b.verdict}[/bold] (noise floor: a second session of {b.models[0].label} measures "
+                      f"{b.control})")
     if b.batches:
         t = Table(title="batch sweep", title_justify="left")
         labels = [m.label for m in b.models]
