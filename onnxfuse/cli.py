@@ -33,6 +33,17 @@ PatternsOpt = Annotated[list[str] | None, typer.Option("--patterns", "-p", help=
 TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Execution provider: cpu or cuda.")]
 
 
+def _threads(value: str) -> int:
+    """--threads N or auto (one per physical core, what onnxruntime uses by default), as the number used."""
+    from .runtime import resolve_threads
+
+    return resolve_threads(value, "--threads")
+
+
+ThreadsOpt = Annotated[str, typer.Option("--threads", help="onnxruntime intra-op threads: a count, or auto "
+                                         "(onnxruntime's default: one per physical core); reported.")]
+
+
 def _target(value: str) -> str:
     if value not in ("cpu", "cuda"):
         raise OnnxfuseError(f"--target {value}: unknown target", hint="use cpu or cuda")
@@ -70,7 +81,9 @@ def optimize(
     no_measure: Annotated[bool, typer.Option("--no-measure", help="Keep every validated rewrite without timing "
                                              "them (default: time groups of rewrites, keep only those that help).")]
     = False,
-    threads: Annotated[int, typer.Option("--threads", help="onnxruntime intra-op threads for --measure.")] = 1,
+    threads: Annotated[str, typer.Option("--threads", help="onnxruntime intra-op threads while measuring: a count, "
+                                         "or auto (onnxruntime's default: one per physical core). Decisions hold "
+                                         "for this count; the report, JSON, HTML and decision cache name it.")] = "1",
     measure_budget: Annotated[float | None, typer.Option("--measure-budget", help="Seconds for the whole "
                                                          "measuring phase (default: automatic, 4-10 s, keeping "
                                                          "optimize near 12 s; more past 1 GiB of weights; with "
@@ -101,10 +114,10 @@ def optimize(
                            target=_target(target), validate=not no_validate, shapes=shape or [],
                            inputs_npz=inputs, rtol=rtol, atol=atol, force=force, dry_run=dry_run,
                            measure=not no_measure, fold=not no_fold, pad_channels=pad_channels, static=static,
-                           measure_threads=threads, measure_budget_s=measure_budget, profiles=profile or [],
+                           measure_threads=_threads(threads), measure_budget_s=measure_budget, profiles=profile or [],
                            measure_by=measure_by, cache=not no_cache)
-    if threads < 1 or (measure_budget is not None and measure_budget <= 0):
-        raise OnnxfuseError("--threads must be >= 1 and --measure-budget > 0")
+    if measure_budget is not None and measure_budget <= 0:
+        raise OnnxfuseError("--measure-budget must be > 0")
     if (bench_after or html) and dry_run:
         raise OnnxfuseError("--bench/--html need the written output; drop --dry-run")
     if len(paths) < 2:
@@ -235,11 +248,11 @@ def _batch_line(d: dict) -> str:
         r = m.get("final_ratio")
         if r:
             whole = "weighted over profiles" if m.get("profiles") else "whole model"
-            parts.append(f"time ratio ({whole}, kept / original) {r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"
-                         f" {m.get('final_verdict')}")
+            parts.append(f"time ratio ({whole}, kept / original, {m.get('threads')} thread(s)) {r['median']:.3f} "
+                         f"[{r['low']:.3f}, {r['high']:.3f}] {m.get('final_verdict')}")
         else:
             why = m.get("note") or m.get("confirmed") or "no whole-model ratio"
-            parts.append(f"measured: {why[:70]}")
+            parts.append(f"measured ({m.get('threads')} thread(s)): {why[:70]}")
     waited = d.get("timings_s", {}).get(WAIT_KEY)
     if waited:
         parts.append(f"waited {waited:.1f} s for the timing lock")
@@ -331,7 +344,7 @@ def bench(
     a: Annotated[str, typer.Argument(help="Model A (the baseline).")],
     b: Annotated[str | None, typer.Argument(help="Model B, compared against A.")] = None,
     provider: Annotated[str, typer.Option("--provider", help="cpu or cuda.")] = "cpu",
-    threads: Annotated[int, typer.Option("--threads", help="intra-op threads.")] = 1,
+    threads: ThreadsOpt = "1",
     level: Annotated[str, typer.Option("--level", help="ORT optimization level: disable|basic|extended|all.")]
     = "all",
     shape: BenchShape = None,
@@ -355,7 +368,7 @@ def bench(
             raise OnnxfuseError(f"{p}: no such file")
     with _progress() as prog, timing_lock():  # timings from processes running side by side lie
         task = prog.add_task("bench", total=1.0)
-        res = run_bench(paths, provider=_target(provider), threads=threads, level=_level(level), shapes=shape,
+        res = run_bench(paths, provider=_target(provider), threads=_threads(threads), level=_level(level), shapes=shape,
                         inputs_npz=inputs, min_runs=runs, budget_s=budget, batches=_batches(batch),
                         profiles=profile or None, progress=lambda what, f: prog.update(task, description=what, completed=f))
     if html:
@@ -375,7 +388,7 @@ def profile(
     a: Annotated[str, typer.Argument(help="Model to profile.")],
     b: Annotated[str | None, typer.Argument(help="A second model (e.g. the optimized one), side by side.")] = None,
     provider: Annotated[str, typer.Option("--provider")] = "cpu",
-    threads: Annotated[int, typer.Option("--threads")] = 1,
+    threads: ThreadsOpt = "1",
     level: Annotated[str, typer.Option("--level")] = "all",
     shape: BenchShape = None,
     inputs: Annotated[str | None, typer.Option("--inputs")] = None,
@@ -396,11 +409,12 @@ def profile(
         if not os.path.isfile(p):
             raise OnnxfuseError(f"{p}: no such file")
     sizes = _batches(batch)
+    n_threads = _threads(threads)
     results = []
     with _progress() as prog:
         task = prog.add_task("profiling", total=len(paths))
         for p in paths:
-            results.append(run_profile(p, _target(provider), threads, _level(level), runs, shapes=shape,
+            results.append(run_profile(p, _target(provider), n_threads, _level(level), runs, shapes=shape,
                                        inputs_npz=inputs, batches=sizes))
             prog.advance(task)
     if html:

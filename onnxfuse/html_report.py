@@ -154,7 +154,8 @@ def _optimize_section(result) -> str:
         rows = [[_e(g.group), _e(", ".join(g.rules)), g.rewrites, "" if g.gain is None else f"{g.gain * 100:+.1f}%",
                  _e(g.effect or ""), f'<span class="{"kept" if g.kept else "dropped"}">'
                  f'{"kept" if g.kept else "dropped"}</span>'] for g in m.groups]
-        out.append("<h3>Measured selection</h3>" + _table(
+        out.append(f"<h3>Measured selection</h3><p class=meta>timed on {_e(m.provider)} at {m.threads} thread(s): "
+                   "the decisions hold for that thread count</p>" + _table(
             ["fused op group", "rules", "rewrites", "latency saved", "with/without [95% CI]", ""], rows, 2))
     out.append(f"<h2>Validation</h2><p>{_e(result.validation)}</p>")
     rows = [[_e(c.name), _e(c.dtype), _e("x".join(map(str, c.shape))), f"{c.max_abs:.2e}", f"{c.max_rel:.2e}",

@@ -15,7 +15,7 @@ import onnx
 from .inputs import discover, discover_profiles, parse_profiles
 from .inputs.shapes import ShapeSpec, model_inputs, parse_shape_specs, resolve_shapes
 from .inputs.synth import make_inputs
-from .runtime import make_session, run
+from .runtime import make_session, resolve_threads, run
 from .timing import (
     SIGNIFICANT,
     Progress,
@@ -103,7 +103,7 @@ def probed_inputs(path: str, proto: onnx.ModelProto, spec: ShapeSpec | None, inp
     return plan.feeds
 
 
-def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cpu", threads: int = 1,
+def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cpu", threads: int | str = 1,
           level: str = "all", shapes: list[str] | None = None, inputs_npz: str | None = None,
           min_runs: int = 50, budget_s: float = 5.0, batches: list[int] | None = None,
           progress: Progress | None = None, profiles: list[str] | None = None) -> BenchResult:
@@ -112,6 +112,7 @@ def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cp
     `shapes`/`inputs_npz`); `batches` adds a batch sweep (latency and samples/s per batch size). A decoder with a
     KV cache is timed at prefill and at decode (or at each of `profiles`, texts as `--profile` takes them), the
     budget shared between them: the result is the first profile's, the others under `profiles`."""
+    threads = resolve_threads(threads)  # "auto": one per physical core, as onnxruntime would
     labels = labels or [chr(ord("A") + i) for i in range(len(paths))]
     spec = parse_shape_specs(shapes) if shapes else None
     proto = onnx.load(paths[0], load_external_data=False)

@@ -253,12 +253,15 @@ def _per_run_kernel_us(events: list[dict], runs: int) -> list[float]:
     return totals
 
 
-def profile(path: str, provider: str = "cpu", threads: int = 1, level: str = "all", runs: int = 30,
+def profile(path: str, provider: str = "cpu", threads: int | str = 1, level: str = "all", runs: int = 30,
             warmup: int = 10, shapes: list[str] | None = None, inputs_npz: str | None = None,
             latency_ms: float | None = None, batches: list[int] | None = None) -> ProfileResult:
     """Profile one model on the inputs optimize would use (probed; `shapes`/`inputs_npz` as in optimize).
     With two or more `batches`, the third memory-bound signal (throughput against batch size) is measured
     with a batch sweep."""
+    from .runtime import resolve_threads
+
+    threads = resolve_threads(threads)  # "auto": one per physical core, as onnxruntime would
     from .latency import bench, probed_inputs
 
     spec = parse_shape_specs(shapes) if shapes else None

@@ -28,7 +28,8 @@ class OptimizeOptions:
     pad_channels: bool = False  # also load patterns/optional/pad_channels.yaml
     static: bool = False  # fix dynamic input dims to the --shape values (the output accepts only those)
     profiles: list[str] = field(default_factory=list)  # --profile NAME:DIM=V,...[@WEIGHT] (inputs/profiles.py)
-    measure_threads: int = 1  # onnxruntime intra-op threads while timing (--threads)
+    measure_threads: int | str = 1  # onnxruntime intra-op threads while timing (--threads); "auto": one per
+    # physical core, onnxruntime's default (resolved to that number before anything runs)
     measure_budget_s: float | None = None  # --measure-budget: seconds for the whole measuring phase (default:
     # automatic, see region_select.automatic_budget); with measure_by="model", seconds of timing per round
     # (default ROUND_BUDGET_S)

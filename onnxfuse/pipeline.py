@@ -29,7 +29,7 @@ from .rewrite.engine import EngineOptions, RuleSkip, run
 from .rewrite.rebuild import Rewritten
 from .rollback import Rollback, validate_with_rollback
 from .ruleset import builtin_patterns_dir, load_rules
-from .runtime import make_session, peak_rss_bytes
+from .runtime import make_session, peak_rss_bytes, resolve_threads
 from .runtime import run as run_session
 from .select import MeasureReport, measured_selection
 from .static_shapes import fix_input_shapes
@@ -47,6 +47,8 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, output_path: str | os.P
     optimized ModelProto. With `output_path` it is also written there, atomically (a model that fails
     validation is never written). Raises OnnxfuseError (one line a user can act on) for bad input."""
     opts = options or OptimizeOptions()
+    if not isinstance(opts.measure_threads, int) or opts.measure_threads < 1:  # "auto": the number, everywhere
+        opts = replace(opts, measure_threads=resolve_threads(opts.measure_threads, "measure_threads"))
     out = None if output_path is None else os.fspath(output_path)
     if out is not None and os.path.isdir(out) and not isinstance(model, onnx.ModelProto):
         out = os.path.join(out, os.path.basename(os.fspath(model)))  # an existing folder: OUT/<input's name>

@@ -119,6 +119,17 @@ def print_measure(m, console: Console) -> None:
                       + (f"; {m.undecided} region class(es) not reached: left as the original" if m.undecided
                          else "") + f"; whole-model confirmation: {m.confirmed or 'not needed'}")
     _print_final(m, console)
+    _print_threads(m, console)
+
+
+def _print_threads(m, console: Console) -> None:
+    """Decisions hold for the thread count they were timed at: say so where it differs from onnxruntime's default."""
+    from .runtime import physical_cores
+
+    default = physical_cores()
+    if m.provider == "cpu" and m.threads != default:
+        console.print(f"[dim]measure: decided at {m.threads} thread(s); onnxruntime's default here uses {default} "
+                      "(one per physical core): --threads auto measures at that[/dim]")
 
 
 def _print_final(m, console: Console) -> None:
@@ -128,7 +139,7 @@ def _print_final(m, console: Console) -> None:
                 else "kept rewrites")
         whole = ("weighted total over the shape profiles (each profile counts by its weight, relative to the "
                  "original's time there)" if m.profiles else "whole model")
-        console.print(f"measure: {what}; candidate / original latency, {whole}: {m.final} -> "
+        console.print(f"measure: {what}; candidate / original latency at {m.threads} thread(s), {whole}: {m.final} -> "
                       f"{m.final.verdict_beyond(m.floor)} (noise floor: two sessions of one candidate differ by up "
                       f"to {m.floor:.1%})")
         if m.profiles:
