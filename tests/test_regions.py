@@ -192,7 +192,7 @@ def test_the_confirmation_reports_each_profile(tmp_path, monkeypatch, cli):
     assert code == 0, stderr
     text = " ".join(stdout.split())
     assert "each profile alone (its own shapes), candidate / original: small (weight 1) 0.850" in text
-    assert "candidate / original latency, weighted total over the shape profiles" in text
+    assert "candidate / original latency at 1 thread(s), weighted total over the shape profiles" in text
 
 
 def test_decisions_are_cached_and_a_second_run_writes_the_same_bytes(tmp_path, monkeypatch):
