@@ -55,6 +55,17 @@ FLAGS = {"target": "--target", "provider": "--provider", "measure_threads": "--t
          "patterns": "--patterns", "only": "--only", "skip": "--skip", "rule": "--rule"}
 
 
+def _threads(value: str) -> int:
+    """--threads N or auto (one per physical core, what onnxruntime uses by default), as the number used."""
+    from .runtime import resolve_threads
+
+    return resolve_threads(value, "--threads")
+
+
+ThreadsOpt = Annotated[str, typer.Option("--threads", help="onnxruntime intra-op threads: a count, or auto "
+                                         "(onnxruntime's default: one per physical core); reported.")]
+
+
 def _target(value: str, option: str = "target") -> str:
     return check_choice(option, value, ("cpu", "cuda"))
 
@@ -63,7 +74,7 @@ def _target(value: str, option: str = "target") -> str:
 def optimize(
     ctx: typer.Context,
     paths: Annotated[list[str], typer.Argument(metavar="PATHS", help="IN OUT: the model (.onnx) and "
-                                               "where to write it; or IN... OUTDIR: several models and/or folders "
+                                               "where to write it (an existing folder OUT: OUT/<IN's file name>); or IN... OUTDIR: several models and/or folders "
                                                "of models (their *.onnx) and an output folder.")],
     patterns: PatternsOpt = None,
     only: Annotated[list[str] | None, typer.Option("--only", help="Apply only this rule id (repeatable).")] = None,
@@ -90,8 +101,9 @@ def optimize(
     no_measure: Annotated[bool, typer.Option("--no-measure", help="Keep every validated rewrite without timing "
                                              "them (default: time groups of rewrites, keep only those that help).")]
     = False,
-    threads: Annotated[int, typer.Option("--threads", help="onnxruntime intra-op threads while measuring (and "
-                                         "for --bench).")] = 1,
+    threads: Annotated[str, typer.Option("--threads", help="onnxruntime intra-op threads while measuring: a count, "
+                                         "or auto (onnxruntime's default: one per physical core). Decisions hold "
+                                         "for this count; the report, JSON, HTML and decision cache name it.")] = "1",
     measure_budget: Annotated[float | None, typer.Option("--measure-budget", help="Seconds for the whole "
                                                          "measuring phase (default: automatic, 4-10 s, keeping "
                                                          "optimize near 12 s; more past 1 GiB of weights; with "
@@ -122,7 +134,7 @@ def optimize(
                            target=_target(target), validate=not no_validate, shapes=shape or [],
                            inputs_npz=inputs, rtol=rtol, atol=atol, force=force, dry_run=dry_run,
                            measure=not no_measure, fold=not no_fold, pad_channels=pad_channels, static=static,
-                           measure_threads=threads, measure_budget_s=measure_budget, profiles=profile or [],
+                           measure_threads=_threads(threads), measure_budget_s=measure_budget, profiles=profile or [],
                            measure_by=measure_by, cache=not no_cache).check()
     if jobs is not None:
         check_count("jobs", jobs)
@@ -137,6 +149,8 @@ def optimize(
     input = inputs[0]
     from .progress import status_line
 
+    if os.path.isdir(output):  # an existing folder: the output is OUT/<input's file name>
+        output = os.path.join(output, os.path.basename(input))
     # shared: never beside a process that is timing; measuring takes it exclusive
     with status_line(not as_json) as progress, busy_lock() as waited:
         result = run_optimize(input, output, opts, progress=progress)
@@ -237,21 +251,29 @@ def _failure_line(d: dict) -> str:
 
 def _batch_line(d: dict) -> str:
     """One model of a batch: nodes before -> after, fused ops, validation, measured ratio, seconds."""
-    before = d["ops_before"]  # fused ops: contrib ops, and op types the input did not have, that grew
+    before = d["ops_before"]  # op types that grew: contrib (fused) ops, and other op types the input lacked
     grew = {op: n - before.get(op, 0) for op, n in d["ops_after"].items()
             if n > before.get(op, 0) and ("." in op or op not in before) and op != "Constant"}
-    fused = ", ".join(f"{op.removeprefix('com.microsoft.')} x{n}" for op, n in sorted(grew.items(),
-                                                                                        key=lambda kv: -kv[1]))
-    parts = [f"nodes {d['nodes_before']} -> {d['nodes_after']}", f"fused {fused}" if fused else "no fused ops",
-             "validation " + d["validation"]["status"].split(";")[0]]
+
+    def listed(ops: dict[str, int]) -> str:
+        return ", ".join(f"{op.removeprefix('com.microsoft.')} x{n}" for op, n in sorted(ops.items(),
+                                                                                         key=lambda kv: -kv[1]))
+
+    fused, added = listed({k: v for k, v in grew.items() if "." in k}), listed({k: v for k, v in grew.items()
+                                                                                if "." not in k})
+    parts = [f"nodes {d['nodes_before']} -> {d['nodes_after']}", f"fused ops {fused}" if fused else "no fused ops"]
+    parts += [f"ops added {added}"] if added else []
+    parts += ["validation " + d["validation"]["status"].split(";")[0]]
     m = d.get("measure")
     if m is not None:
         r = m.get("final_ratio")
         if r:
-            parts.append(f"measured {r['median']:.3f}x [{r['low']:.3f}, {r['high']:.3f}] {m.get('final_verdict')}")
+            whole = "weighted over profiles" if m.get("profiles") else "whole model"
+            parts.append(f"time ratio ({whole}, kept / original, {m.get('threads')} thread(s)) {r['median']:.3f} "
+                         f"[{r['low']:.3f}, {r['high']:.3f}] {m.get('final_verdict')}")
         else:
             why = m.get("note") or m.get("confirmed") or "no whole-model ratio"
-            parts.append(f"measured: {why[:70]}")
+            parts.append(f"measured ({m.get('threads')} thread(s)): {why[:70]}")
     waited = d.get("timings_s", {}).get(WAIT_KEY)
     if waited:
         parts.append(f"waited {waited:.1f} s for the timing lock")
@@ -348,7 +370,7 @@ def bench(
     a: Annotated[str, typer.Argument(help="Model A (the baseline).")],
     b: Annotated[str | None, typer.Argument(help="Model B, compared against A.")] = None,
     provider: Annotated[str, typer.Option("--provider", help="cpu or cuda.")] = "cpu",
-    threads: Annotated[int, typer.Option("--threads", help="intra-op threads.")] = 1,
+    threads: ThreadsOpt = "1",
     level: Annotated[str, typer.Option("--level", help="ORT optimization level: disable|basic|extended|all.")]
     = "all",
     shape: BenchShape = None,
@@ -371,7 +393,7 @@ def bench(
         if not os.path.isfile(p):
             raise OnnxfuseError(f"{p}: no such file")
     with _bench_status(not as_json, budget) as progress, timing_lock():  # side by side, timings lie
-        res = run_bench(paths, provider=_target(provider, "provider"), threads=threads, level=level, shapes=shape,
+        res = run_bench(paths, provider=_target(provider, "provider"), threads=_threads(threads), level=level, shapes=shape,
                         inputs_npz=inputs, min_runs=runs, budget_s=budget, batches=_batches(batch),
                         profiles=profile or None, progress=progress)
     if html:
@@ -391,7 +413,7 @@ def profile(
     a: Annotated[str, typer.Argument(help="Model to profile.")],
     b: Annotated[str | None, typer.Argument(help="A second model (e.g. the optimized one), side by side.")] = None,
     provider: Annotated[str, typer.Option("--provider", help="cpu or cuda.")] = "cpu",
-    threads: Annotated[int, typer.Option("--threads", help="intra-op threads.")] = 1,
+    threads: ThreadsOpt = "1",
     level: Annotated[str, typer.Option("--level", help="ORT optimization level: disable|basic|extended|all.")]
     = "all",
     shape: BenchShape = None,
@@ -413,10 +435,11 @@ def profile(
         if not os.path.isfile(p):
             raise OnnxfuseError(f"{p}: no such file")
     sizes = _batches(batch)
+    n_threads = _threads(threads)
     results = []
     with _profile_status(not as_json) as progress:
         for label, p in zip(labels, paths, strict=True):
-            results.append(run_profile(p, _target(provider, "provider"), threads, level, runs, shapes=shape,
+            results.append(run_profile(p, _target(provider, "provider"), n_threads, level, runs, shapes=shape,
                                        inputs_npz=inputs, batches=sizes, progress=progress(label)))
     if html:
         from .html_report import render, write
@@ -455,6 +478,11 @@ def patterns_show(rule_id: Annotated[str, typer.Argument(help="Rule id.")], patt
 
     rules = {r.id: r for r in load_rules(patterns or [])}
     if rule_id not in rules:
+        from .rewrite.fold import CLEANUP_STEPS
+
+        if rule_id in CLEANUP_STEPS:
+            raise OnnxfuseError(f"{rule_id!r} is an exact cleanup step, not a rule",
+                                hint="docs/commands.md lists the cleanup steps; --no-fold turns them off")
         raise OnnxfuseError(f"no rule with id {rule_id!r}", hint="see `onnxfuse patterns list`")
     r = rules[rule_id]
     out.print(f"# {r.file}:{r.span.line}  size={r.size} targets={','.join(r.targets)}")
@@ -475,8 +503,10 @@ def _rule_source(path: str, line: int) -> str:
 
 @patterns_app.command("check")
 def patterns_check(files: Annotated[list[str], typer.Argument(help="Pattern files or folders.")]) -> None:
-    """Validate pattern files; print every problem as file:line:col: error: ..."""
+    """Validate pattern files; print every problem as file:line:col: error: ..., and as warnings the rules that
+    can never be used (no kernel on any of their targets) or whose id is a built-in rule's."""
     from . import PatternError, load_rules
+    from .ruleset import rule_warnings
 
     problems = 0
     for f in files:
@@ -484,7 +514,11 @@ def patterns_check(files: Annotated[list[str], typer.Argument(help="Pattern file
             raise OnnxfuseError(f"{f}: no such pattern file or folder")
         try:
             rules = load_rules([f], builtin=False)
-            out.print(f"{f}: ok ({len(rules)} rules)")
+            warnings = rule_warnings(rules)
+            for w in warnings:
+                print(w, file=sys.stderr)
+            out.print(f"{f}: {len(rules)} rules, {len(warnings)} warning(s)" if warnings else
+                      f"{f}: ok ({len(rules)} rules)")
         except PatternError as e:
             diags = getattr(e, "diagnostics", None) or [e.message]
             for d in diags:
@@ -507,14 +541,19 @@ def patterns_test(files: Annotated[list[str] | None, typer.Argument(help="Patter
         rules = [r for r in rules if r.id == rule]
         if not rules:
             raise OnnxfuseError(f"no rule with id {rule!r}")
-    failures = 0
+    from rich.markup import escape
+
+    colour = {"ok": "green", "FAIL": "red"}
+    counts: dict[str, int] = {}
     for report in self_test(rules):
-        status = "[green]ok[/green]" if report.ok else "[red]FAIL[/red]"
-        out.print(f"{status} {report.rule}: {report.summary}")
+        status = report.status
+        counts[status] = counts.get(status, 0) + 1
+        out.print(f"[{colour.get(status, 'yellow')}]{status}[/] {report.rule}: {escape(report.summary)}")
         for problem in report.problems:
-            out.print(f"    {problem}")
-        failures += not report.ok
-    if failures:
+            out.print(f"    {escape(problem)}")
+    out.print(f"{len(rules)} rule(s): " + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("ok", "not validated here",
+                                                                                        "FAIL")))
+    if counts.get("FAIL"):
         raise typer.Exit(1)
 
 
@@ -568,12 +607,34 @@ def cache_show(as_json: Annotated[bool, typer.Option("--json", help="Print every
     kinds = ", ".join(f"{n} {k}" for k, n in sorted(summary["by_kind"].items())) or "empty"
     print(f"{summary['path']}: {summary['decisions']} decision(s) ({kinds}), {summary['bytes']} bytes")
     for key, d in sorted(summary["entries"].items(), key=lambda kv: kv[1].get("when", "")):
-        what = d.get("label", "whole model")
-        verdict = ("kept" if d.get("keep") else "original") if d.get("kind") == "region" else "confirmation"
-        r = d.get("ratio")
-        how = (f"ratio {r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}]" if r else
-               f"not reached within {d.get('budget', 0):g} s")
-        print(f"  {d.get('when', '?')}  {d.get('kind', '?'):6} {what[:40]:40} {verdict:12} {how}  {key[:12]}")
+        print("  " + _cache_line(key, d))
+
+
+def _cache_line(key: str, d: dict) -> str:
+    """One decision: date, kind, the model it was taken on, threads, rules, what was decided and how."""
+    kind, rules = d.get("kind", "?"), ", ".join(d.get("rules", [])) or "-"
+    model = d.get("model") or "(model not recorded)"
+    threads = f"{d['threads']} thread(s)" if d.get("threads") is not None else "threads not recorded"
+
+    def ratio(r) -> str:
+        return f"ratio {r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}]"
+
+    if kind == "region":
+        what = f"region {d.get('label', '?')}: " + (("kept" if d.get("keep") else "left as the original")
+                                                   + (f", {ratio(d['ratio'])}" if d.get("ratio") else
+                                                      f", budget ({d.get('budget', 0):g} s) ran out before it"))
+    elif kind == "model":
+        what = "whole-model confirmation: " + (ratio(d["ratio"]) if d.get("ratio") else
+                                               d.get("why") or f"not reached within {d.get('budget', 0):g} s")
+    elif kind == "selection":
+        rep = d.get("report") or {}
+        final = rep.get("final_ratio")
+        what = (f"selection: {len(d.get('kept', []))} rewrite(s) kept, {len(d.get('dropped', []))} dropped; "
+                f"confirmation {rep.get('confirmed') or 'not recorded'}"
+                + (f", {ratio([final['median'], final['low'], final['high']])}" if final else ""))
+    else:
+        what = kind
+    return f"{d.get('when', '?')}  {model}  {threads}  rules {rules}  {what}  ({key[:12]})"
 
 
 @cache_app.command("clear")

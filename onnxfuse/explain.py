@@ -12,6 +12,7 @@ from .alignment import Misaligned, alignment_report, vector_width
 from .errors import OnnxfuseError
 from .options import check_choice, check_strings
 from .rewrite.engine import EngineOptions, NearMiss, RuleSkip, near_misses
+from .rewrite.fold import CLEANUP_STEPS
 from .rewrite.rebuild import rebuild
 from .ruleset import load_rules
 
@@ -23,7 +24,7 @@ class Explanation:
     """What `explain` found: rules that would fire, near misses with their reasons, rules not usable on the
     target, and misaligned dims."""
 
-    fired: dict[str, int]
+    fired: dict[str, int]  # rules only (folding and the other cleanup steps are not rules)
     near_misses: list[NearMiss]
     skipped: list[RuleSkip]
     misaligned: list[Misaligned] = field(default_factory=list)
@@ -56,7 +57,7 @@ def explain(model: str | os.PathLike, patterns: list[str] | None = None, target:
     misses = _deepest(misses, [replace(m, graph="before fusions") for m in near_misses(
         before.model, asked, target, min_progress=least) if m.value not in fused])
     width = vector_width(target)
-    return Explanation(dict(Counter(a.rule for a in state.eng.applications)), misses, state.eng.skipped,
+    return Explanation(dict(Counter(a.rule for a in state.eng.applications if a.rule not in CLEANUP_STEPS)), misses, state.eng.skipped,
                        alignment_report(state.model, width), width)
 
 

@@ -98,9 +98,10 @@ def _bench_section(b: BenchResult, named: bool = False, first: bool = True) -> s
                    "runs"], rows)]
     if b.ratio is not None:
         ident = ' id="verdict"' if first else ""
-        out.append(f'<p class="verdict"{ident}>B vs A: {b.speedup:.3f}x speed, time ratio {_e(b.ratio)} '
-                   f"(95% CI) &rarr; {_e(b.verdict)}</p><p class=meta>Noise floor: a second session of A against A "
-                   f"measures {_e(b.control)}; B must differ by more than that.</p>")
+        a, b_ = (b.models[0].label, b.models[1].label) if len(b.models) > 1 else ("A", "B")
+        out.append(f'<p class="verdict"{ident}>{_e(b_)} vs {_e(a)}: {b.speedup:.3f}x speed, time ratio '
+                   f"{_e(b.ratio)} (95% CI) &rarr; {_e(b.verdict)}</p><p class=meta>Noise floor: a second session "
+                   f"of {_e(a)} against {_e(a)} measures {_e(b.control)}; {_e(b_)} must differ by more than that.</p>")
     if b.batches:
         labels = [m.label for m in b.models]
         rows = [[p.batch] + [f"{p.median_ms[lab]:.3f}" for lab in labels] + [f"{p.throughput[lab]:.1f}"
@@ -140,7 +141,10 @@ def _optimize_section(result) -> str:
     for a in result.applications:
         created.setdefault(a.rule, Counter()).update(a.ops)
     rows = [[_e(rule), n, _e(", ".join(sorted(created[rule])))] for rule, n in sorted(result.fired.items())]
-    out.append(_table(["rule", "rewrites", "creates"], rows) if rows else "<p>No rewrites kept.</p>")
+    out.append(_table(["rule", "rewrites", "creates"], rows) if rows else "<p>No rule rewrites kept.</p>")
+    if result.cleanups:
+        out.append("<p class=meta>cleanups (exact steps, not rules): " + _e(", ".join(
+            f"{k} x{n}" for k, n in sorted(result.cleanups.items()))) + "</p>")
     out.append(f"<p class=meta>nodes {result.nodes_before} &rarr; {result.nodes_after}</p>")
     if result.rolled_back:
         out.append("<h3>Rolled back by validation</h3>" + _table(
@@ -150,7 +154,8 @@ def _optimize_section(result) -> str:
         rows = [[_e(g.group), _e(", ".join(g.rules)), g.rewrites, "" if g.gain is None else f"{g.gain * 100:+.1f}%",
                  _e(g.effect or ""), f'<span class="{"kept" if g.kept else "dropped"}">'
                  f'{"kept" if g.kept else "dropped"}</span>'] for g in m.groups]
-        out.append("<h3>Measured selection</h3>" + _table(
+        out.append(f"<h3>Measured selection</h3><p class=meta>timed on {_e(m.provider)} at {m.threads} thread(s): "
+                   "the decisions hold for that thread count</p>" + _table(
             ["fused op group", "rules", "rewrites", "latency saved", "with/without [95% CI]", ""], rows, 2))
     out.append(f"<h2>Validation</h2><p>{_e(result.validation)}</p>")
     rows = [[_e(c.name), _e(c.dtype), _e("x".join(map(str, c.shape))), f"{c.max_abs:.2e}", f"{c.max_rel:.2e}",

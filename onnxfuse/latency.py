@@ -16,11 +16,12 @@ from .inputs import discover, discover_profiles, parse_profiles
 from .inputs.shapes import ShapeSpec, model_inputs, parse_shape_specs, resolve_shapes
 from .inputs.synth import make_inputs
 from .options import check_choice, check_count, check_seconds, check_strings
-from .runtime import LEVELS, make_session, run
+from .runtime import LEVELS, make_session, resolve_threads, run
 from .timing import (
     SIGNIFICANT,
     Progress,
     Ratio,
+    judge,
     paired_ratio,
     percentile,
     time_interleaved,
@@ -85,12 +86,7 @@ class BenchResult:
 def verdict(ratio: Ratio, control: Ratio) -> str:
     """B against A, beyond what a second session of A itself shows (placement and order effects): B's interval
     must clear 1 by more than the control's distance from 1 plus its half-width (and at least 0.5%)."""
-    margin = max(SIGNIFICANT, abs(control.median - 1) + (control.high - control.low) / 2)
-    if ratio.high < 1 - margin:
-        return "faster"
-    if ratio.low > 1 + margin:
-        return "slower"
-    return "no significant change"
+    return judge(ratio, max(SIGNIFICANT, abs(control.median - 1) + (control.high - control.low) / 2))
 
 
 def _load(path: str, provider: str, threads: int, level: str):
@@ -108,7 +104,7 @@ def probed_inputs(path: str, proto: onnx.ModelProto, spec: ShapeSpec | None, inp
     return plan.feeds
 
 
-def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cpu", threads: int = 1,
+def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cpu", threads: int | str = 1,
           level: str = "all", shapes: list[str] | None = None, inputs_npz: str | None = None,
           min_runs: int = 50, budget_s: float = 5.0, batches: list[int] | None = None,
           progress: Progress | None = None, profiles: list[str] | None = None) -> BenchResult:
@@ -117,6 +113,7 @@ def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cp
     `shapes`/`inputs_npz`); `batches` adds a batch sweep (latency and samples/s per batch size). A decoder with a
     KV cache is timed at prefill and at decode (or at each of `profiles`, texts as `--profile` takes them), the
     budget shared between them: the result is the first profile's, the others under `profiles`."""
+    threads = resolve_threads(threads) if isinstance(threads, str) else threads  # "auto": one per physical core
     check_bench_options(provider, threads, level, min_runs, budget_s, batches)
     shapes, profiles = check_strings("shapes", shapes), check_strings("profiles", profiles)
     labels = labels or [chr(ord("A") + i) for i in range(len(paths))]

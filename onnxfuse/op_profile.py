@@ -255,7 +255,7 @@ def _per_run_kernel_us(events: list[dict], runs: int) -> list[float]:
     return totals
 
 
-def profile(path: str, provider: str = "cpu", threads: int = 1, level: str = "all", runs: int = 30,
+def profile(path: str, provider: str = "cpu", threads: int | str = 1, level: str = "all", runs: int = 30,
             warmup: int = 10, shapes: list[str] | None = None, inputs_npz: str | None = None,
             latency_ms: float | None = None, batches: list[int] | None = None,
             progress: Phase | None = None) -> ProfileResult:
@@ -263,6 +263,9 @@ def profile(path: str, provider: str = "cpu", threads: int = 1, level: str = "al
     With two or more `batches`, the third memory-bound signal (throughput against batch size) is measured
     with a batch sweep. `progress(phase)` as each step starts: finding inputs, profiled runs, batch sweep (progress.py)."""
     from .latency import bench, check_bench_options, probed_inputs
+    from .runtime import resolve_threads
+
+    threads = resolve_threads(threads) if isinstance(threads, str) else threads  # "auto": one per physical core
 
     check_bench_options(provider, threads, level, runs, None, batches, runs_option="runs")
     check_count("warmup", warmup, 0)

@@ -31,7 +31,8 @@ class OptimizeOptions:
     pad_channels: bool = False  # also load patterns/optional/pad_channels.yaml
     static: bool = False  # fix dynamic input dims to the --shape values (the output accepts only those)
     profiles: list[str] = field(default_factory=list)  # --profile NAME:DIM=V,...[@WEIGHT] (inputs/profiles.py)
-    measure_threads: int = 1  # onnxruntime intra-op threads while timing (--threads)
+    measure_threads: int | str = 1  # onnxruntime intra-op threads while timing (--threads); "auto": one per
+    # physical core, onnxruntime's default (resolved to that number before anything runs)
     measure_budget_s: float | None = None  # --measure-budget: seconds for the whole measuring phase (default:
     # automatic, see region_select.automatic_budget); with measure_by="model", seconds of timing per round
     # (default ROUND_BUDGET_S)
@@ -49,7 +50,8 @@ class OptimizeOptions:
         check_choice("measure_by", self.measure_by, ("regions", "model"))
         check_tolerance("rtol", self.rtol)
         check_tolerance("atol", self.atol)
-        check_count("measure_threads", self.measure_threads)
+        if not (isinstance(self.measure_threads, str) and self.measure_threads.strip().lower() == "auto"):
+            check_count("measure_threads", self.measure_threads)  # "auto": resolved by optimize
         if self.measure_budget_s is not None:
             check_seconds("measure_budget_s", self.measure_budget_s)
         if self.inputs_npz is not None and not isinstance(self.inputs_npz, str):

@@ -29,7 +29,7 @@ from .rewrite.engine import EngineOptions, RuleSkip, run
 from .rewrite.rebuild import Rewritten
 from .rollback import Rollback, validate_with_rollback
 from .ruleset import builtin_patterns_dir, load_rules
-from .runtime import make_session, peak_rss_bytes
+from .runtime import make_session, peak_rss_bytes, resolve_threads
 from .runtime import run as run_session
 from .select import MeasureReport, measured_selection
 from .static_shapes import fix_input_shapes
@@ -47,8 +47,13 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, output_path: str | os.P
     optimized ModelProto. With `output_path` it is also written there, atomically (a model that fails
     validation is never written). Raises OnnxfuseError (one line a user can act on) for bad input.
     `progress(phase, budget_s=None)` is called as each phase starts (see progress.py)."""
-    opts = (options or OptimizeOptions()).check()
+    opts = options or OptimizeOptions()
+    if not isinstance(opts.measure_threads, int):  # "auto": the number, everywhere
+        opts = replace(opts, measure_threads=resolve_threads(opts.measure_threads, "measure_threads"))
+    opts = opts.check()
     out = None if output_path is None else os.fspath(output_path)
+    if out is not None and os.path.isdir(out) and not isinstance(model, onnx.ModelProto):
+        out = os.path.join(out, os.path.basename(os.fspath(model)))  # an existing folder: OUT/<input's name>
     with _source(model, opts, out) as (shown, path):
         return _optimize(shown, path, out, opts, progress or quiet)
 
@@ -214,7 +219,8 @@ def _check_paths(input_path: str, output_path: str | None, force: bool) -> None:
     if output_path is None:
         return
     if os.path.isdir(output_path):
-        raise ModelError(f"{output_path}: is a directory, expected an output .onnx file path")
+        raise ModelError(f"{output_path}: is a directory, expected an output .onnx file path",
+                         hint="a model given as a ModelProto has no file name: name the output file")
     if os.path.exists(output_path) and os.path.exists(input_path) and os.path.samefile(input_path, output_path):
         if not force:
             raise ModelError(f"{output_path}: output is the input model; refusing to overwrite it",

@@ -32,6 +32,7 @@ from .patterns.rules import Rule
 from .progress import Phase, quiet
 from .regions import Region, find_regions, region_model, signature
 from .rewrite.engine import EngineOptions
+from .rewrite.fold import CLEANUP_STEPS
 from .rewrite.rebuild import Rewritten, rebuild
 from .runtime import Candidate, make_session, peak_rss_bytes, release_memory
 from .select import GroupEffect, Key, MeasureReport
@@ -146,6 +147,8 @@ class _Run:
             automatic_budget(self.weights, spent_s)
         self.deadline = self.t0 + self.budget
         self.env = environment_key(opts.target, opts.measure_threads)
+        # what `cache show` lists beside a decision (not part of its key): the model it was first taken on
+        self.tag = {"model": os.path.basename(input_path), "threads": opts.measure_threads}
         self.report = MeasureReport(opts.target, opts.measure_threads, 0, strategy="regions")
         self.provider = validator.provider
         self.profiles = validator.timing_profiles()
@@ -329,7 +332,7 @@ class _Run:
                 c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), False, None, source="budget",
                                          instances=len(c.regions))
                 self.cache.put(key, {"kind": "region", "keep": False, "source": "budget",
-                                     "budget": self.budget, "label": rep.label, "rules": rep.rules})
+                                     "budget": self.budget, "label": rep.label, "rules": rep.rules, **self.tag})
                 continue
             except OnnxfuseError as e:  # a region that cannot run alone stays as the original
                 c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), False, None, source="untimed",
@@ -339,7 +342,7 @@ class _Run:
             assert d.effect is not None
             self.cache.put(key, {"kind": "region", "keep": d.kept, "source": "timed",
                                  "ratio": [d.effect.median, d.effect.low, d.effect.high], "floor": d.floor,
-                                 "label": d.group, "rules": d.rules})
+                                 "label": d.group, "rules": d.rules, **self.tag})
 
     # ---- the whole model -------------------------------------------------------------------------------------
 
@@ -370,6 +373,7 @@ class _Run:
         """Candidate against original on the whole model, interleaved (two sessions of the candidate give the
         noise floor). None when the budget or memory does not allow it (that, too, is recorded: a run with the
         same budget then makes the same choice)."""
+        tag = {**self.tag, "rules": sorted({a.rule for a in candidate.eng.applications} - set(CLEANUP_STEPS))}
         hit = self._cached(key)
         if hit is not None:
             self.report.confirmed = "cached" if hit.get("source") != "budget" else hit.get("why", "skipped")
@@ -387,7 +391,8 @@ class _Run:
             why = f"skipped: it would take about {cost:.1f} s, past the budget"
         if why:
             self.report.confirmed = why
-            self.cache.put(key, {"kind": "model", "source": "budget", "budget": self.budget, "why": why})
+            self.cache.put(key, {"kind": "model", "source": "budget", "budget": self.budget, "why": why,
+                                 **tag})
             return None
         cand = Candidate(candidate.proto, candidate.info)  # a file onnxruntime maps: no copy held here
         try:
@@ -401,7 +406,8 @@ class _Run:
         except OutOfBudget:
             why = "skipped: its runs would end past the budget"
             self.report.confirmed = why
-            self.cache.put(key, {"kind": "model", "source": "budget", "budget": self.budget, "why": why})
+            self.cache.put(key, {"kind": "model", "source": "budget", "budget": self.budget, "why": why,
+                                 **tag})
             return None
         finally:
             cand.close()
@@ -418,7 +424,7 @@ class _Run:
                 name = self.profile_names[p] if p < len(self.profile_names) else f"profile {p + 1}"
                 self.report.profiles.append((name, weight, paired_ratio(cand_p, per_profile["o", p])))
         self.cache.put(key, {"kind": "model", "source": "timed", "ratio": [ratio.median, ratio.low, ratio.high],
-                             "floor": floor, "profiles": [[n, w, [r.median, r.low, r.high]]
+                             **tag, "floor": floor, "profiles": [[n, w, [r.median, r.low, r.high]]
                                                           for n, w, r in self.report.profiles]})
         return ratio
 
@@ -521,7 +527,8 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     cache.put(selection_key, {"kind": "selection", "kept": sorted(map(list, kept)),
                               "dropped": sorted(map(list, dropped)), "report": report.to_json(),
                               "undecided": report.undecided, "budget": run.budget,
-                              "dropped_everything": report.dropped_everything})
+                              "dropped_everything": report.dropped_everything, **run.tag,
+                              "rules": sorted({k[0] for k in kept})})
     cache.save()
     report.seconds = time.perf_counter() - run.t0
     report.budget_s = run.budget

@@ -29,7 +29,7 @@ def print_result(r: Result, console: Console) -> None:
         console.print(f"repaired on load: {escape(line)}")
     for line in r.load_notes:
         console.print(f"[dim]note on load: {escape(line)}[/dim]")
-    if r.applications:
+    if r.fired:
         t = Table(title="rules fired", title_justify="left")
         t.add_column("rule")
         t.add_column("count", justify="right")
@@ -40,6 +40,9 @@ def print_result(r: Result, console: Console) -> None:
         for rule, n in sorted(r.fired.items(), key=lambda kv: (-kv[1], kv[0])):
             t.add_row(rule, str(n), ", ".join(f"{op}" for op in sorted(created[rule])))
         console.print(t)
+    if r.cleanups:
+        console.print("cleanups (exact steps, not rules; --no-fold turns them off): "
+                      + ", ".join(f"{k} x{n}" for k, n in sorted(r.cleanups.items(), key=lambda kv: (-kv[1], kv[0]))))
     changes = _delta(r.ops_before, r.ops_after)
     if changes:
         t = Table(title="op counts that changed", title_justify="left")
@@ -82,6 +85,11 @@ def print_result(r: Result, console: Console) -> None:
     console.print("time: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in r.timings.items()))
 
 
+def _versus(b) -> str:
+    """'output vs input' (or 'B vs A'): the models' own labels, B first."""
+    return f"{b.models[1].label} vs {b.models[0].label}" if len(b.models) > 1 else "B vs A"
+
+
 def print_measure(m, console: Console) -> None:
     if m.note:
         console.print(f"measure: {m.note}")
@@ -111,6 +119,17 @@ def print_measure(m, console: Console) -> None:
                       + (f"; {m.undecided} region class(es) not reached: left as the original" if m.undecided
                          else "") + f"; whole-model confirmation: {m.confirmed or 'not needed'}")
     _print_final(m, console)
+    _print_threads(m, console)
+
+
+def _print_threads(m, console: Console) -> None:
+    """Decisions hold for the thread count they were timed at: say so where it differs from onnxruntime's default."""
+    from .runtime import physical_cores
+
+    default = physical_cores()
+    if m.provider == "cpu" and m.threads != default:
+        console.print(f"[dim]measure: decided at {m.threads} thread(s); onnxruntime's default here uses {default} "
+                      "(one per physical core): --threads auto measures at that[/dim]")
 
 
 def _print_final(m, console: Console) -> None:
@@ -118,11 +137,13 @@ def _print_final(m, console: Console) -> None:
     if m.final is not None:
         what = ("no rewrite group kept (none made it faster; exact folding, if any, stays)" if m.dropped_everything
                 else "kept rewrites")
-        console.print(f"measure: {what}; candidate / original latency {m.final} -> "
+        whole = ("weighted total over the shape profiles (each profile counts by its weight, relative to the "
+                 "original's time there)" if m.profiles else "whole model")
+        console.print(f"measure: {what}; candidate / original latency at {m.threads} thread(s), {whole}: {m.final} -> "
                       f"{m.final.verdict_beyond(m.floor)} (noise floor: two sessions of one candidate differ by up "
                       f"to {m.floor:.1%})")
         if m.profiles:
-            console.print("measure: per profile, candidate / original: " + "; ".join(
+            console.print("measure: each profile alone (its own shapes), candidate / original: " + "; ".join(
                 f"{name} (weight {w:g}) {r} -> {r.verdict_beyond(m.floor)}" for name, w, r in m.profiles))
 
 
@@ -185,8 +206,9 @@ def _print_bench_profile(b, console: Console, named: bool) -> None:
     console.print(t)
     if b.ratio is not None:
         console.print((f"{b.profile}: " if named else "") +
-                      f"B vs A: {b.speedup:.3f}x speed (time ratio {b.ratio}, 95% CI) -> [bold]{b.verdict}[/bold]"
-                      f" (noise floor: a second session of A measures {b.control})")
+                      f"{_versus(b)}: {b.speedup:.3f}x speed (time ratio {b.ratio}, 95% CI) -> "
+                      f"[bold]{b.verdict}[/bold] (noise floor: a second session of {b.models[0].label} measures "
+                      f"{b.control})")
     if b.batches:
         t = Table(title="batch sweep", title_justify="left")
         labels = [m.label for m in b.models]

@@ -12,6 +12,7 @@ from .compare import OutputCheck
 from .inputs import InputPlan
 from .rewrite.apply import Application
 from .rewrite.engine import RuleSkip
+from .rewrite.fold import CLEANUP_STEPS
 from .rollback import Rollback
 from .select import MeasureReport
 from .tensors import iter_nodes
@@ -55,8 +56,14 @@ class Result:
 
     @property
     def fired(self) -> dict[str, int]:
-        """{rule id: rewrites kept}."""
-        return dict(Counter(a.rule for a in self.applications))
+        """{rule id: rewrites kept}: the YAML rules only (the ids `patterns show`, `--only` and `--skip` take)."""
+        return dict(Counter(a.rule for a in self.applications if a.rule not in CLEANUP_STEPS))
+
+    @property
+    def cleanups(self) -> dict[str, int]:
+        """{step: times applied} for the exact steps that are not rules (constant-fold, if-inline,
+        merge-duplicates, identity-drop, if-version, if-squeeze-unguard); `--no-fold` turns them off."""
+        return dict(Counter(a.rule for a in self.applications if a.rule in CLEANUP_STEPS))
 
     def to_json(self) -> dict:
         return {
@@ -64,7 +71,7 @@ class Result:
             "input": self.input, "output": self.output, "target": self.target,
             "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
             "ops_before": self.ops_before, "ops_after": self.ops_after,
-            "fired": self.fired,
+            "fired": self.fired, "cleanups": self.cleanups,
             "applications": [asdict(a) for a in self.applications],
             "skipped_rules": [asdict(s) for s in self.skipped],
             "rolled_back": [asdict(r) for r in self.rolled_back],

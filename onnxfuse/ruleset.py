@@ -11,7 +11,8 @@ from .errors import OnnxfuseError
 from .patterns.parser import load_path
 from .patterns.rules import Rule
 from .patterns.spec import json_schema_text
-from .rewrite.engine import order_rules
+from .rewrite.engine import order_rules, rule_issue
+from .rewrite.fold import CLEANUP_STEPS
 from .selftest import RuleReport, check_rules
 
 __all__ = ["builtin_patterns_dir", "load_rules", "pattern_schema", "rules_in_order", "self_test"]
@@ -39,11 +40,20 @@ def load_rules(patterns: list[str] | None = None, builtin: bool = True, only: li
     ids = {r.id for r in rules}
     seen: dict[str, Rule] = {}
     for r in rules:
+        if r.id in CLEANUP_STEPS:
+            raise OnnxfuseError(f"{r.span}: error: rule id {r.id!r} is the name of an internal step",
+                                hint="rename the rule")
         if r.id in seen:
-            raise OnnxfuseError(f"{r.span}: error: rule id {r.id!r} is already defined at {seen[r.id].span}")
+            first = seen[r.id]
+            raise OnnxfuseError(f"{r.span}: error: rule id {r.id!r} is already defined at {first.span}"
+                                + (" (a built-in rule)" if first.builtin else ""), hint=_collision_hint(r.id, first))
         seen[r.id] = r
     for flag, names in (("--only", only), ("--skip", skip)):
         for n in names or []:
+            if n in CLEANUP_STEPS:
+                raise OnnxfuseError(f"{flag} {n}: {n!r} is an exact cleanup step, not a rule",
+                                    hint="--no-fold turns off every cleanup step (constant folding, If inlining, "
+                                    "merging); see docs/commands.md")
             if n not in ids:
                 raise OnnxfuseError(f"{flag} {n}: no rule with that id", hint="see `onnxfuse patterns list`")
     if only:
@@ -51,6 +61,34 @@ def load_rules(patterns: list[str] | None = None, builtin: bool = True, only: li
     if skip:
         rules = [r for r in rules if r.id not in skip]
     return rules
+
+
+def _collision_hint(rule_id: str, first: Rule) -> str:
+    if first.builtin:
+        return (f"rule ids are global: rename yours (e.g. 'my-{rule_id}'), or pass --no-builtin to use only your "
+                f"pattern files (--skip {rule_id} would drop both rules)")
+    return "rule ids are global: rename one of them"
+
+
+def rule_warnings(rules: list[Rule]) -> list[str]:
+    """What makes a user's rule useless although its file is valid, one `file:line:col: warning: ...` line per
+    problem: its output ops have a kernel on none of its targets (from targets.py: the installed onnxruntime's
+    registry, else the published kernel table), or its id is a built-in rule's (optimize refuses the pair)."""
+    builtin = {r.id: r for r in load_path(builtin_patterns_dir(), builtin=True)}
+    out: list[str] = []
+    for r in rules:
+        issues = {t: rule_issue(r, t, None) for t in r.targets}
+        if all(issues.values()):
+            why = "; ".join(f"{t}: {issue}" for t, issue in issues.items())
+            out.append(f"{r.span}: warning: rule {r.id!r} can never be used on its targets ({why}) "
+                       "(hint: target a provider that has the kernel, or emit another op; see "
+                       f"`onnxfuse patterns list --target cuda`)")
+        same = r.id in builtin and (os.path.realpath(r.span.file), r.span.line) == (
+            os.path.realpath(builtin[r.id].span.file), builtin[r.id].span.line)  # checking the built-in files
+        if not r.builtin and r.id in builtin and not same:
+            out.append(f"{r.span}: warning: rule id {r.id!r} is also a built-in rule's ({builtin[r.id].span}): "
+                       f"optimize refuses the pair (hint: {_collision_hint(r.id, builtin[r.id])})")
+    return out
 
 
 def rules_in_order(rules: list[Rule]) -> list[Rule]:

@@ -85,6 +85,38 @@ def _ort_providers(provider: str) -> list[str]:
     return [PROVIDERS["cpu"]]
 
 
+def physical_cores() -> int:
+    """What onnxruntime's default intra-op pool uses (intra_op_num_threads=0: one thread per physical core):
+    the physical cores (distinct package and core ids) among the CPUs this process may run on."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores: set[tuple[str, str]] = set()
+    for c in cpus:
+        topo = f"/sys/devices/system/cpu/cpu{c}/topology"
+        try:
+            with open(f"{topo}/physical_package_id") as f, open(f"{topo}/core_id") as g:
+                cores.add((f.read().strip(), g.read().strip()))
+        except OSError:  # no topology (not Linux, a container hiding it): count the CPU itself
+            cores.add(("cpu", str(c)))
+    return max(1, len(cores))
+
+
+def resolve_threads(value: int | str, flag: str = "threads") -> int:
+    """A thread count for timing: an int >= 1, or "auto": what onnxruntime would use by default here
+    (physical_cores()); the number is what sessions get and what reports and the decision cache show."""
+    if isinstance(value, str):
+        if value.strip().lower() == "auto":
+            return physical_cores()
+        try:
+            value = int(value)
+        except ValueError:
+            raise OnnxfuseError(f"{flag} {value}: expected a thread count or auto",
+                                hint="auto: onnxruntime's default, one thread per physical core") from None
+    if value < 1:
+        raise OnnxfuseError(f"{flag} {value}: expected a thread count >= 1, or auto",
+                            hint="auto: onnxruntime's default, one thread per physical core")
+    return value
+
+
 def make_session(
     model_path: str | bytes, level: str = "disable", provider: str = "cpu", threads: int = 1,
     profile_prefix: str | None = None,

@@ -26,7 +26,7 @@ from .loader import checker_error
 from .match.matcher import Matcher
 from .patterns.rules import Rule
 from .patterns.syntax import Call, Expr, Ref
-from .rewrite.engine import EngineOptions, match_issue, rule_issue, run
+from .rewrite.engine import EngineOptions, match_issue, near_misses, rule_issue, run
 from .selftest_models import (
     FLOAT,
     FLOATS,
@@ -40,6 +40,8 @@ from .selftest_models import (
 )
 from .targets import kernel_issue, provider_registered
 
+NOT_VALIDATED = "not validated here"  # fired as it should, but no kernel here to compare the fused outputs with
+
 
 @dataclass
 class DtypeReport:
@@ -52,12 +54,12 @@ class DtypeReport:
 
     @property
     def status(self) -> str:
-        return "held back" if self.held_back else "validated"
+        return NOT_VALIDATED if self.held_back else "validated"
 
     @property
     def summary(self) -> str:
         if self.held_back:
-            return f"{self.dtype}: {self.instances} models fired once, held back ({self.held_back})"
+            return f"{self.dtype}: {self.instances} models fired once, {NOT_VALIDATED} ({self.held_back})"
         return f"{self.dtype}: {self.instances} models fired once with equal outputs"
 
 
@@ -71,7 +73,16 @@ class RuleReport:
 
     @property
     def ok(self) -> bool:
+        """No problem found (the rule may still be not validated here: see `status`)."""
         return not self.problems and self.instances > 0
+
+    @property
+    def status(self) -> str:
+        """"ok" (outputs compared in at least one dtype), "not validated here" (it fired as it should, but no
+        dtype's fused outputs could be compared on this machine: no kernel here), or "FAIL"."""
+        if not self.ok:
+            return "FAIL"
+        return "ok" if any(not d.held_back for d in self.dtypes) else NOT_VALIDATED
 
     def dtype(self, name: str) -> DtypeReport | None:
         return next((d for d in self.dtypes if d.dtype == name), None)
@@ -138,6 +149,33 @@ def _fires(rule: Rule, model: onnx.ModelProto, target: str | None = None) -> tup
     m = _typed(model)
     res = run(m, [rule], EngineOptions(target=target or _target(rule, m.opset), fold=False))
     return sum(1 for a in res.applications if a.rule == rule.id), m.export()
+
+
+# Failures that depend on the input shapes or constant values the generated model was built with: an
+# `example:` (input shapes, constant values, attributes) lets the self-test build a model the rule accepts.
+_EXAMPLE_FIXABLE = ("require failed", "compute failed", "has shape", "has rank", "constant of shape",
+                    "is not a constant", "not within tolerance", "is a graph input or constant")
+
+
+def why_not_fired(rule: Rule, model: onnx.ModelProto, target: str) -> str:
+    """Why the rule did not fire on a generated model, in the engine's and the matcher's words (what `explain`
+    says): the rule not used on the target (no kernel, opset), or the most advanced attempt's failure (a
+    constraint, a `require`, an unsupported dtype). Points to `example:` when the inputs built decide it."""
+    m = _typed(model)
+    issue = rule_issue(rule, target, m.opset)
+    if issue:
+        return f"the rule is not used on {target}: {issue}"
+    misses = near_misses(m, [rule], target, min_progress=0)
+    if not misses:
+        roots = ", ".join(sorted(f"{d}.{op}" if d else op for d, op in rule.root_ops()))
+        return f"no match was attempted (no {roots} node in the generated model)"
+    best = max(misses, key=lambda x: x.progress)
+    reason = f"at {best.at}: {best.reason}"
+    if any(k in best.reason for k in _EXAMPLE_FIXABLE):
+        reason += (" (hint: the generated inputs decide this; adjust the rule's `example:`)" if rule.example else
+                   " (hint: give the rule an `example:` with input shapes/values it accepts; see "
+                   "docs/writing-patterns.md)")
+    return reason
 
 
 def _ort_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -212,7 +250,8 @@ def _check_instance(rule: Rule, model: onnx.ModelProto, feeds: dict[str, np.ndar
         res.held_back = res.held_back or issue
     fired, optimized = _fires(rule, model, target)
     if fired != 1:
-        return f"{where}: fired {fired} times on target {target}, expected once"
+        why = f": {why_not_fired(rule, model, target)}" if fired == 0 else ""
+        return f"{where}: fired {fired} times on target {target}, expected once{why}"
     error = checker_error(optimized)  # the checker as validation runs it (runtime-only ONNX ops left to onnxruntime)
     if error:
         return f"{where}: optimized model fails onnx.checker: {error.splitlines()[0]}"
@@ -245,6 +284,10 @@ def check_rule(rule: Rule, dtypes: list[int] | None = None) -> RuleReport:
     """Self-test a rule in each of `dtypes` (default: every floating dtype it claims); the mutants run with the
     first claimed dtype."""
     rep = RuleReport(rule.id)
+    unusable = {t: rule_issue(rule, t, None) for t in rule.targets}
+    if all(unusable.values()):
+        rep.problems.append("the rule can never be used: " + "; ".join(f"{t}: {why}" for t, why in unusable.items()))
+        return rep
     claimed = claimed_dtypes(rule)
     for elem in dtypes or claimed:
         first_ok = _check_dtype(rule, elem, elem != claimed[0], rep)

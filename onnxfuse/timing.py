@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SIGNIFICANT", "Progress", "Ratio", "paired_ratio", "percentile", "profile_scale", "run_times",
+__all__ = ["NOISE_PREFIX", "SIGNIFICANT", "judge", "Progress", "Ratio", "paired_ratio", "percentile", "profile_scale", "run_times",
            "time_interleaved", "warm_up"]
 
 Progress = Callable[[str, float], None]  # (what, fraction done)
@@ -31,14 +31,26 @@ class Ratio:
 
     def verdict_beyond(self, floor: float) -> str:
         """faster/slower only if the whole CI clears 1 by SIGNIFICANT plus `floor` (an A/A difference)."""
-        if self.high < 1 - SIGNIFICANT - floor:
-            return "faster"
-        if self.low > 1 + SIGNIFICANT + floor:
-            return "slower"
-        return "no significant change"
+        return judge(self, SIGNIFICANT + floor)
 
     def __str__(self) -> str:
         return f"{self.median:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+NOISE_PREFIX = "within the noise floor"
+
+
+def judge(ratio: Ratio, margin: float) -> str:
+    """"faster" / "slower" when the whole CI clears 1 by `margin`; a CI that excludes 1 but not by the margin
+    is "within the noise floor (±X%)", not "no significant change", which would contradict the CI itself;
+    "no significant change" is for a CI that contains 1."""
+    if ratio.high < 1 - margin:
+        return "faster"
+    if ratio.low > 1 + margin:
+        return "slower"
+    if ratio.high < 1 or ratio.low > 1:
+        return f"{NOISE_PREFIX} (±{margin:.1%}): not counted as {'faster' if ratio.high < 1 else 'slower'}"
+    return "no significant change"
 
 
 def paired_ratio(variant: list[float], reference: list[float], seed: int = 0) -> Ratio:

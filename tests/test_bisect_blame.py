@@ -64,7 +64,7 @@ def test_a_kernel_rejection_names_the_rule_that_created_the_node(tmp_path):
     assert rb.node == "add/my-mha" and rb.root == "a"
     assert "the failure names node 'add/my-mha', created by this rewrite" in rb.reason
     assert "MultiHeadAttention node. Name:'add/my-mha'" in rb.reason  # onnxruntime's own message
-    assert r.fired == {"constant-fold": 1}  # folding is kept: it was never the culprit
+    assert r.cleanups == {"constant-fold": 1}  # folding is kept: it was never the culprit
     assert r.validation == "passed after rolling back 1 rewrite(s)"
     got = onnx.load(str(out))
     assert "com.microsoft.MultiHeadAttention" not in op_types(got) and "Constant" in op_types(got)
@@ -80,7 +80,7 @@ def test_bisection_finds_the_rule_when_no_node_is_named(tmp_path, monkeypatch):
     src = _mha_model(tmp_path)
     r, out = _optimize(tmp_path, src, BAD_MHA)
     assert [(rb.rule, rb.node) for rb in r.rolled_back] == [("my-mha", "")]
-    assert "constant-fold" in r.fired
+    assert "constant-fold" in r.cleanups
     feeds = _feeds()
     np.testing.assert_allclose(ort_run(onnx.load(str(out)), feeds)[0], ort_run(onnx.load(src), feeds)[0],
                                rtol=1e-6)
@@ -98,7 +98,7 @@ def test_wrong_numbers_blame_the_rule_not_the_folding_before_it(tmp_path):
     r, out = _optimize(tmp_path, src, WRONG_NUMBERS)
     assert [rb.rule for rb in r.rolled_back] == ["sigmoid-is-not-tanh"]
     assert "differs" in r.rolled_back[0].reason and r.rolled_back[0].node == ""
-    assert r.fired == {"constant-fold": 1}
+    assert r.cleanups == {"constant-fold": 1}
     got = onnx.load(str(out))
     assert "Sigmoid" in op_types(got) and "Tanh" not in op_types(got)
 
@@ -248,7 +248,7 @@ def test_grouped_kv_heads_blame_the_rule_not_the_folding(tmp_path, monkeypatch, 
     assert [rb.rule for rb in r.rolled_back] == ["unguarded-mha"]
     assert "Packed KV" in r.rolled_back[0].reason
     assert bool(r.rolled_back[0].node) is named
-    assert r.fired == {"constant-fold": 1}
+    assert r.cleanups == {"constant-fold": 1}
     got = onnx.load(str(out))
     assert "com.microsoft.MultiHeadAttention" not in op_types(got)
     np.testing.assert_allclose(ort_run(got, _gqa_feeds())[0], ort_run(onnx.load(src), _gqa_feeds())[0], rtol=1e-6)

@@ -1,5 +1,7 @@
 """Constant folding and If inlining: exact, bounded, and never applied to what is not known offline."""
 
+import json
+
 import numpy as np
 import onnx
 import onnx.helper as oh
@@ -31,7 +33,7 @@ def test_shape_arithmetic_on_static_dims_folds_and_symbolic_dims_stay(tmp_path):
     m = make_model(nodes, [("x", ["batch", 4, 6])], [("y", ["batch", 24])],
                    {"i0": np.array([0], np.int64), "i12": np.array([1, 2], np.int64)})
     r, got = _run(tmp_path, m)
-    assert r.fired == {"constant-fold": 2}  # g12 and prod; g0 reads a symbolic dim
+    assert r.cleanups == {"constant-fold": 2}  # g12 and prod; g0 reads a symbolic dim
     assert sorted(op_types(got)) == ["Concat", "Constant", "Gather", "Reshape", "Shape"]
     const = next(n for n in got.graph.node if n.op_type == "Constant")
     assert onnx.numpy_helper.to_array(const.attribute[0].t).tolist() == [24]
@@ -68,7 +70,7 @@ def _if_model(cond_value: bool, nested: bool = False):
 
 def test_if_with_constant_condition_takes_the_then_branch(tmp_path):
     r, got = _run(tmp_path, _if_model(True))
-    assert r.fired == {"constant-fold": 1, "if-inline": 1}
+    assert r.cleanups == {"constant-fold": 1, "if-inline": 1}
     assert op_types(got) == ["Add"] and got.graph.node[0].output[0] == "y"
     x = np.ones((2, 3), np.float32)
     np.testing.assert_array_equal(ort_run(got, {"x": x})[0], x + 1)
@@ -76,13 +78,13 @@ def test_if_with_constant_condition_takes_the_then_branch(tmp_path):
 
 def test_if_with_constant_condition_takes_the_else_branch(tmp_path):
     r, got = _run(tmp_path, _if_model(False))
-    assert r.fired == {"constant-fold": 1, "if-inline": 1}
+    assert r.cleanups == {"constant-fold": 1, "if-inline": 1}
     assert op_types(got) == ["Identity"] and list(got.graph.node[0].input) == ["x"]
 
 
 def test_nested_if_with_a_runtime_condition_moves_up_intact(tmp_path):
     r, got = _run(tmp_path, _if_model(True, nested=True))
-    assert r.fired["if-inline"] == 1
+    assert r.cleanups["if-inline"] == 1
     assert op_types(got) == ["Add", "If"]  # the inner If reads the (moved) Add output and a real input
     x = np.full((2, 3), 2.0, np.float32)
     for flag in (True, False):
@@ -133,7 +135,7 @@ def test_duplicate_nodes_merge_but_random_ones_do_not(tmp_path):
     ]
     m = make_model(nodes, [("x", [2, 3])], [("y", [2, 3])])
     r, got = _run(tmp_path, m, OptimizeOptions(builtin=False, measure=False, validate=False))
-    assert r.fired == {"merge-duplicates": 1}
+    assert r.cleanups == {"merge-duplicates": 1}
     assert op_types(got).count("Sigmoid") == 1 and op_types(got).count("RandomUniformLike") == 2
     add = next(n for n in got.graph.node if n.op_type == "Add")
     assert list(add.input) == ["a", "a"]
@@ -156,7 +158,7 @@ def _shape_if_model():
 def test_static_fixes_input_dims_and_lets_shape_tests_fold(tmp_path, cli):
     src = save(_shape_if_model(), tmp_path / "in.onnx")
     r, got = _run(tmp_path, _shape_if_model())
-    assert "if-inline" not in r.fired and "If" in op_types(got)  # dynamic: the If must stay
+    assert "if-inline" not in r.cleanups and "If" in op_types(got)  # dynamic: the If must stay
     out = tmp_path / "static.onnx"
     code, stdout, stderr = cli("optimize", src, out, "--no-builtin", "--no-measure", "--static", "--shape", "x:2x8")
     assert code == 0, stderr
@@ -182,7 +184,7 @@ def test_identity_readers_read_its_input_but_a_graph_output_identity_stays(tmp_p
              oh.make_node("Identity", ["r"], ["y"], name="id_out")]
     m = make_model(nodes, [("x", [2, 3])], [("y", [2, 3])])
     r, got = _run(tmp_path, m)
-    assert r.fired == {"identity-drop": 1}
+    assert r.cleanups == {"identity-drop": 1}
     assert [(n.op_type, list(n.input)) for n in got.graph.node] == [("Relu", ["x"]), ("Identity", ["r"])]
 
 
@@ -197,8 +199,43 @@ def test_outer_constants_fold_inside_a_branch(tmp_path):
              oh.make_node("If", ["c"], ["y"], name="if", then_branch=then_g, else_branch=else_g)]
     m = make_model(nodes, [("x", [2, 3]), ("c", [], onnx.TensorProto.BOOL)], [("y", [2, 3])])
     r, got = _run(tmp_path, m)
-    assert r.fired == {"constant-fold": 1}
+    assert r.cleanups == {"constant-fold": 1}
     branch = next(a.g for a in got.graph.node[-1].attribute if a.name == "then_branch")
     assert [n.op_type for n in branch.node] == ["Constant", "Mul"]
     x = np.ones((2, 3), np.float32)
     np.testing.assert_array_equal(ort_run(got, {"x": x, "c": np.array(True)})[0], x * 3)
+
+
+def test_cleanup_steps_are_reported_apart_from_rules(cli, tmp_path):
+    """Folding and merging are not rules: `fired` counts rules only, `cleanups` the exact steps; --skip and
+    patterns show refuse a step's name with the flag that does turn it off."""
+    nodes = [
+        oh.make_node("Relu", ["x"], ["r1"], name="relu1"),
+        oh.make_node("Relu", ["x"], ["r2"], name="relu2"),  # merged
+        oh.make_node("Add", ["r1", "r2"], ["b"], name="add_r"),
+        oh.make_node("Add", ["c1", "c2"], ["c"], name="fold_me"),  # folded
+        oh.make_node("Sigmoid", ["x"], ["a"], name="sig"),
+        oh.make_node("Mul", ["x", "a"], ["xa"], name="silu"),  # the built-in silu rule
+        oh.make_node("Add", ["xa", "b"], ["s"], name="add"),
+        oh.make_node("Add", ["s", "c"], ["y"], name="out"),
+    ]
+    m = make_model(nodes, [("x", [2, 3])], [("y", [2, 3])],
+                   {"c1": np.ones(3, "float32"), "c2": np.ones(3, "float32")})
+    path = save(m, tmp_path / "m.onnx")
+    code, stdout, stderr = cli("optimize", path, tmp_path / "o.onnx", "--json")
+    assert code == 0, stderr
+    data = json.loads(stdout)
+    assert data["cleanups"] == {"merge-duplicates": 1, "constant-fold": 1}
+    assert data["fired"] == {"silu": 1}
+    code, stdout, _ = cli("optimize", path, tmp_path / "o.onnx")
+    assert "cleanups (exact steps, not rules; --no-fold turns them off): constant-fold x1, merge-duplicates x1" \
+        in stdout
+    rules_table = stdout.split("rules fired")[1].split("cleanups")[0]
+    assert "silu" in rules_table and "merge-duplicates" not in rules_table and "constant-fold" not in rules_table
+    code, _, stderr = cli("optimize", path, tmp_path / "o.onnx", "--skip", "constant-fold")
+    assert code == 1 and "--skip constant-fold: 'constant-fold' is an exact cleanup step, not a rule" in stderr
+    assert "hint: --no-fold turns off every cleanup step" in stderr
+    code, _, stderr = cli("patterns", "show", "merge-duplicates")
+    assert code == 1 and "is an exact cleanup step, not a rule" in stderr
+    code, stdout, _ = cli("optimize", path, tmp_path / "o.onnx", "--json", "--no-fold")
+    assert json.loads(stdout)["cleanups"] == {} and json.loads(stdout)["fired"] == {"silu": 1}

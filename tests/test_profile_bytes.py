@@ -143,14 +143,12 @@ def _profile(path, **kw):
 
 
 def _assert_believable(r, where):
-    limit = CACHE_FACTOR * r.peaks.gbytes
+    """No op's rate is unexplained: over CACHE_FACTOR x the copy peak with more bytes per call than the
+    last-level cache holds means the bytes model over-counts (it fails for a Gather that counts its whole table).
+    (The cell's number never exceeds the limit: residency() shows "in cache" above it, which
+    test_residency_rule and test_reports_print_no_rate_above_the_peak check; asserting it here could not fail.)"""
     for s in r.by_type:
         assert s.residency != "unexplained", (where, s.op, s.gbytes, r.peaks)
-        text = s.gbytes_text
-        # the cell shows the rate rounded to 2 decimals: a rate just under the limit can read 0.005 above it
-        assert text == "in cache" or float(text) <= limit + 0.005, (where, s.op, text, limit)
-        if s.residency == "cache":
-            assert s.gbytes > limit
 
 
 def test_bert_word_embedding_gather_counts_rows():

@@ -190,7 +190,9 @@ def test_the_confirmation_reports_each_profile(tmp_path, monkeypatch, cli):
     code, stdout, stderr = cli("optimize", CNN, tmp_path / "o3.onnx", "--profile", profiles[0], "--profile",
                                profiles[1], measure=True)
     assert code == 0, stderr
-    assert "per profile, candidate / original: small (weight 1) 0.850" in " ".join(stdout.split())
+    text = " ".join(stdout.split())
+    assert "each profile alone (its own shapes), candidate / original: small (weight 1) 0.850" in text
+    assert "candidate / original latency at 1 thread(s), weighted total over the shape profiles" in text
 
 
 def test_decisions_are_cached_and_a_second_run_writes_the_same_bytes(tmp_path, monkeypatch):
@@ -269,8 +271,18 @@ def test_verdict_uses_the_two_original_sessions_as_noise_floor():
     f = [0.99] * 20
     ratio, floor = rs._verdict({"a": a, "b": b, "f": f}, "a", "b", "f")
     assert abs(floor - 0.03) < 1e-9 and ratio.median < 1
-    assert ratio.verdict_beyond(floor) == "no significant change"
+    # the CI is below 1 but not beyond the noise floor: said so, not "no significant change"
+    assert ratio.verdict_beyond(floor) == "within the noise floor (±3.5%): not counted as faster"
     assert Ratio(0.9, 0.88, 0.92).verdict_beyond(floor) == "faster"
+
+
+def test_verdict_wording_agrees_with_the_ci():
+    """The issue's `0.949 [0.901, 0.985] -> no significant change`: a CI entirely below 1 that does not clear
+    the noise floor is reported as within it; "no significant change" only for a CI that contains 1."""
+    assert Ratio(0.949, 0.901, 0.985).verdict_beyond(0.1) == "within the noise floor (±10.5%): not counted as faster"
+    assert Ratio(1.05, 1.01, 1.09).verdict_beyond(0.1) == "within the noise floor (±10.5%): not counted as slower"
+    assert Ratio(0.99, 0.95, 1.02).verdict_beyond(0.0) == "no significant change"
+    assert Ratio(0.949, 0.901, 0.985).verdict_beyond(0.0) == "faster"
 
 
 def test_rules_shadowed_by_a_dropped_region_are_timed_in_a_second_pass(tmp_path, monkeypatch):

@@ -71,7 +71,7 @@ def _optimize(tmp_path, model, shape: str):
 @pytest.mark.parametrize("hot_n", [1, 5])
 def test_tail_moves_into_the_if_and_the_hot_branch_loses_its_shape_tests(tmp_path, hot_n):
     src, r, got = _optimize(tmp_path, _squeeze_if_model(), f"x:2x4x{hot_n}")
-    assert r.fired.get("if-version") == 1
+    assert r.cleanups.get("if-version") == 1
     top = [n for n in got.graph.node if n.op_type == "If"]
     assert len(top) == 1 and list(top[0].output) == ["out"]
     branches = {a.name: a.g for a in top[0].attribute}
@@ -88,7 +88,7 @@ def test_tail_moves_into_the_if_and_the_hot_branch_loses_its_shape_tests(tmp_pat
 
 def test_data_dependent_conditions_are_not_versioned(tmp_path):
     _, r, got = _optimize(tmp_path, _squeeze_if_model(data_test=True), "x:2x4x1")
-    assert "if-version" not in r.fired
+    assert "if-version" not in r.cleanups
     assert [n.name for n in got.graph.node if n.op_type == "If"] == ["squeeze_if", "rank_if"]
 
 
@@ -96,7 +96,7 @@ def test_no_versioning_without_fold(tmp_path):
     src = save(_squeeze_if_model(), tmp_path / "in.onnx")
     r = optimize(src, str(tmp_path / "out.onnx"),
                  OptimizeOptions(builtin=False, measure=False, fold=False, shapes=["x:2x4x1"]))
-    assert "if-version" not in r.fired
+    assert "if-version" not in r.cleanups
 
 
 def test_a_rolled_back_versioning_stays_off(tmp_path):
@@ -128,7 +128,7 @@ def test_a_squeeze_guard_whose_other_branch_can_only_fail_is_dropped(tmp_path):
     """With the If's else branch, strict shape inference proves the Gemm cannot run: every input the original
     runs takes the then branch, so the guard goes and no If is left. Where the original fails, so does ours."""
     src, r, got = _optimize(tmp_path, _squeeze_gemm_model(), "x:2x4x1")
-    assert r.fired.get("if-version") == 1 and r.fired.get("if-squeeze-unguard") == 1
+    assert r.cleanups.get("if-version") == 1 and r.cleanups.get("if-squeeze-unguard") == 1
     assert _ifs(got.graph) == 0
     x = np.random.default_rng(0).standard_normal((3, 4, 1)).astype(np.float32)
     np.testing.assert_array_equal(ort_run(got, {"x": x})[0], ort_run(onnx.load(src), {"x": x})[0])
@@ -140,7 +140,7 @@ def test_a_squeeze_guard_whose_other_branch_can_only_fail_is_dropped(tmp_path):
 
 def test_a_guard_whose_other_branch_can_run_stays(tmp_path):
     _, r, got = _optimize(tmp_path, _squeeze_if_model(), "x:2x4x1")
-    assert "if-squeeze-unguard" not in r.fired and _ifs(got.graph) == 2  # the versioned If; cold branch's own
+    assert "if-squeeze-unguard" not in r.cleanups and _ifs(got.graph) == 2  # the versioned If; cold branch's own
 
 
 def _random_tail_model(seed: int) -> onnx.ModelProto:
@@ -188,7 +188,7 @@ def test_versioning_random_tails_stay_exact_and_idempotent(tmp_path, seed):
     except Exception:
         pytest.skip("the generated model is not valid ONNX")
     src, r, got = _optimize(tmp_path, model, "x:2x4x1")
-    assert r.fired.get("if-version") == 1, r.fired
+    assert r.cleanups.get("if-version") == 1, r.cleanups
     assert _ifs(got.graph) < _ifs(model.graph) + 2  # hot path lost its rank test
     for n in (1, 3):
         x = np.random.default_rng(n).standard_normal((2, 4, n)).astype(np.float32)
@@ -198,4 +198,4 @@ def test_versioning_random_tails_stay_exact_and_idempotent(tmp_path, seed):
     again = tmp_path / "again.onnx"
     r2 = optimize(str(tmp_path / "out.onnx"), str(again), OptimizeOptions(builtin=False, measure=False,
                                                                           shapes=["x:2x4x1"]))
-    assert "if-version" not in r2.fired
+    assert "if-version" not in r2.cleanups

@@ -28,6 +28,11 @@ NEVER_FOLD = frozenset({
 NEVER_MERGE = NEVER_FOLD - {"Constant"}  # equal Constants are merged; nothing random ever is
 MAX_RETYPES = 3  # shape inference passes after folding made more values constant
 
+# The exact steps that are not YAML rules (folding, If inlining and versioning, merging): reported as cleanups,
+# apart from the rules that fired (Result.cleanups, "cleanups" in --json); --no-fold turns them all off.
+CLEANUP_STEPS = ("constant-fold", "if-inline", "merge-duplicates", "identity-drop", "if-version",
+                 "if-squeeze-unguard")
+
 
 def fold(model: Model, deny: set[tuple[str, str]] | None = None) -> list[Application]:
     """Fold to a fixed point in every graph; returns one Application per folded node or inlined If."""
