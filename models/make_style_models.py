@@ -332,8 +332,9 @@ def feeds_for(m: onnx.ModelProto | str, batch: int = 1, seq: int = 8, seed: int 
                  for k, d in enumerate(i.shape)]
         if i.name == "frames":
             shape[0] = 3
-        if i.type == "tensor(int64)":
-            feeds[i.name] = (np.ones(shape, np.int64) if "mask" in i.name else rng.integers(0, 32, shape)).astype(np.int64)
+        if i.type in ("tensor(int64)", "tensor(int32)"):
+            dt = np.int64 if i.type == "tensor(int64)" else np.int32
+            feeds[i.name] = (np.ones(shape, dt) if "mask" in i.name else rng.integers(0, 32, shape)).astype(dt)
         elif i.type == "tensor(float16)":
             feeds[i.name] = rng.standard_normal(shape).astype(np.float16)
         else:
@@ -496,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     # external data: the weights in `<model>.weights` beside the model
     name = "bert_ir7_op13_external_data"
     path = os.path.join(args.out, name + ".onnx")
+    if os.path.exists(path[:-5] + ".weights"):  # onnx appends to an existing data file
+        os.remove(path[:-5] + ".weights")
     onnx.save_model(bert(13, 7), path, save_as_external_data=True, all_tensors_to_one_file=True,
                     location=name + ".weights", size_threshold=1024)
     size = os.path.getsize(path) + os.path.getsize(path[:-5] + ".weights")
