@@ -40,6 +40,7 @@ class G:
         self.inits: list[onnx.TensorProto] = []
         self.rng = np.random.default_rng(seed)
         self.n = 0
+        self.const_nodes = False
 
     def _name(self, op: str) -> str:
         self.n += 1
@@ -61,6 +62,8 @@ class G:
         return self.init(name, (self.rng.standard_normal(shape) * scale).astype(np.float32))
 
     def c(self, name: str, value, dtype=np.float32) -> str:
+        if self.const_nodes:  # torch.onnx.export style: small constants as Constant nodes, weights as initializers
+            return self.op("Constant", [], value=numpy_helper.from_array(np.asarray(value, dtype=dtype)))
         return self.init(name, np.asarray(value, dtype=dtype))
 
     def unsqueeze(self, x: str, axes: list[int]) -> str:
@@ -90,7 +93,8 @@ class G:
         return self.op("Relu", [y])
 
     def layernorm(self, x: str, h: int, tag: str, fused: bool) -> str:
-        gamma, beta = self.c(f"{tag}.gamma", 1 + 0.1 * self.rng.standard_normal(h)), self.w(f"{tag}.beta", h, scale=0.1)
+        gamma = self.init(f"{tag}.gamma", (1 + 0.1 * self.rng.standard_normal(h)).astype(np.float32))
+        beta = self.w(f"{tag}.beta", h, scale=0.1)
         if fused:
             return self.op("LayerNormalization", [x, gamma, beta], axis=-1, epsilon=1e-12)
         mean = self.reduce_mean(x, [-1])
@@ -142,9 +146,11 @@ def cnn(opset: int, ir: int, *, init_as_inputs=False, batch="batch", domain: str
 # QK^T / sqrt(d) + mask, Softmax, context, output projection + residual + LayerNorm, erf-GELU FFN + residual + LN
 # --------------------------------------------------------------------------- #
 def bert(opset: int, ir: int, *, hidden=32, heads=2, ffn=64, layers=1, vocab=32, init_as_inputs=False,
-         fused_ln: bool | None = None, gelu_fn: bool = False, dims=("batch", "seq"), seed=1) -> onnx.ModelProto:
+         fused_ln: bool | None = None, gelu_fn: bool = False, dims=("batch", "seq"), seed=1,
+         const_nodes: bool = False) -> onnx.ModelProto:
     fused_ln = opset >= 17 if fused_ln is None else fused_ln
     g = G(opset, seed=seed)
+    g.const_nodes = const_nodes
     hd = hidden // heads
     x = g.op("Gather", [g.w("embeddings.word", vocab, hidden, scale=0.5), "input_ids"], axis=0)
     x = g.layernorm(x, hidden, "embeddings.ln", fused_ln)
@@ -436,6 +442,10 @@ def build(tmp: str) -> dict[str, onnx.ModelProto]:
     out["cnn_ir6_op11_init_as_inputs"] = cnn(11, 6, init_as_inputs=True)
     out["bert_ir3_op11_init_as_inputs"] = bert(11, 3, init_as_inputs=True)
     out["bert_ir6_op11_init_as_inputs"] = bert(11, 6, init_as_inputs=True)
+    # torch.onnx.export(keep_initializers_as_inputs=True): weights are initializers listed as inputs, scalars and
+    # shapes are Constant nodes (so fusions that need only constant scalars still fire)
+    out["bert_ir6_op11_init_as_inputs_const_nodes"] = bert(11, 6, init_as_inputs=True, const_nodes=True)
+    out["bert_ir8_op17_init_as_inputs_const_nodes"] = bert(17, 8, init_as_inputs=True, const_nodes=True)
     out["bert_ir8_op17_local_function_gelu"] = bert(17, 8, gelu_fn=True)
     out["cnn_ir8_op15_local_function_convrelu"] = functions_cnn()
     out["cnn_ir7_op13_if_outer_scope"] = if_cnn()
