@@ -76,6 +76,8 @@ def run_api(path: str, out: str, options: onnxfuse.OptimizeOptions) -> tuple[str
     else:
         ratio = "-"
     note = "" if m is None else _one_line(m.note or m.confirmed or ("dropped everything" if m.dropped_everything else ""), 60)
+    if note.startswith("the selection of an earlier run"):
+        note = "decision cache"
     return "ok", (f"{r.nodes_before} -> {r.nodes_after} | {fused_ops(r)} | {_one_line(r.validation, 160)} | {ratio} | "
                   f"{note} | {wall:.1f}")
 
