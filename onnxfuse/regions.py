@@ -212,6 +212,16 @@ def _fill(region: Region, group: list[Application], og: Graph, fg: Graph, orig_b
         t = og.type_of(v)
         if t is not None:
             region.types[v] = t
+    odd = next((v for v, t in region.types.items() if t.elem_type in NO_NUMPY), None)
+    if odd is not None:
+        region.untimeable = (f"reads or writes {onnx.TensorProto.DataType.Name(region.types[odd].elem_type).lower()} "
+                             f"value {odd!r}, which onnxruntime's Python API cannot hand over as an array")
+
+
+# element types onnxruntime's Python API returns no numpy array for (a region reading or writing one is not timed)
+NO_NUMPY = frozenset({onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ,
+                      onnx.TensorProto.FLOAT8E5M2, onnx.TensorProto.FLOAT8E5M2FNUZ, onnx.TensorProto.UINT4,
+                      onnx.TensorProto.INT4})
 
 
 def const_bytes(g: Graph, names: list[str]) -> int:

@@ -1,0 +1,46 @@
+"""Every model style of the corpus (models/make_style_models.py: IR 3-10, opsets 7-23, initializers as inputs,
+external data, local functions, If/Loop/Scan, QDQ/QOperator/dynamic int8, float16/bfloat16 inside, models
+onnxruntime or its transformers optimizer wrote, 'ai.onnx' spelled out, unnamed dims, a silero-v5-like puzzle,
+tf2onnx conversions) through the default pipeline, measured selection included: no internal error, no
+refusal, validation passed, the output written and equal to the original on the validation inputs."""
+
+import glob
+import os
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from conftest import MODELS
+
+from onnxfuse import OptimizeOptions, optimize
+
+STYLES = sorted(glob.glob(os.path.join(MODELS, "styles", "*.onnx")) + glob.glob(os.path.join(MODELS, "styles_tf",
+                                                                                             "*.onnx")))
+
+
+def _run(path: str, feeds: dict) -> list[np.ndarray]:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def test_the_corpus_is_there():
+    assert len(STYLES) >= 45
+
+
+@pytest.mark.parametrize("path", STYLES, ids=[os.path.basename(p)[:-5] for p in STYLES])
+def test_style_through_the_default_pipeline(path, tmp_path):
+    out = tmp_path / "out.onnx"
+    r = optimize(path, out, OptimizeOptions(measure_budget_s=1.0))  # any other exception is an internal error
+    assert r.validation.startswith(("passed", "not needed")), r.validation
+    assert out.exists()
+    if r.inputs is None:  # nothing was rewritten or repaired: nothing ran
+        return
+    tol = r.checks[0].tolerance if r.checks else None
+    for a, b in zip(_run(path, r.inputs.feeds), _run(str(out), r.inputs.feeds), strict=True):
+        if a.dtype.kind == "f" and tol is not None:
+            assert np.all(np.abs(a - b) <= tol.atol + tol.rtol * np.abs(a)), os.path.basename(path)
+        elif a.dtype.kind == "f":
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+        else:
+            np.testing.assert_array_equal(a, b)
