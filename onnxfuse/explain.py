@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from .alignment import Misaligned, alignment_report, vector_width
 from .errors import OnnxfuseError
 from .options import check_choice, check_strings
-from .rewrite.engine import EngineOptions, NearMiss, RuleSkip, near_misses
+from .rewrite.engine import NearMiss, RuleSkip, near_misses
 from .rewrite.fold import CLEANUP_STEPS
 from .rewrite.rebuild import rebuild
 from .ruleset import load_rules
@@ -46,13 +46,16 @@ def explain(model: str | os.PathLike, patterns: list[str] | None = None, target:
     rules = load_rules(check_strings("patterns", patterns), builtin, only=None)
     if rule is not None and rule not in {r.id for r in rules}:
         raise OnnxfuseError("no rule with that id", hint="see `onnxfuse patterns list`", option="rule", value=rule)
-    state = rebuild(os.fspath(model), rules, EngineOptions(target=target), set())
+    from .pipeline import run_facts  # the original run as optimize runs it: hot branches, observed shapes
+
+    base = run_facts(os.fspath(model), target)
+    state = rebuild(os.fspath(model), rules, base, set())
     asked = [r for r in rules if rule is None or r.id == rule]
     least = 1 if rule else 2
     misses = near_misses(state.model, asked, target, min_progress=least)
     # A second look before the fusion rules ran (folding and early canonicalisations only): a smaller rule
     # that fired first (a score MatMul made a FusedMatMul) hides how far a bigger one got, and why it stopped.
-    before = rebuild(os.fspath(model), [r for r in rules if r.early], EngineOptions(target=target), set())
+    before = rebuild(os.fspath(model), [r for r in rules if r.early], base, set())
     fused = {a.root for a in state.eng.applications}  # candidates some rule took in the end: not misses
     misses = _deepest(misses, [replace(m, graph="before fusions") for m in near_misses(
         before.model, asked, target, min_progress=least) if m.value not in fused])

@@ -15,7 +15,7 @@ import onnx
 
 from .compare import OutputCheck
 from .decision_cache import DecisionCache
-from .errors import ModelError, OnnxfuseError
+from .errors import InputSpecError, ModelError, OnnxfuseError
 from .inputs import InputPlan, discover_profiles, parse_profiles, parse_shape_specs
 from .ir import Model
 from .loader import LoadInfo, approx_bytes, load_model, save_model
@@ -176,10 +176,33 @@ def _rewrite(loaded: _Loaded, rules: list[Rule], opts: OptimizeOptions) -> tuple
         rules = [r for r in rules if r.id not in {h.rule for h in held_back}]
     model, info = loaded.model, loaded.info
     hot = loaded.validator.branch_values(model.proto, info) if loaded.validator is not None and opts.fold else {}
-    base = EngineOptions(target=opts.target, fold=opts.fold, hot=hot)
+    observed = loaded.validator.observed_types(model.proto, info, _unshaped(model)) if loaded.validator else {}
+    base = EngineOptions(target=opts.target, fold=opts.fold, hot=hot, observed=observed)
     eng = run(model, rules, replace(base))
     eng.skipped.extend(held_back)
     return rules, base, Rewritten(model, info, eng)
+
+
+def run_facts(path: str, target: str = "cpu") -> EngineOptions:
+    """What the engine learns from running the original as optimize does (which branch each If takes, the
+    shapes of values shape inference cannot give), for `explain` to see what optimize sees; only the target
+    when the model cannot be run on the inputs found."""
+    opts = OptimizeOptions(target=target, measure=False).check()
+    try:
+        loaded = _load(path, opts)
+        assert loaded.validator is not None
+        hot = loaded.validator.branch_values(loaded.model.proto, loaded.info)
+        observed = loaded.validator.observed_types(loaded.model.proto, loaded.info, _unshaped(loaded.model))
+    except (OnnxfuseError, InputSpecError):
+        return EngineOptions(target=target)
+    return EngineOptions(target=target, hot=hot, observed=observed)
+
+
+def _unshaped(model: Model) -> list[str]:
+    """Main-graph node outputs shape inference gave no shape (what Validator.observed_types looks at)."""
+    g = model.graph
+    return [o for n in g.nodes for o in n.outputs
+            if o and (g.types.get(o) is None or g.types[o].shape is None)]
 
 
 def _validate(path: str, rules: list[Rule], base: EngineOptions, deny: set[tuple[str, str]], state: Rewritten,

@@ -8,18 +8,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 
 from .compare import OutputCheck, Tolerance, compare_outputs, default_tolerance
 from .errors import InputSpecError, OnnxfuseError
-from .inputs import InputPlan, Profile, at_batch, check_names, discover_profiles, parse_profiles
-from .inputs.shapes import ShapeSpec, parse_shape_specs
+from .inputs import InputPlan, Profile, at_batch, at_dims, check_names, discover_profiles, parse_profiles
+from .inputs.shapes import ShapeSpec, model_inputs, parse_shape_specs
 from .loader import LoadInfo, checker_error, infer_types
 from .options import OptimizeOptions
 from .precision import JITTER, NOISE_FACTOR, graph_precision, jittered
 from .runtime import Candidate, failing_node, make_session, release_memory, run
+from .tensors import TensorType
 
 __all__ = ["CHECKS", "Outcome", "ProfileRun", "Validator"]
+
+OBSERVE_CHUNK = 256  # values fetched per run of the original when observing shapes (bounds their memory)
+OBSERVE_MAX = 2048  # values observed in all
 
 
 @dataclass
@@ -161,6 +166,67 @@ class Validator:
             finally:
                 cand.close()
         return noise
+
+    def observed_types(self, proto: onnx.ModelProto, info: LoadInfo, names: list[str]) -> dict[str, TensorType]:
+        """Types of main-graph values shape inference left without a shape (a Reshape target computed from Shape
+        at opset 12, say), as the original computes them on the validation and timing inputs: the element type
+        and rank; each dim that is the same in every run is that number, and one that takes the values a dynamic
+        input dim takes is that dim (its name; another varying dim gets a name of its values). One run moves every
+        dynamic input dim but the batch by one, so a rule sees what the model fixes, never a size of this run;
+        where the model refuses that run, a dim equal to a dynamic input dim's value is taken to be that dim.
+        At most OBSERVE_MAX values, OBSERVE_CHUNK per run; {} when the original cannot be run so."""
+        names = names[:OBSERVE_MAX]
+        if not names:
+            return {}
+        plan = self.runs[0].plan
+        feeds_sets = [plan.feeds] + [f for _, f in self.timing_profiles()[:1]]
+        # one more run with every dynamic dim but the batch moved by one: what follows the inputs shows
+        moved = at_dims(self.proto, plan, lambda d: d.value if d.role == "batch" else d.value + (-1 if d.value > 2
+                                                                                                 else 1))
+        probe = onnx.ModelProto()
+        probe.CopyFrom(proto)
+        have = {o.name for o in probe.graph.output}
+        for v in names:
+            if v not in have:
+                probe.graph.output.add().name = v
+        seen: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
+        cand = Candidate(probe, info)
+        try:
+            sess = make_session(cand.source, "disable", self.provider)
+            if moved is not None:
+                try:
+                    sess.run(names[:1], moved)
+                    feeds_sets.append(moved)
+                except Exception:  # noqa: BLE001 - the model needs its dims tied (a multiple, past + new)
+                    pass
+            for k in range(0, len(names), OBSERVE_CHUNK):
+                chunk = names[k:k + OBSERVE_CHUNK]
+                for feeds in feeds_sets:
+                    for v, a in zip(chunk, sess.run(chunk, feeds), strict=True):
+                        a = np.asarray(a)
+                        seen.setdefault(v, []).append((onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape))
+            del sess
+        except Exception:  # noqa: BLE001 - a value onnxruntime cannot return (bfloat16, a sequence): no shapes
+            return {}
+        finally:
+            cand.close()
+            release_memory()
+        # a dynamic input dim's values over the runs name every dim that takes the same values
+        names_by_values: dict[tuple[int, ...], str] = {}
+        for i in model_inputs(self.proto):
+            for axis, d in enumerate(i.shape or []):
+                if not isinstance(d, int) and all(i.name in f and f[i.name].ndim > axis for f in feeds_sets):
+                    key = tuple(int(f[i.name].shape[axis]) for f in feeds_sets)
+                    names_by_values.setdefault(key, d if isinstance(d, str) and d else f"{i.name}[{axis}]")
+        out: dict[str, TensorType] = {}
+        for v, runs in seen.items():
+            elems, shapes = {e for e, _ in runs}, [s for _, s in runs]
+            if len(elems) != 1 or len({len(s) for s in shapes}) != 1:
+                continue
+            dims = tuple(names_by_values.get(d, d[0] if len(set(d)) == 1 else f"?{'/'.join(map(str, d))}")
+                         for d in zip(*shapes, strict=True))
+            out[v] = TensorType(elems.pop(), dims)
+        return out
 
     def at_all(self, r: ProfileRun) -> dict:
         """The original's outputs at ORT_ENABLE_ALL on a profile's inputs."""

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 
 from ..errors import InputSpecError
-from .discover import InputPlan, discover, plan_dims, shapes_at
+from .discover import DimChoice, InputPlan, discover, plan_dims, shapes_at
 from .shapes import BATCH_DEFAULT, ShapeSpec, check_spec_names, model_inputs, parse_shape_specs
 from .synth import synthesize
 
@@ -122,9 +122,17 @@ def discover_profiles(model: onnx.ModelProto, probe: Callable[[dict], object] | 
 def at_batch(model: onnx.ModelProto, plan: InputPlan, batch: int, seed: int = 0) -> dict[str, np.ndarray] | None:
     """The plan's inputs with every batch dim set to `batch` (timing runs batch 1); None when the plan has no
     batch dim or did not choose every dim itself."""
-    if plan.source == "--inputs" or not any(d.role == "batch" for d in plan.dims):
+    if not any(d.role == "batch" for d in plan.dims):
         return None
-    values = {d.key: batch if d.role == "batch" else d.value for d in plan.dims}
+    return at_dims(model, plan, lambda d: batch if d.role == "batch" else d.value, seed)
+
+
+def at_dims(model: onnx.ModelProto, plan: InputPlan, value: Callable[[DimChoice], int],
+            seed: int = 0) -> dict[str, np.ndarray] | None:
+    """The plan's inputs with each dim at value(dim); None when the plan did not choose every dim itself."""
+    if plan.source == "--inputs":
+        return None
+    values = {d.key: value(d) for d in plan.dims}
     inputs = model_inputs(model)
     try:
         shapes = shapes_at(inputs, ShapeSpec(), values)

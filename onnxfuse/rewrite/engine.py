@@ -11,6 +11,7 @@ from ..match.matcher import Binding, Failure, Matcher
 from ..patterns.compute import ComputeError
 from ..patterns.rules import RewriteNode, Rule
 from ..targets import kernel_issue, kernels
+from ..tensors import TensorType
 from .apply import Application, apply_match, compute_constants
 from .fold import fold
 from .if_versioning import specialize_hot_branches
@@ -43,6 +44,8 @@ class EngineOptions:
     fold: bool = True  # constant folding and If inlining before (and after) the rules
     max_rewrites: int | None = None  # stop after this many rule rewrites, folding still runs (bisection)
     hot: dict[str, bool] = field(default_factory=dict)  # If condition name -> its value on representative inputs
+    observed: dict[str, TensorType] = field(default_factory=dict)  # types runs of the original showed, for values
+    # shape inference left without a shape (Validator.observed_types); given to the graph before matching
 
 
 @dataclass
@@ -168,6 +171,10 @@ def run(model: Model, rules: list[Rule], options: EngineOptions) -> EngineResult
             skipped.append(RuleSkip(rule.id, issue))
         else:
             active.append(rule.for_target(options.target))
+    for name, t in options.observed.items():
+        known = model.graph.types.get(name)
+        if known is None or known.shape is None:
+            model.graph.types[name] = t
     apps: list[Application] = fold(model, options.deny) if options.fold else []
     if options.fold and options.hot:
         apps.extend(specialize_hot_branches(model, options.hot, options.deny))
