@@ -48,14 +48,15 @@ def load_rules(patterns: list[str] | None = None, builtin: bool = True, only: li
             raise OnnxfuseError(f"{r.span}: error: rule id {r.id!r} is already defined at {first.span}"
                                 + (" (a built-in rule)" if first.builtin else ""), hint=_collision_hint(r.id, first))
         seen[r.id] = r
-    for flag, names in (("--only", only), ("--skip", skip)):
+    for option, names in (("only", only), ("skip", skip)):
         for n in names or []:
             if n in CLEANUP_STEPS:
-                raise OnnxfuseError(f"{flag} {n}: {n!r} is an exact cleanup step, not a rule",
-                                    hint="--no-fold turns off every cleanup step (constant folding, If inlining, "
-                                    "merging); see docs/commands.md")
+                raise OnnxfuseError(f"{n!r} is an exact cleanup step, not a rule", option=option, value=n,
+                                    hint="turning folding off (--no-fold, fold=False) turns off every cleanup step "
+                                    "(constant folding, If inlining, merging); see docs/commands.md")
             if n not in ids:
-                raise OnnxfuseError(f"{flag} {n}: no rule with that id", hint="see `onnxfuse patterns list`")
+                raise OnnxfuseError("no rule with that id", hint="see `onnxfuse patterns list`", option=option,
+                                    value=n)
     if only:
         rules = [r for r in rules if r.id in only]
     if skip:

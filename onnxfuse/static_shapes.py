@@ -20,8 +20,8 @@ def fix_input_shapes(path: str, specs: list[str], out_dir: str) -> str:
     """Write a copy of the model at `path` into `out_dir` with its inputs' dynamic dims fixed; return its path."""
     proto = onnx.load(path, load_external_data=False)
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in all_tensors(proto.graph)):
-        raise OnnxfuseError(f"{path}: --static does not support models with external data yet",
-                            hint="drop --static (the model stays dynamic)")
+        raise OnnxfuseError(f"{path}: fixing the input shapes (static) does not support models with external data "
+                            "yet", hint="leave the shapes dynamic (drop --static / static=True)")
     inputs = model_inputs(proto)
     spec = parse_shape_specs(specs)
     bound = dict(spec.dims)
@@ -33,8 +33,9 @@ def fix_input_shapes(path: str, specs: list[str], out_dir: str) -> str:
     missing = sorted({f"{info.name}[{i}] ({d})" for info in inputs if info.name not in spec.tensors
                       for i, d in enumerate(info.shape or []) if not isinstance(d, int) and d not in bound})
     if missing or any(info.shape is None and info.name not in spec.tensors for info in inputs):
-        raise OnnxfuseError(f"--static needs a value for every dynamic input dim; missing: {', '.join(missing)}",
-                            hint="add --shape NAME:1x3x224x224 or --shape DIM=4")
+        raise OnnxfuseError(f"fixing the input shapes (static) needs a value for every dynamic input dim; missing: "
+                            f"{', '.join(missing)}", hint="give them as shapes: --shape NAME:1x3x224x224 or --shape "
+                            "DIM=4 (shapes=['DIM=4'] in Python)")
     shapes = resolve_shapes(inputs, spec)
     for vi in proto.graph.input:
         if vi.name not in shapes:

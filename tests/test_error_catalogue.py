@@ -116,7 +116,7 @@ CASES = [
     ("bad flag value", lambda t: [CNN, OUT, "--target", "tpu"], "--target tpu: expected cpu or cuda", 1),
     ("unknown rule id", lambda t: [CNN, OUT, "--skip", "nope"], "--skip nope: no rule with that id", 1),
     ("--static without every dim", lambda t: [CNN, OUT, "--static"],
-     "--static needs a value for every dynamic input dim; missing: x[0] (batch)", 1),
+     "fixing the input shapes (static) needs a value for every dynamic input dim; missing: x[0] (batch)", 1),
     ("pattern shared line reads a removed one", lambda t: [CNN, OUT, *_pattern(t, SHARED_BAD)],
      "shared line 's' reads line 'n', which is not shared", 1),
 ]

@@ -174,7 +174,7 @@ def test_static_without_every_dim_is_a_clear_error(tmp_path, cli):
     out = tmp_path / "static.onnx"
     code, stdout, stderr = cli("optimize", src, out, "--static", "--shape", "batch=2")
     assert code == 1 and not out.exists()
-    assert "--static needs a value for every dynamic input dim; missing: x[1] (n)" in stderr
+    assert "fixing the input shapes (static) needs a value for every dynamic input dim; missing: x[1] (n)" in stderr
     assert "Traceback" not in stderr
 
 
@@ -234,7 +234,7 @@ def test_cleanup_steps_are_reported_apart_from_rules(cli, tmp_path):
     assert "silu" in rules_table and "merge-duplicates" not in rules_table and "constant-fold" not in rules_table
     code, _, stderr = cli("optimize", path, tmp_path / "o.onnx", "--skip", "constant-fold")
     assert code == 1 and "--skip constant-fold: 'constant-fold' is an exact cleanup step, not a rule" in stderr
-    assert "hint: --no-fold turns off every cleanup step" in stderr
+    assert "hint: turning folding off (--no-fold, fold=False) turns off every cleanup step" in stderr
     code, _, stderr = cli("patterns", "show", "merge-duplicates")
     assert code == 1 and "is an exact cleanup step, not a rule" in stderr
     code, stdout, _ = cli("optimize", path, tmp_path / "o.onnx", "--json", "--no-fold")
