@@ -120,3 +120,27 @@ def test_invalid_graph_rewrite_never_written(tmp_path):
     r = optimize(src, str(out), OptimizeOptions(measure=False, patterns=[str(rules)], builtin=False))
     assert [rb.rule for rb in r.rolled_back] == ["relu-to-fusedconv"]
     assert op_types(onnx.load(str(out))) == ["Relu"]
+
+
+GROWING = """rules:
+- id: neg-grow
+  doc: A rule whose rewrite contains its own pattern three times.
+  match:
+    Y: Neg(X)
+  rewrite:
+    n: Neg(X)
+    m: Neg(n)
+    Y: Neg(m)
+"""
+
+
+def test_a_rule_that_matches_its_own_output_is_named(tmp_path, cli):
+    """Each sweep would triple the graph (3^32 nodes by the sweep limit: memory ran out first); the run stops
+    with one line naming the rule once the graph has grown past 4x."""
+    m = make_model([oh.make_node("Neg", ["x"], ["y"], name="neg")], [("x", [2])], [("y", [2])])
+    rules = tmp_path / "grow.yaml"
+    rules.write_text(GROWING)
+    code, stdout, stderr = cli("optimize", save(m, tmp_path / "neg.onnx"), tmp_path / "o.onnx", "--patterns", rules)
+    assert code == 1 and stdout == ""
+    assert stderr.startswith("onnxfuse: error: rule 'neg-grow' keeps matching its own output") and "\n" == stderr[-1:]
+    assert not (tmp_path / "o.onnx").exists()

@@ -4,8 +4,10 @@ order, every graph and subgraph (If/Loop/Scan bodies) included."""
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from dataclasses import dataclass, field
 
+from ..errors import PatternError
 from ..ir import Graph, Model, Node
 from ..match.matcher import Binding, Failure, Matcher
 from ..patterns.compute import ComputeError
@@ -203,7 +205,9 @@ def _sweep(model: Model, active: list[Rule], options: EngineOptions, apps: list[
     sweeps = 0
     depth = max((r.size for r in active), default=1) + 1
     dirty: dict[int, set[str]] | None = None  # values changed by the previous sweep, per graph; None: all
+    limit = GROWTH_FACTOR * _live_count(model) + GROWTH_SLACK
     for sweeps in range(1, MAX_SWEEPS + 1):  # noqa: B007
+        _check_growth(model, limit, apps, sweeps)
         changed = False
         touched: dict[int, set[str]] = {}
         for graph in list(model.graphs()):
@@ -240,6 +244,25 @@ def _sweep(model: Model, active: list[Rule], options: EngineOptions, apps: list[
             break
         dirty = touched
     return sweeps, False
+
+
+GROWTH_FACTOR, GROWTH_SLACK = 4, 1000  # a graph rules made larger than this has a rule matching its own output
+
+
+def _live_count(model: Model) -> int:
+    return sum(1 for g in model.graphs() for _ in g.live_nodes())
+
+
+def _check_growth(model: Model, limit: int, apps: list[Application], sweeps: int) -> None:
+    """A rule whose rewrite contains its own pattern again fires on its output every sweep; where that makes
+    the graph grow, stop with the rule named (not when memory runs out)."""
+    n = _live_count(model)
+    if n <= limit:
+        return
+    rule, count = Counter(a.rule for a in apps[-512:]).most_common(1)[0]
+    raise PatternError(f"rule {rule!r} keeps matching its own output: after {sweeps - 1} sweep(s) the graph has "
+                       f"{n} nodes ({count} of the last rewrites are its)",
+                       hint="its rewrite must not contain its match pattern again; --skip it to go on without it")
 
 
 def remove_dead_created_nodes(graph: Graph) -> set[str]:
