@@ -307,10 +307,17 @@ def test_embed_layernorm_fires(kw):
     assert list(emb.input)[2:] == ["word", "pos", "seg", "gamma", "beta"]
 
 
-@pytest.mark.parametrize("kw", [{"pbuf": np.arange(16) * 2}, {"start": 1}])
-def test_embed_layernorm_near_misses(kw):
+def test_embed_layernorm_near_miss_permuted_buffer():
     """Positions that are not 0..s-1 from the buffer: not the kernel's own positions (not fused here)."""
-    check_misses(_embeddings(**kw), "embed-layernorm")
+    check_misses(_embeddings(pbuf=np.arange(16) * 2), "embed-layernorm")
+
+
+def test_embed_layernorm_positions_from_one_are_passed():
+    """Positions 1..s (a Slice from 1): passed as the kernel's position_ids input; outputs equal."""
+    m = _embeddings(start=1)
+    r, got = fuse(m, "embed-layernorm")
+    assert r.fired == {"embed-layernorm": 1}, r.fired
+    assert_same(m, got, _embed_feeds(m), 1e-4, 1e-4)
 
 
 def test_embed_layernorm_near_miss_buffer_longer_than_table():
