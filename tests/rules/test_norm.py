@@ -312,14 +312,6 @@ def test_embed_layernorm_near_miss_permuted_buffer():
     check_misses(_embeddings(pbuf=np.arange(16) * 2), "embed-layernorm")
 
 
-def test_embed_layernorm_positions_from_one_are_passed():
-    """Positions 1..s (a Slice from 1): passed as the kernel's position_ids input; outputs equal."""
-    m = _embeddings(start=1)
-    r, got = fuse(m, "embed-layernorm")
-    assert r.fired == {"embed-layernorm": 1}, r.fired
-    assert_same(m, got, _embed_feeds(m), 1e-4, 1e-4)
-
-
 def test_embed_layernorm_near_miss_buffer_longer_than_table():
     check_misses(_embeddings(pbuf=np.arange(32), pos_rows=16), "embed-layernorm",
                  "require failed: size(default(PBUF, int64([0]))) <= POS.shape[0]")
