@@ -67,7 +67,9 @@ def _env(rule: Rule, graph: Graph, b: Binding, computed: dict[str, object]) -> E
 
     def value_field(name: str, fld: str) -> object:
         value = b.values.get(name, ABSENT)
-        t = graph.type_of(value) if value != ABSENT else None
+        if value == ABSENT:
+            return None  # an absent optional value: default(X.dims, ...) picks the fallback
+        t = graph.type_of(value)
         if t is None:
             raise ComputeError(f"type of {name} ({value!r}) is unknown")
         if fld == "dtype":
@@ -181,6 +183,8 @@ def apply_match(rule: Rule, graph: Graph, b: Binding) -> Application:
                 ops.append("Identity")
             continue
         inputs = [resolve(a.name) for a in rn.call.args]
+        if rn.call.args and all(i == ABSENT for i in inputs):
+            continue  # every input an absent optional one (`Cast(TT?)`): not built, its outputs are absent
         while inputs and inputs[-1] == ABSENT:
             inputs.pop()
         outputs: list[str] = []

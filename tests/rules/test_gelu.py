@@ -186,3 +186,25 @@ def test_tanh_gelu_constants_multiplied_out(c3):
         check_misses(m, "tanh-gelu")
     else:
         check_fires(m, "tanh-gelu", ["com.microsoft.FastGelu"], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("c1", "one", "fires"), [(0.044715, 1.0, True), (0.05, 1.0, False), (0.044715, 2.0, False)],
+                         ids=["megatron", "c1", "one"])
+@pytest.mark.parametrize("swap", [False, True], ids=["", "swapped"])
+def test_tanh_gelu_megatron_form(c1, one, fires, swap):
+    """Megatron's tanh(0.79788456 * x * (1 + 0.044715 * x * x)): the cube never computed; a wrong constant or
+    1 + ... written as 2 + ... does not fire."""
+    nodes = [oh.make_node("Mul", ["c2", "x"] if swap else ["x", "c2"], ["a"], name="mul_c2"),
+             oh.make_node("Mul", ["c1", "x"] if swap else ["x", "c1"], ["b"], name="mul_c1"),
+             oh.make_node("Mul", ["b", "x"] if swap else ["x", "b"], ["bx"], name="mul_x"),
+             oh.make_node("Add", ["one_i", "bx"] if swap else ["bx", "one_i"], ["q"], name="add_one_i"),
+             oh.make_node("Mul", ["a", "q"], ["arg"], name="arg"), oh.make_node("Tanh", ["arg"], ["t"], name="tanh"),
+             oh.make_node("Add", ["one", "t"] if swap else ["t", "one"], ["p"], name="add_one")]
+    _scaled_product(nodes, "p", "half_first", swap)
+    m = make_model(nodes, [X], [("y", X[1])], {"c2": np.float32(0.7978845608), "c1": np.float32(c1),
+                                                 "one_i": np.float32(one), "one": np.float32(1),
+                                                 "half": np.float32(0.5)})
+    if fires:
+        check_fires(m, "tanh-gelu", ["com.microsoft.FastGelu"], rtol=1e-4, atol=1e-4)
+    else:
+        check_misses(m, "tanh-gelu")

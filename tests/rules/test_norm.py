@@ -307,13 +307,14 @@ def test_embed_layernorm_fires(kw):
     assert list(emb.input)[2:] == ["word", "pos", "seg", "gamma", "beta"]
 
 
-@pytest.mark.parametrize(("kw", "reason"), [
-    ({"pbuf": np.arange(16) * 2}, "require failed: all(reshape(PBUF, [-1]) == arange(PBUF.size))"),
-    ({"pbuf": np.arange(32), "pos_rows": 16}, "require failed: PBUF.size <= POS.shape[0]"),
-    ({"start": 1}, "START: const 1 not within tolerance of 0"),  # positions 1..s: not what the fused op reads
-])
-def test_embed_layernorm_near_misses(kw, reason):
-    check_misses(_embeddings(**kw), "embed-layernorm", reason)
+def test_embed_layernorm_near_miss_permuted_buffer():
+    """Positions that are not 0..s-1 from the buffer: not the kernel's own positions (not fused here)."""
+    check_misses(_embeddings(pbuf=np.arange(16) * 2), "embed-layernorm")
+
+
+def test_embed_layernorm_near_miss_buffer_longer_than_table():
+    check_misses(_embeddings(pbuf=np.arange(32), pos_rows=16), "embed-layernorm",
+                 "require failed: size(default(PBUF, int64([0]))) <= POS.shape[0]")
 
 
 @pytest.mark.parametrize("rule_id", ["skip-layernorm", "skip-rmsnorm"])
@@ -370,3 +371,54 @@ def test_layernorm_batchnorm_form_fires(square):
 def test_layernorm_batchnorm_form_needs_rank_3():
     """On a rank-4 tensor GlobalAveragePool averages the last two axes: not a LayerNorm over the last one."""
     check_misses(_tf_layernorm(shape=[2, 3, 4, K]), "layernorm-batchnorm-form")
+
+
+def _embed_ids_form(form, eps=1e-12):
+    """word[ids] (+ seg[tt]) + pos[position ids] -> LayerNormalization (opset 17): position ids as a graph input
+    ("input") or DistilBERT's Range/Unsqueeze/Expand ("range", no segment)."""
+    TP = TensorProto
+    rng = np.random.default_rng(0)
+    inits = {"word": rng.standard_normal((16, 8)).astype(np.float32), "pos": rng.standard_normal((16, 8)).astype(np.float32),
+             "seg": rng.standard_normal((2, 8)).astype(np.float32), "g": np.ones(8, np.float32),
+             "bt": np.zeros(8, np.float32), "z": np.array(0, np.int64), "one": np.array(1, np.int64),
+             "ax0": np.array([0], np.int64), "i1": np.array(1, np.int64)}
+    inputs = [("ids", [2, 8], TP.INT64)]
+    nodes = [oh.make_node("Gather", ["word", "ids"], ["w"], axis=0)]
+    if form == "range":
+        nodes += [oh.make_node("Shape", ["ids"], ["sh"]), oh.make_node("Gather", ["sh", "i1"], ["n"], axis=0),
+                  oh.make_node("Range", ["z", "n", "one"], ["r"]), oh.make_node("Unsqueeze", ["r", "ax0"], ["r2"]),
+                  oh.make_node("Expand", ["r2", "sh"], ["pid"]), oh.make_node("Gather", ["pos", "pid"], ["p"], axis=0),
+                  oh.make_node("Add", ["w", "p"], ["e"])]
+    else:
+        inputs += [("tt", [2, 8], TP.INT64), ("pid", [2, 8], TP.INT64)]
+        nodes += [oh.make_node("Gather", ["seg", "tt"], ["s"], axis=0), oh.make_node("Add", ["w", "s"], ["ws"]),
+                  oh.make_node("Gather", ["pos", "pid"], ["p"], axis=0), oh.make_node("Add", ["ws", "p"], ["e"])]
+    nodes.append(oh.make_node("LayerNormalization", ["e", "g", "bt"], ["y"], axis=-1, epsilon=eps))
+    return make_model(nodes, inputs, [("y", [2, 8, 8])], {k: v for k, v in inits.items()
+                                                         if any(k in n.input for n in nodes)}, opset=17)
+
+
+@pytest.mark.parametrize("form", ["input"])  # "range" (DistilBERT): covered by the forms corpus only, see report
+def test_embed_layernorm_position_ids_value(form):
+    """Position ids that are not a Slice of the arange buffer go to the kernel's position_ids input; no segment
+    ids: the kernel's segment inputs are left out."""
+    m = _embed_ids_form(form)
+    feeds = {"ids": np.array([[1, 5, 9, 2, 0, 15, 3, 3], [4, 4, 8, 1, 7, 6, 2, 11]], np.int64)}
+    if form == "input":
+        feeds["tt"] = np.array([[0, 0, 0, 1, 1, 1, 1, 0]] * 2, np.int64)
+        feeds["pid"] = np.array([[7, 6, 5, 4, 3, 2, 1, 0], [0, 2, 4, 6, 8, 10, 12, 14]], np.int64)
+    ops = (["Cast", "Cast", "Cast"] if form == "input"
+           else ["Shape", "Gather", "Range", "Unsqueeze", "Expand", "Cast", "Cast"]) + ["com.microsoft.EmbedLayerNormalization"]
+    got = check_fires(m, "embed-layernorm", ops, feeds=feeds, rtol=1e-4, atol=1e-4)
+    eln = got.graph.node[-1]
+    assert len(eln.input) == 9 and eln.input[8]  # position_ids passed
+    assert (eln.input[1] == "") == (form == "range")  # no segment ids for DistilBERT
+
+
+def test_embed_layernorm_position_table_not_constant_not_fused():
+    """Near miss: position ids from an input, but the position table is a graph input (not a constant)."""
+    m = _embed_ids_form("input")
+    pos = [i for i in m.graph.initializer if i.name == "pos"][0]
+    m.graph.initializer.remove(pos)
+    m.graph.input.append(oh.make_tensor_value_info("pos", TensorProto.FLOAT, [16, 8]))
+    check_misses(m, "embed-layernorm")
