@@ -48,7 +48,9 @@ def test_cnn_small_exact_rewrite(tmp_path):
 
 
 @pytest.mark.parametrize("name,expected", [
-    ("transformer_small", {"LayerNormalization": 0, "com.microsoft.SkipLayerNormalization": 3,
+    # word + position embeddings and their LayerNorm: one EmbedLayerNormalization (no segment input)
+    ("transformer_small", {"LayerNormalization": 0, "com.microsoft.SkipLayerNormalization": 2,
+                           "com.microsoft.EmbedLayerNormalization": 1,
                            "com.microsoft.BiasGelu": 1, "com.microsoft.Attention": 1,
                            "com.microsoft.FusedMatMul": 0}),
     ("transformer_op18", {"LayerNormalization": 1, "com.microsoft.SkipLayerNormalization": 1,
