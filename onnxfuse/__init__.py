@@ -19,7 +19,8 @@ from .op_profile import ProfileResult, profile
 from .options import OptimizeOptions
 from .pipeline import find_inputs, find_profiles, optimize
 from .result import Result
-from .ruleset import builtin_patterns_dir, load_rules, pattern_schema, rules_in_order, self_test
+from .ruleset import builtin_patterns_dir, load_rules, pattern_schema, rules_in_order
+from .selftest import self_test
 
 __all__ = ["BenchResult", "Explanation", "InputPlan", "InputSpecError", "ModelError", "OnnxfuseError",
            "OptimizeOptions", "PatternError", "ProfileResult", "Result", "__version__", "bench",

@@ -11,7 +11,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from .errors import ModelError
-from .ir import Graph, Model, _shell
+from .ir import Graph, Model, shell_copy
 from .opschema import runtime_only
 from .ort_check import file_key, ort_probe
 from .repair import repair_model, unrepairable
@@ -355,8 +355,8 @@ def weightless(proto: onnx.ModelProto) -> onnx.ModelProto:
     if not big:
         return proto
     out = onnx.ModelProto()
-    _shell(proto, out, skip=("graph",))
-    _shell(g, out.graph, skip=("initializer",))
+    shell_copy(proto, out, skip=("graph",))
+    shell_copy(g, out.graph, skip=("initializer",))
     dropped = {t.name for t in big}
     out.graph.initializer.extend(t for t in g.initializer if t.name not in dropped)
     known = {i.name for i in g.input}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
@@ -13,9 +12,8 @@ from .patterns.rules import Rule
 from .patterns.spec import json_schema_text
 from .rewrite.engine import order_rules, rule_issue
 from .rewrite.fold import CLEANUP_STEPS
-from .selftest import RuleReport, check_rules
 
-__all__ = ["builtin_patterns_dir", "load_rules", "pattern_schema", "rules_in_order", "self_test"]
+__all__ = ["builtin_patterns_dir", "load_rules", "pattern_schema", "rules_in_order"]
 
 
 def builtin_patterns_dir() -> str:
@@ -94,12 +92,6 @@ def rule_warnings(rules: list[Rule]) -> list[str]:
 def rules_in_order(rules: list[Rule]) -> list[Rule]:
     """The order the engine tries rules in: early canonicalisations first, then bigger matches, then file order."""
     return order_rules(rules)
-
-
-def self_test(rules: list[Rule]) -> Iterator[RuleReport]:
-    """Each rule's generated self-test (`onnxfuse patterns test`): models built from the rule fire it once with
-    equal onnxruntime outputs in every dtype it claims, and its mutants do not fire."""
-    return check_rules(rules)
 
 
 def pattern_schema() -> str:

@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from ..compare import is_inexact
 from ..errors import InputSpecError
-from ..tensors import iter_nodes
+from ..tensors import is_inexact, iter_nodes
 from .budget import default_budget_bytes, estimate_bytes, fmt_bytes, skeleton
 from .shapes import (
     BATCH_DEFAULT,
