@@ -18,7 +18,8 @@ from .decision_cache import DecisionCache
 from .errors import ModelError, OnnxfuseError
 from .inputs import InputPlan, discover_profiles, parse_profiles, parse_shape_specs
 from .ir import Model
-from .loader import LoadInfo, approx_bytes, load_model, save_model
+from .load.loader import LoadInfo, approx_bytes, load_model, save_model
+from .load.static_shapes import fix_input_shapes
 from .opschema import RUNTIME_DOMAINS
 from .options import OptimizeOptions, check_choice, check_strings
 from .patterns.rules import Rule
@@ -32,7 +33,6 @@ from .ruleset import builtin_patterns_dir, load_rules
 from .runtime import make_session, peak_rss_bytes, resolve_threads
 from .runtime import run as run_session
 from .select import MeasureReport, measured_selection
-from .static_shapes import fix_input_shapes
 from .targets import kernel_issue, provider_registered, runs_on
 from .tensors import iter_nodes
 from .timing_lock import timing_lock

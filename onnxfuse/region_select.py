@@ -26,7 +26,7 @@ from .decision_cache import DecisionCache, digest, environment_key
 from .errors import OnnxfuseError
 from .inputs.budget import default_budget_bytes
 from .ir import Model
-from .loader import all_tensors, load_model
+from .load.loader import all_tensors, load_model
 from .options import OptimizeOptions
 from .patterns.rules import Rule
 from .progress import Phase, quiet

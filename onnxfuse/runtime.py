@@ -17,7 +17,7 @@ import onnx
 from .errors import InputSpecError, ModelError, OnnxfuseError, first_line
 from .inputs.shapes import fmt_shape
 from .ir import shell_copy
-from .loader import LoadInfo, all_tensors, write_streamed
+from .load.loader import LoadInfo, all_tensors, write_streamed
 from .targets import PROVIDERS
 
 if TYPE_CHECKING:

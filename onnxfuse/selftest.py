@@ -23,7 +23,7 @@ import onnx
 
 from .compare import default_tolerance
 from .ir import Model
-from .loader import checker_error
+from .load.loader import checker_error
 from .match.matcher import Matcher
 from .patterns.rules import Rule
 from .patterns.syntax import Call, Expr, Ref
@@ -134,7 +134,7 @@ def _reference_note(model: onnx.ModelProto, elem: int) -> str | None:
 
 def _typed(model: onnx.ModelProto) -> Model:
     inferred = onnx.shape_inference.infer_shapes(model)
-    from .loader import merge_types
+    from .load.loader import merge_types
 
     m = Model(model, ".")
     merge_types(m.graph, inferred.graph)

@@ -9,7 +9,7 @@ import pytest
 from conftest import make_model, op_types, ort_run, save
 
 from onnxfuse import OptimizeOptions, load_rules, optimize, validate
-from onnxfuse.loader import load_model
+from onnxfuse.load.loader import load_model
 from onnxfuse.rewrite.engine import EngineOptions, run
 from onnxfuse.runtime import failing_node
 

@@ -445,7 +445,7 @@ def test_streamed_write_is_byte_identical():
 
     from onnx import numpy_helper
 
-    from onnxfuse.loader import write_streamed
+    from onnxfuse.load.loader import write_streamed
 
     model = _weighted_model()
     model.graph.initializer.append(numpy_helper.from_array(np.arange(5000, dtype=np.float32), "typed"))
@@ -458,7 +458,7 @@ def test_streamed_write_is_byte_identical():
 def test_shape_inference_and_checker_run_without_the_weights():
     import onnx
 
-    from onnxfuse.loader import infer_types, weightless
+    from onnxfuse.load.loader import infer_types, weightless
 
     model = _weighted_model()
     light = weightless(model)
@@ -476,7 +476,7 @@ def test_candidates_keep_their_weights_in_a_mapped_side_file(tmp_path):
     model and the validator's checks pass on it."""
     import os
 
-    from onnxfuse.loader import LoadInfo
+    from onnxfuse.load.loader import LoadInfo
     from onnxfuse.runtime import Candidate
 
     model = _weighted_model()

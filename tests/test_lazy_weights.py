@@ -10,7 +10,7 @@ import pytest
 from conftest import make_model, ort_run
 
 from onnxfuse import OptimizeOptions, optimize
-from onnxfuse import loader as L
+from onnxfuse.load import loader as L
 
 
 def _model(path, width=1024):

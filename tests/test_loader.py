@@ -10,7 +10,7 @@ from conftest import MODELS, make_model, ort_run
 
 from onnxfuse import OptimizeOptions, optimize
 from onnxfuse.errors import ModelError
-from onnxfuse.loader import load_model
+from onnxfuse.load.loader import load_model
 
 
 def _external_model(tmp_path):
@@ -90,7 +90,7 @@ def test_failed_write_leaves_nothing(tmp_path):
 
 def test_interrupt_leaves_no_partial_file(tmp_path, monkeypatch):
     """Ctrl-C while writing: the temporary file is removed, the target never appears."""
-    import onnxfuse.loader as L
+    import onnxfuse.load.loader as L
 
     real = L._externalize
 

@@ -15,7 +15,7 @@ from onnxfuse import OptimizeOptions, find_inputs, optimize
 from onnxfuse import region_select as rs
 from onnxfuse.compare import default_tolerance
 from onnxfuse.decision_cache import DecisionCache
-from onnxfuse.loader import load_model
+from onnxfuse.load.loader import load_model
 from onnxfuse.regions import find_regions, region_model, signature
 from onnxfuse.rewrite.engine import EngineOptions, run
 from onnxfuse.ruleset import load_rules

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 import onnx
 from google.protobuf.message import DecodeError
 
-from .errors import ModelError
-from .ir import Graph, Model, shell_copy
-from .opschema import runtime_only
+from ..errors import ModelError
+from ..ir import Graph, Model, shell_copy
+from ..opschema import runtime_only
+from ..tensors import external_info, iter_nodes, type_from_proto
 from .ort_check import file_key, ort_probe
 from .repair import repair_model, unrepairable
-from .tensors import external_info, iter_nodes, type_from_proto
 
 EXTERNAL_THRESHOLD = 1024  # bytes: tensors at least this large go to the external data file
 

@@ -11,8 +11,8 @@ import os
 
 import onnx
 
-from .errors import OnnxfuseError
-from .inputs.shapes import model_inputs, parse_shape_specs, resolve_shapes
+from ..errors import OnnxfuseError
+from ..inputs.shapes import model_inputs, parse_shape_specs, resolve_shapes
 from .loader import all_tensors
 
 
