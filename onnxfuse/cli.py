@@ -57,7 +57,7 @@ FLAGS = {"target": "--target", "provider": "--provider", "measure_threads": "--t
 
 def _threads(value: str) -> int:
     """--threads N or auto (one per physical core, what onnxruntime uses by default), as the number used."""
-    from .runtime import resolve_threads
+    from .validate.runtime import resolve_threads
 
     return resolve_threads(value, "--threads")
 

@@ -16,7 +16,6 @@ from .inputs import discover, discover_profiles, parse_profiles
 from .inputs.shapes import ShapeSpec, model_inputs, parse_shape_specs, resolve_shapes
 from .inputs.synth import make_inputs
 from .options import check_choice, check_count, check_seconds, check_strings
-from .runtime import LEVELS, make_session, resolve_threads, run
 from .timing import (
     SIGNIFICANT,
     Progress,
@@ -27,6 +26,7 @@ from .timing import (
     time_interleaved,
     warm_up,
 )
+from .validate.runtime import LEVELS, make_session, resolve_threads, run
 
 
 @dataclass

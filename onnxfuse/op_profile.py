@@ -24,8 +24,8 @@ from .inputs.shapes import parse_shape_specs
 from .op_cost import CONTROL_FLOW, entries, model_index, node_bytes, node_flops, released_bytes
 from .options import check_count, check_strings
 from .progress import Phase, quiet
-from .runtime import make_session
 from .timing import run_times
+from .validate.runtime import make_session
 
 SHORT_US = 5.0  # an op call shorter than this is dominated by per-op overhead
 # A rate above CACHE_FACTOR x the measured copy peak did not come from memory. The copy peak counts 2 bytes per
@@ -263,7 +263,7 @@ def profile(path: str, provider: str = "cpu", threads: int | str = 1, level: str
     With two or more `batches`, the third memory-bound signal (throughput against batch size) is measured
     with a batch sweep. `progress(phase)` as each step starts: finding inputs, profiled runs, batch sweep (progress.py)."""
     from .latency import bench, check_bench_options, probed_inputs
-    from .runtime import resolve_threads
+    from .validate.runtime import resolve_threads
 
     threads = resolve_threads(threads) if isinstance(threads, str) else threads  # "auto": one per physical core
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 
 import onnx
 
-from .compare import OutputCheck
 from .decision_cache import DecisionCache
 from .errors import ModelError, OnnxfuseError
 from .inputs import InputPlan, discover_profiles, parse_profiles, parse_shape_specs
@@ -28,15 +27,16 @@ from .region_select import region_selection
 from .result import Result, op_counts
 from .rewrite.engine import EngineOptions, RuleSkip, run
 from .rewrite.rebuild import Rewritten
-from .rollback import Rollback, validate_with_rollback
 from .ruleset import builtin_patterns_dir, load_rules
-from .runtime import make_session, peak_rss_bytes, resolve_threads
-from .runtime import run as run_session
 from .select import MeasureReport, measured_selection
 from .targets import kernel_issue, provider_registered, runs_on
 from .tensors import iter_nodes
 from .timing_lock import timing_lock
-from .validate import Validator
+from .validate.compare import OutputCheck
+from .validate.rollback import Rollback, validate_with_rollback
+from .validate.runtime import make_session, peak_rss_bytes, resolve_threads
+from .validate.runtime import run as run_session
+from .validate.validate import Validator
 
 __all__ = ["find_inputs", "find_profiles", "optimize"]
 

@@ -34,10 +34,10 @@ from .regions import Region, find_regions, region_model, signature
 from .rewrite.engine import EngineOptions
 from .rewrite.fold import CLEANUP_STEPS
 from .rewrite.rebuild import Rewritten, rebuild
-from .runtime import Candidate, make_session, peak_rss_bytes, release_memory
 from .select import GroupEffect, Key, MeasureReport
 from .timing import Ratio, paired_ratio, profile_scale
-from .validate import Validator
+from .validate.runtime import Candidate, make_session, peak_rss_bytes, release_memory
+from .validate.validate import Validator
 
 __all__ = ["automatic_budget", "region_selection"]
 

@@ -124,7 +124,7 @@ def print_measure(m, console: Console) -> None:
 
 def _print_threads(m, console: Console) -> None:
     """Decisions hold for the thread count they were timed at: say so where it differs from onnxruntime's default."""
-    from .runtime import physical_cores
+    from .validate.runtime import physical_cores
 
     default = physical_cores()
     if m.provider == "cpu" and m.threads != default:

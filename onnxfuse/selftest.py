@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from .compare import default_tolerance
 from .ir import Model
 from .load.loader import checker_error
 from .match.matcher import Matcher
@@ -40,6 +39,7 @@ from .selftest_models import (
     swap_operands,
 )
 from .targets import kernel_issue, provider_registered
+from .validate.compare import default_tolerance
 
 NOT_VALIDATED = "not validated here"  # fired as it should, but no kernel here to compare the fused outputs with
 
@@ -180,7 +180,7 @@ def why_not_fired(rule: Rule, model: onnx.ModelProto, target: str) -> str:
 
 
 def _ort_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    from .runtime import make_session
+    from .validate.runtime import make_session
 
     return make_session(model.SerializeToString(), "disable").run(None, feeds)
 

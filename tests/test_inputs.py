@@ -14,7 +14,7 @@ from onnx import TensorProto
 from onnxfuse.errors import InputSpecError
 from onnxfuse.inputs import discover
 from onnxfuse.inputs.shapes import ShapeSpec, parse_shape_specs
-from onnxfuse.runtime import make_session, run
+from onnxfuse.validate.runtime import make_session, run
 
 
 def _probe(model):
@@ -477,7 +477,7 @@ def test_candidates_keep_their_weights_in_a_mapped_side_file(tmp_path):
     import os
 
     from onnxfuse.load.loader import LoadInfo
-    from onnxfuse.runtime import Candidate
+    from onnxfuse.validate.runtime import Candidate
 
     model = _weighted_model()
     cand = Candidate(model, LoadInfo(str(tmp_path / "m.onnx"), 0, False, 0))

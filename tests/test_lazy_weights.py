@@ -78,7 +78,7 @@ def test_a_read_only_folder_loads_eagerly(tmp_path):
 def test_a_candidate_of_an_external_data_model_in_a_read_only_folder_loads(tmp_path, monkeypatch):
     """The data file is hard-linked (or copied) beside a candidate written elsewhere: onnxruntime refuses
     symbolic links that resolve outside the model's folder."""
-    from onnxfuse import runtime
+    from onnxfuse.validate import runtime
 
     src = onnx.load(_model(str(tmp_path / "m.onnx"), width=64))
     onnx.save(src, str(tmp_path / "ext.onnx"), save_as_external_data=True, location="ext.onnx.data",

@@ -13,13 +13,13 @@ from conftest import MODELS, make_model
 
 from onnxfuse import OptimizeOptions, find_inputs, optimize
 from onnxfuse import region_select as rs
-from onnxfuse.compare import default_tolerance
 from onnxfuse.decision_cache import DecisionCache
 from onnxfuse.load.loader import load_model
 from onnxfuse.regions import find_regions, region_model, signature
 from onnxfuse.rewrite.engine import EngineOptions, run
 from onnxfuse.ruleset import load_rules
 from onnxfuse.timing import Ratio
+from onnxfuse.validate.compare import default_tolerance
 
 TRANSFORMER = os.path.join(MODELS, "transformer_small.onnx")
 CNN = os.path.join(MODELS, "cnn_small.onnx")

@@ -8,7 +8,7 @@ import os
 
 from conftest import MODELS
 
-from onnxfuse.runtime import physical_cores, resolve_threads
+from onnxfuse.validate.runtime import physical_cores, resolve_threads
 
 CNN = os.path.join(MODELS, "cnn_small.onnx")
 

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from ..errors import InputSpecError, OnnxfuseError
+from ..inputs import InputPlan, Profile, at_batch, check_names, discover_profiles, parse_profiles
+from ..inputs.shapes import ShapeSpec, parse_shape_specs
+from ..load.loader import LoadInfo, checker_error, infer_types
+from ..options import OptimizeOptions
 from .compare import OutputCheck, Tolerance, compare_outputs, default_tolerance
-from .errors import InputSpecError, OnnxfuseError
-from .inputs import InputPlan, Profile, at_batch, check_names, discover_profiles, parse_profiles
-from .inputs.shapes import ShapeSpec, parse_shape_specs
-from .load.loader import LoadInfo, checker_error, infer_types
-from .options import OptimizeOptions
 from .precision import JITTER, NOISE_FACTOR, graph_precision, jittered
 from .runtime import Candidate, failing_node, make_session, release_memory, run
 

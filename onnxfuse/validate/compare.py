@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto, helper
 
-from .tensors import is_inexact
+from ..tensors import is_inexact
 
 __all__ = ["OutputCheck", "Tolerance", "compare_one", "compare_outputs", "default_tolerance", "is_inexact"]
 

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
-from .errors import InputSpecError, ModelError, OnnxfuseError, first_line
-from .inputs.shapes import fmt_shape
-from .ir import shell_copy
-from .load.loader import LoadInfo, all_tensors, write_streamed
-from .targets import PROVIDERS
+from ..errors import InputSpecError, ModelError, OnnxfuseError, first_line
+from ..inputs.shapes import fmt_shape
+from ..ir import shell_copy
+from ..load.loader import LoadInfo, all_tensors, write_streamed
+from ..targets import PROVIDERS
 
 if TYPE_CHECKING:
     import onnxruntime
