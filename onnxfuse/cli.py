@@ -14,7 +14,7 @@ from rich.console import Console
 from . import __version__
 from .errors import OnnxfuseError
 from .options import check_choice, check_count
-from .timing_lock import REPORT_WAIT_S, WAIT_KEY, busy_lock, timing_lock
+from .select.timing_lock import REPORT_WAIT_S, WAIT_KEY, busy_lock, timing_lock
 
 try:  # typer >= 0.20 vendors click; older typer uses the click package
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
@@ -598,7 +598,7 @@ def inputs_cmd(
 def cache_show(as_json: Annotated[bool, typer.Option("--json", help="Print every decision as JSON.")] = False,
                ) -> None:
     """Where the decision cache is and what it holds (region decisions, whole-model confirmations)."""
-    from .decision_cache import DecisionCache
+    from .select.decision_cache import DecisionCache
 
     summary = DecisionCache().summary()
     if as_json:
@@ -640,7 +640,7 @@ def _cache_line(key: str, d: dict) -> str:
 @cache_app.command("clear")
 def cache_clear() -> None:
     """Forget every measured decision (the next optimize times everything again)."""
-    from .decision_cache import DecisionCache
+    from .select.decision_cache import DecisionCache
 
     cache = DecisionCache()
     n = cache.clear()

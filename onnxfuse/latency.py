@@ -16,7 +16,7 @@ from .inputs import discover, discover_profiles, parse_profiles
 from .inputs.shapes import ShapeSpec, model_inputs, parse_shape_specs, resolve_shapes
 from .inputs.synth import make_inputs
 from .options import check_choice, check_count, check_seconds, check_strings
-from .timing import (
+from .select.timing import (
     SIGNIFICANT,
     Progress,
     Ratio,

@@ -24,7 +24,7 @@ from .inputs.shapes import parse_shape_specs
 from .op_cost import CONTROL_FLOW, entries, model_index, node_bytes, node_flops, released_bytes
 from .options import check_count, check_strings
 from .progress import Phase, quiet
-from .timing import run_times
+from .select.timing import run_times
 from .validate.runtime import make_session
 
 SHORT_US = 5.0  # an op call shorter than this is dominated by per-op overhead

@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 
 import onnx
 
-from .decision_cache import DecisionCache
 from .errors import ModelError, OnnxfuseError
 from .inputs import InputPlan, discover_profiles, parse_profiles, parse_shape_specs
 from .ir import Model
@@ -23,15 +22,16 @@ from .opschema import RUNTIME_DOMAINS
 from .options import OptimizeOptions, check_choice, check_strings
 from .patterns.rules import Rule
 from .progress import Phase, quiet
-from .region_select import region_selection
 from .result import Result, op_counts
 from .rewrite.engine import EngineOptions, RuleSkip, run
 from .rewrite.rebuild import Rewritten
 from .ruleset import builtin_patterns_dir, load_rules
-from .select import MeasureReport, measured_selection
+from .select.decision_cache import DecisionCache
+from .select.region_select import region_selection
+from .select.rounds import MeasureReport, measured_selection
+from .select.timing_lock import timing_lock
 from .targets import kernel_issue, provider_registered, runs_on
 from .tensors import iter_nodes
-from .timing_lock import timing_lock
 from .validate.compare import OutputCheck
 from .validate.rollback import Rollback, validate_with_rollback
 from .validate.runtime import make_session, peak_rss_bytes, resolve_threads

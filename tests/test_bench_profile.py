@@ -152,7 +152,7 @@ def test_cli_bench_and_profile(cli, optimized, tmp_path):
 
 def test_verdict_respects_the_a_a_noise_floor():
     from onnxfuse.latency import verdict
-    from onnxfuse.timing import Ratio
+    from onnxfuse.select.timing import Ratio
 
     b = Ratio(0.97, 0.96, 0.98)
     assert verdict(b, Ratio(1.0, 0.997, 1.003)) == "faster"

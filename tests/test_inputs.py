@@ -313,7 +313,7 @@ def test_bench_times_a_kv_decoder_at_prefill_and_decode(cli, tmp_path):
 
 
 def test_weighted_time_fn_adds_profiles_per_round():
-    from onnxfuse.select import weighted_time_fn
+    from onnxfuse.select.rounds import weighted_time_fn
 
     def fake(sources, feeds):
         return {k: [feeds["scale"] * (i + 1)] * 3 for i, k in enumerate(sources)}

@@ -12,13 +12,13 @@ import pytest
 from conftest import MODELS, make_model
 
 from onnxfuse import OptimizeOptions, find_inputs, optimize
-from onnxfuse import region_select as rs
-from onnxfuse.decision_cache import DecisionCache
 from onnxfuse.load.loader import load_model
-from onnxfuse.regions import find_regions, region_model, signature
 from onnxfuse.rewrite.engine import EngineOptions, run
 from onnxfuse.ruleset import load_rules
-from onnxfuse.timing import Ratio
+from onnxfuse.select import region_select as rs
+from onnxfuse.select.decision_cache import DecisionCache
+from onnxfuse.select.regions import find_regions, region_model, signature
+from onnxfuse.select.timing import Ratio
 from onnxfuse.validate.compare import default_tolerance
 
 TRANSFORMER = os.path.join(MODELS, "transformer_small.onnx")
@@ -289,7 +289,7 @@ def test_rules_shadowed_by_a_dropped_region_are_timed_in_a_second_pass(tmp_path,
     """self-attention consumes the Q.K scale that matmul-scale would fuse. With Attention regions slower and
     FusedMatMul regions faster, the first pass drops Attention; the second lets matmul-scale fire, times it
     and keeps it. Nothing enters the output untimed."""
-    from onnxfuse.select import GroupEffect
+    from onnxfuse.select.rounds import GroupEffect
 
     def fake_time_class(self, c, deadline):
         rep = c.regions[0]

@@ -22,22 +22,22 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
+from ..errors import OnnxfuseError
+from ..inputs.budget import default_budget_bytes
+from ..ir import Model
+from ..load.loader import all_tensors, load_model
+from ..options import OptimizeOptions
+from ..patterns.rules import Rule
+from ..progress import Phase, quiet
+from ..rewrite.engine import EngineOptions
+from ..rewrite.fold import CLEANUP_STEPS
+from ..rewrite.rebuild import Rewritten, rebuild
+from ..validate.runtime import Candidate, make_session, peak_rss_bytes, release_memory
+from ..validate.validate import Validator
 from .decision_cache import DecisionCache, digest, environment_key
-from .errors import OnnxfuseError
-from .inputs.budget import default_budget_bytes
-from .ir import Model
-from .load.loader import all_tensors, load_model
-from .options import OptimizeOptions
-from .patterns.rules import Rule
-from .progress import Phase, quiet
 from .regions import Region, find_regions, region_model, signature
-from .rewrite.engine import EngineOptions
-from .rewrite.fold import CLEANUP_STEPS
-from .rewrite.rebuild import Rewritten, rebuild
-from .select import GroupEffect, Key, MeasureReport
+from .rounds import GroupEffect, Key, MeasureReport
 from .timing import Ratio, paired_ratio, profile_scale
-from .validate.runtime import Candidate, make_session, peak_rss_bytes, release_memory
-from .validate.validate import Validator
 
 __all__ = ["automatic_budget", "region_selection"]
 
