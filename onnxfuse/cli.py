@@ -172,7 +172,7 @@ def _report_optimize(result, input: str, output: str, opts, bench_after: bool, h
                                   inputs_npz=opts.inputs_npz, profiles=opts.profiles or None, progress=progress)
     if html:
         from . import profile as run_profile
-        from .html_report import render, write
+        from .inspect.html_report import render, write
 
         with _profile_status(not as_json) as progress:
             profiles = [run_profile(p, opts.target, opts.measure_threads, shapes=opts.shapes or None,
@@ -188,7 +188,7 @@ def _report_optimize(result, input: str, output: str, opts, bench_after: bool, h
             data["profile"] = [p.to_json() for p in profiles]
         print(json.dumps(data, indent=2, default=str))
     else:
-        from .report import print_bench, print_result
+        from .inspect.report import print_bench, print_result
 
         print_result(result, out)
         if bench_res is not None:
@@ -315,7 +315,7 @@ def explain(
     if as_json:
         print(json.dumps(ex.to_json(), indent=2))
         return
-    from .report import print_near_misses
+    from .inspect.report import print_near_misses
 
     if ex.fired:
         out.print("would fire: " + ", ".join(f"{k} x{v}" for k, v in sorted(ex.fired.items())))
@@ -397,13 +397,13 @@ def bench(
                         inputs_npz=inputs, min_runs=runs, budget_s=budget, batches=_batches(batch),
                         profiles=profile or None, progress=progress)
     if html:
-        from .html_report import render, write
+        from .inspect.html_report import render, write
 
         write(html, render(f"onnxfuse bench: {' vs '.join(paths)}", bench=res))
     if as_json:
         print(json.dumps(res.to_json(), indent=2))
     else:
-        from .report import print_bench
+        from .inspect.report import print_bench
 
         print_bench(res, out)
 
@@ -442,13 +442,13 @@ def profile(
             results.append(run_profile(p, _target(provider, "provider"), n_threads, level, runs, shapes=shape,
                                        inputs_npz=inputs, batches=sizes, progress=progress(label)))
     if html:
-        from .html_report import render, write
+        from .inspect.html_report import render, write
 
         write(html, render(f"onnxfuse profile: {' vs '.join(paths)}", profiles=results, labels=labels))
     if as_json:
         print(json.dumps({"schema": "onnxfuse.profile/1", "models": [r.to_json() for r in results]}, indent=2))
     else:
-        from .report import print_profile
+        from .inspect.report import print_profile
 
         print_profile(results, labels, out, nodes)
 
@@ -462,7 +462,7 @@ def patterns_list(patterns: PatternsOpt = None,
                   = None) -> None:
     """All rules, in the order they are tried (bigger matches first)."""
     from . import load_rules, rules_in_order
-    from .report import print_rule_usage, print_rules
+    from .inspect.report import print_rule_usage, print_rules
 
     rules = rules_in_order(load_rules(patterns or [], not no_builtin))
     if target is None:
@@ -506,7 +506,7 @@ def patterns_check(files: Annotated[list[str], typer.Argument(help="Pattern file
     """Validate pattern files; print every problem as file:line:col: error: ..., and as warnings the rules that
     can never be used (no kernel on any of their targets) or whose id is a built-in rule's."""
     from . import PatternError, load_rules
-    from .ruleset import rule_warnings
+    from .rewrite.ruleset import rule_warnings
 
     problems = 0
     for f in files:
@@ -580,7 +580,7 @@ def inputs_cmd(
     """The input shapes optimize would use when none are given, and why (read from the model, probed on it):
     one set per shape profile (a decoder with a KV cache: prefill and decode)."""
     from . import find_profiles
-    from .report import print_inputs
+    from .inspect.report import print_inputs
 
     found = find_profiles(model, shape or [], None, _target(target), probe=not no_probe, profiles=profile or [])
     if as_json:

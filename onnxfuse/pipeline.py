@@ -25,7 +25,7 @@ from .progress import Phase, quiet
 from .result import Result, op_counts
 from .rewrite.engine import EngineOptions, RuleSkip, run
 from .rewrite.rebuild import Rewritten
-from .ruleset import builtin_patterns_dir, load_rules
+from .rewrite.ruleset import builtin_patterns_dir, load_rules
 from .select.decision_cache import DecisionCache
 from .select.region_select import region_selection
 from .select.rounds import MeasureReport, measured_selection

@@ -8,9 +8,10 @@ import numpy as np
 import onnx.helper as oh
 from onnx import TensorProto
 
-from onnxfuse import OptimizeOptions, builtin_patterns_dir, explain, optimize, selftest
+from onnxfuse import OptimizeOptions, builtin_patterns_dir, explain, optimize
+from onnxfuse.inspect import selftest
+from onnxfuse.inspect.selftest import check_rule, claimed_dtypes
 from onnxfuse.patterns.parser import load_path
-from onnxfuse.selftest import check_rule, claimed_dtypes
 from onnxfuse.targets import kernel_issue
 from onnxfuse.validate.compare import default_tolerance
 

@@ -295,7 +295,7 @@ def test_optimize_validates_every_profile_and_measures_their_weighted_total(cli,
 
 
 def test_bench_times_a_kv_decoder_at_prefill_and_decode(cli, tmp_path):
-    from onnxfuse.latency import bench
+    from onnxfuse.inspect.latency import bench
 
     src = save(_text_model(64, past=True, total="total_sequence"), tmp_path / "kv.onnx")
     res = bench([src, src], min_runs=5, budget_s=0.05)

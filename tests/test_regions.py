@@ -14,7 +14,7 @@ from conftest import MODELS, make_model
 from onnxfuse import OptimizeOptions, find_inputs, optimize
 from onnxfuse.load.loader import load_model
 from onnxfuse.rewrite.engine import EngineOptions, run
-from onnxfuse.ruleset import load_rules
+from onnxfuse.rewrite.ruleset import load_rules
 from onnxfuse.select import region_select as rs
 from onnxfuse.select.decision_cache import DecisionCache
 from onnxfuse.select.regions import find_regions, region_model, signature

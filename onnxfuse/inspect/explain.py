@@ -8,13 +8,13 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
+from ..errors import OnnxfuseError
+from ..options import check_choice, check_strings
+from ..rewrite.engine import EngineOptions, NearMiss, RuleSkip, near_misses
+from ..rewrite.fold import CLEANUP_STEPS
+from ..rewrite.rebuild import rebuild
+from ..rewrite.ruleset import load_rules
 from .alignment import Misaligned, alignment_report, vector_width
-from .errors import OnnxfuseError
-from .options import check_choice, check_strings
-from .rewrite.engine import EngineOptions, NearMiss, RuleSkip, near_misses
-from .rewrite.fold import CLEANUP_STEPS
-from .rewrite.rebuild import rebuild
-from .ruleset import load_rules
 
 __all__ = ["Explanation", "explain"]
 

@@ -21,12 +21,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from .ir import Model
-from .load.loader import checker_error
-from .match.matcher import Matcher
-from .patterns.rules import Rule
-from .patterns.syntax import Call, Expr, Ref
-from .rewrite.engine import EngineOptions, match_issue, near_misses, rule_issue, run
+from ..ir import Model
+from ..load.loader import checker_error
+from ..match.matcher import Matcher
+from ..patterns.rules import Rule
+from ..patterns.syntax import Call, Expr, Ref
+from ..rewrite.engine import EngineOptions, match_issue, near_misses, rule_issue, run
+from ..targets import kernel_issue, provider_registered
+from ..validate.compare import default_tolerance
 from .selftest_models import (
     FLOAT,
     FLOATS,
@@ -38,8 +40,6 @@ from .selftest_models import (
     rule_opsets,
     swap_operands,
 )
-from .targets import kernel_issue, provider_registered
-from .validate.compare import default_tolerance
 
 NOT_VALIDATED = "not validated here"  # fired as it should, but no kernel here to compare the fused outputs with
 
@@ -134,7 +134,7 @@ def _reference_note(model: onnx.ModelProto, elem: int) -> str | None:
 
 def _typed(model: onnx.ModelProto) -> Model:
     inferred = onnx.shape_inference.infer_shapes(model)
-    from .load.loader import merge_types
+    from ..load.loader import merge_types
 
     m = Model(model, ".")
     merge_types(m.graph, inferred.graph)
@@ -180,7 +180,7 @@ def why_not_fired(rule: Rule, model: onnx.ModelProto, target: str) -> str:
 
 
 def _ort_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    from .validate.runtime import make_session
+    from ..validate.runtime import make_session
 
     return make_session(model.SerializeToString(), "disable").run(None, feeds)
 

@@ -6,19 +6,19 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from .errors import OnnxfuseError
-from .patterns.parser import load_path
-from .patterns.rules import Rule
-from .patterns.spec import json_schema_text
-from .rewrite.engine import order_rules, rule_issue
-from .rewrite.fold import CLEANUP_STEPS
+from ..errors import OnnxfuseError
+from ..patterns.parser import load_path
+from ..patterns.rules import Rule
+from ..patterns.spec import json_schema_text
+from .engine import order_rules, rule_issue
+from .fold import CLEANUP_STEPS
 
 __all__ = ["builtin_patterns_dir", "load_rules", "pattern_schema", "rules_in_order"]
 
 
 def builtin_patterns_dir() -> str:
     """The repo's patterns/ in a source checkout; the wheel's onnxfuse.builtin_patterns when installed."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # onnxfuse/
     if (here.parent / "pyproject.toml").is_file() and (here.parent / "patterns").is_dir():
         return str(here.parent / "patterns")
     return str(resources.files("onnxfuse.builtin_patterns"))
