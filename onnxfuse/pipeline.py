@@ -16,8 +16,9 @@ import onnx
 from .errors import ModelError, OnnxfuseError
 from .inputs import InputPlan, discover_profiles, parse_profiles, parse_shape_specs
 from .ir import Model
-from .load.loader import LoadInfo, approx_bytes, load_model, save_model
+from .load.loader import LoadInfo, load_model
 from .load.static_shapes import fix_input_shapes
+from .load.write import approx_bytes, save_model
 from .opschema import RUNTIME_DOMAINS
 from .options import OptimizeOptions, check_choice, check_strings
 from .patterns.rules import Rule

@@ -445,7 +445,7 @@ def test_streamed_write_is_byte_identical():
 
     from onnx import numpy_helper
 
-    from onnxfuse.load.loader import write_streamed
+    from onnxfuse.load.write import write_streamed
 
     model = _weighted_model()
     model.graph.initializer.append(numpy_helper.from_array(np.arange(5000, dtype=np.float32), "typed"))

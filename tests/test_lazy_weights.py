@@ -10,6 +10,7 @@ import pytest
 from conftest import make_model, ort_run
 
 from onnxfuse import OptimizeOptions, optimize
+from onnxfuse.load import lazy as LZ
 from onnxfuse.load import loader as L
 
 
@@ -44,7 +45,7 @@ def test_optimize_writes_the_same_bytes_as_an_eager_load(tmp_path, monkeypatch):
     path = _model(str(tmp_path / "m.onnx"))
     lazy = optimize(path, str(tmp_path / "lazy.onnx"), OptimizeOptions(measure=False))
     assert lazy.fired.get("erf-gelu") == 1
-    monkeypatch.setattr(L, "LAZY_MIN_BYTES", 1 << 40)
+    monkeypatch.setattr(LZ, "LAZY_MIN_BYTES", 1 << 40)
     optimize(path, str(tmp_path / "eager.onnx"), OptimizeOptions(measure=False))
     assert (tmp_path / "lazy.onnx").read_bytes() == (tmp_path / "eager.onnx").read_bytes()
     out = onnx.load(str(tmp_path / "lazy.onnx"))

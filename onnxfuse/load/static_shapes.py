@@ -13,7 +13,7 @@ import onnx
 
 from ..errors import OnnxfuseError
 from ..inputs.shapes import model_inputs, parse_shape_specs, resolve_shapes
-from .loader import all_tensors
+from ..tensors import all_tensors
 
 
 def fix_input_shapes(path: str, specs: list[str], out_dir: str) -> str:

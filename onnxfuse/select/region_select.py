@@ -25,13 +25,14 @@ import onnx
 from ..errors import OnnxfuseError
 from ..inputs.budget import default_budget_bytes
 from ..ir import Model
-from ..load.loader import all_tensors, load_model
+from ..load.loader import load_model
 from ..options import OptimizeOptions
 from ..patterns.rules import Rule
 from ..progress import Phase, quiet
 from ..rewrite.engine import EngineOptions
 from ..rewrite.fold import CLEANUP_STEPS
 from ..rewrite.rebuild import Rewritten, rebuild
+from ..tensors import all_tensors
 from ..validate.runtime import Candidate, make_session, peak_rss_bytes, release_memory
 from ..validate.validate import Validator
 from .decision_cache import DecisionCache, digest, environment_key

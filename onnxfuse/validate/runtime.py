@@ -17,8 +17,10 @@ import onnx
 from ..errors import InputSpecError, ModelError, OnnxfuseError, first_line
 from ..inputs.shapes import fmt_shape
 from ..ir import shell_copy
-from ..load.loader import LoadInfo, all_tensors, write_streamed
+from ..load.loader import LoadInfo
+from ..load.write import write_streamed
 from ..targets import PROVIDERS
+from ..tensors import all_tensors
 
 if TYPE_CHECKING:
     import onnxruntime
