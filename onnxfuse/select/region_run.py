@@ -1,0 +1,388 @@
+"""One region selection's state and steps (the sequence is region_select.py): the regions' inputs captured from
+runs of the original, each class of alike regions timed (region_timing.py),
+decisions cached, the kept selection rebuilt and confirmed on the whole model, all within one budget
+(`automatic_budget` when none is given)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import OnnxfuseError
+from ..inputs.budget import default_budget_bytes
+from ..ir import Model
+from ..options import OptimizeOptions
+from ..patterns.rules import Rule
+from ..rewrite.engine import EngineOptions
+from ..rewrite.fold import CLEANUP_STEPS
+from ..rewrite.rebuild import Rewritten, rebuild
+from ..validate.runtime import Candidate, make_session, peak_rss_bytes, release_memory
+from ..validate.validate import Validator
+from .decision_cache import DecisionCache, digest, environment_key
+from .region_timing import MIN_RUNS, Filtered, OutOfBudget, interleaved, verdict
+from .regions import Region, region_model, signature
+from .rounds import GroupEffect, Key, MeasureReport
+from .timing import Ratio, paired_ratio
+
+__all__ = ["Phases", "RegionClass", "RegionRun", "automatic_budget"]
+
+CAPTURE_CHUNK = 32  # region inputs fetched per run of the original (bounds the memory they take)
+CONFIRM_RUNS = 20  # whole-model confirmation, budget permitting
+MAX_REBUILDS = 3
+REGION_BUDGET_S = 10.0  # the automatic budget at most (models up to 1 GiB)
+AUTO_MIN_S = 4.0  # and at least
+TOTAL_TARGET_S = 12.0  # the whole optimize the automatic budget aims at
+CAPTURE_SHARE = 0.6  # capture may take at most this share of the budget, or nothing is measured
+SHAPE_VALUES = 64  # a region whose inputs are all integers this small computes shapes (see RegionClass.shape_only)
+
+
+@dataclass
+class RegionClass:
+    """Alike regions, timed once through the first."""
+
+    sig: str
+    regions: list[Region]
+    feeds: list[dict[str, np.ndarray]] = field(default_factory=list)  # per profile, the first region's inputs
+    decision: GroupEffect | None = None
+
+    @property
+    def shape_only(self) -> bool:
+        """The region reads only a few integers (shape arithmetic): there is nothing to time; it is kept."""
+        return all(a.size <= SHAPE_VALUES and a.dtype.kind in "iu" for feeds in self.feeds for a in feeds.values())
+
+    @property
+    def keys(self) -> list[Key]:
+        return [k for r in self.regions for k in r.keys]
+
+    @property
+    def weight(self) -> int:
+        return len(self.regions) * len(self.regions[0].original)
+
+
+class RegionRun:
+    """One region selection: the state shared by its steps."""
+
+    def __init__(self, input_path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions,
+                 deny: set[Key], state: Rewritten, validator: Validator, cache: DecisionCache,
+                 spent_s: float = 0.0) -> None:
+        self.input_path, self.rules, self.opts, self.base, self.deny = input_path, rules, opts, base, deny
+        self.state, self.validator, self.cache = state, validator, cache
+        self.t0 = time.perf_counter()
+        self.weights = state.info.size_bytes + state.info.external_bytes
+        self.budget = opts.measure_budget_s if opts.measure_budget_s is not None else \
+            automatic_budget(self.weights, spent_s)
+        self.deadline = self.t0 + self.budget
+        self.env = environment_key(opts.target, opts.measure_threads)
+        # what `cache show` lists beside a decision (not part of its key): the model it was first taken on
+        self.tag = {"model": os.path.basename(input_path), "threads": opts.measure_threads}
+        self.report = MeasureReport(opts.target, opts.measure_threads, 0, strategy="regions")
+        self.provider = validator.provider
+        self.profiles = validator.timing_profiles()
+        self.profile_names = [name for name, _, _ in validator.profiles()]
+        self.session_s = 0.0  # creating a session of the original (measured by capture)
+        self.latency_s = 0.0  # one run of the original, slowest profile (measured by capture)
+
+    # ---- capture: the values at region boundaries, from runs of the original -----------------------------------
+
+    def capture(self, original: Model, regions: list[Region]) -> list[RegionClass]:
+        """Run the original with the regions' inputs as extra outputs (CAPTURE_CHUNK at a time) and group the
+        regions into classes by signature; the first region of a class keeps its inputs for timing."""
+        g = original.proto.graph
+        have = {o.name for o in g.output}
+        # what the runs feed; an overridable initializer left unfed (its default) is fetched like any value
+        feeds_names = {k for _, feeds in self.profiles for k in feeds}
+        wanted = [v for v in dict.fromkeys(v for r in regions for v in r.inputs) if v not in feeds_names]
+        added = len(g.output)
+        for v in wanted:
+            if v not in have:
+                g.output.add().name = v
+        cand = Candidate(original.proto, self.state.info)
+        del g.output[added:]
+        t = time.perf_counter()
+        try:
+            session = make_session(cand.source, "disable", self.provider, self.opts.measure_threads)
+            self.session_s = time.perf_counter() - t
+            classes: dict[str, RegionClass] = {}
+            pending = list(regions)
+            while pending:
+                chunk: list[Region] = []
+                names: set[str] = set()
+                while pending and (not chunk or len(names | set(pending[0].inputs)) <= CAPTURE_CHUNK):
+                    chunk.append(pending.pop(0))
+                    names.update(chunk[-1].inputs)
+                fetch = [v for v in wanted if v in names]
+                per_profile = []
+                for _, feeds in self.profiles:
+                    t = time.perf_counter()
+                    values = dict(zip(fetch, session.run(fetch, feeds), strict=True)) if fetch else {}
+                    self.latency_s = max(self.latency_s, time.perf_counter() - t)
+                    values.update({k: v for k, v in feeds.items() if k in names})
+                    per_profile.append(values)
+                for r in chunk:
+                    shapes = [[(str(p[v].dtype), tuple(p[v].shape)) for v in r.inputs] for p in per_profile]
+                    sig = signature(r, shapes)
+                    if sig not in classes:
+                        classes[sig] = RegionClass(sig, [], [{v: p[v] for v in r.inputs} for p in per_profile])
+                    classes[sig].regions.append(r)
+                del per_profile, values
+        finally:
+            cand.close()
+            del session
+            release_memory()
+        return list(classes.values())
+
+    def reuse(self, hit: dict, state: Rewritten, rule_ids: set[str]) -> tuple[MeasureReport, Rewritten]:
+        """The whole selection of an earlier run on this very model (same file, rewrites, shapes, machine):
+        rebuilt from its kept and dropped rewrites, reported as it was, every row marked cached. The kept
+        selection is validated again (validated)."""
+        kept = {tuple(k) for k in hit["kept"]}
+        dropped = {tuple(k) for k in hit["dropped"]}
+        if hit["dropped_everything"]:
+            kept, dropped = set(), kept | dropped
+        candidate = self.build(kept, dropped) if dropped else state
+        old = hit["report"]
+        r = self.report
+        for g in old["groups"]:
+            e = g["with_over_without"]
+            r.groups.append(GroupEffect(g["group"], g["rules"], g["rewrites"], g["kept"],
+                                        Ratio(e["median"], e["low"], e["high"]) if e else None,
+                                        source="cached" if g["source"] in ("timed", "cached") else g["source"],
+                                        instances=g["instances"], floor=g["noise_floor"], why=g["why"]))
+        fr = old["final_ratio"]
+        r.final = Ratio(fr["median"], fr["low"], fr["high"]) if fr else None
+        r.floor, r.undecided, r.dropped_everything = old["noise_floor"], old["undecided"], hit["dropped_everything"]
+        r.confirmed = "cached" if old["confirmed"] == "timed" else old["confirmed"]
+        r.profiles = [(p["name"], p["weight"], Ratio(**p["ratio"])) for p in old.get("profiles", [])]
+        r.note = "the selection of an earlier run on this model (decision cache)"
+        r.seconds = time.perf_counter() - self.t0
+        r.budget_s = hit["budget"]
+        return r, candidate
+
+    def validated(self, candidate: Rewritten, phase: Phases) -> tuple[MeasureReport, Rewritten]:
+        """The kept selection validated again (a subset of validated rewrites can still interact), unless it is
+        the full rewrite that was validated already."""
+        if self.opts.validate and candidate is not self.state and candidate.eng.applications:
+            with phase("validate"):
+                outcome = self.validator.check(candidate.proto, candidate.info)
+            if not outcome.ok:
+                raise OnnxfuseError(f"the measured selection does not validate: {outcome.reason}; nothing written")
+        return self.report, candidate
+
+    def capture_too_costly(self, regions: list[Region]) -> str:
+        """Why capturing would not fit the budget ("" when it would), from the validator's session and runs."""
+        values = len({v for r in regions for v in r.inputs})
+        runs = -(-values // CAPTURE_CHUNK) * len(self.profiles)
+        est = self.validator.session_s + runs * self.validator.run_s
+        if est <= CAPTURE_SHARE * self.budget:
+            return ""
+        return (f"not measured: capturing the regions' inputs would take about {est:.0f} s (a session of the "
+                f"model and {runs} run(s)), more than {CAPTURE_SHARE:.0%} of the {self.budget:g} s budget; only "
+                "exact rewrites are kept (raise --measure-budget to measure, or --no-measure keeps every "
+                "validated rewrite)")
+
+    def unmeasured(self, why: str, regions: list[Region]) -> tuple[MeasureReport, Rewritten]:
+        """Nothing timed: exact regions kept, the rest left as the original."""
+        self.report.note = why
+        exact = {k for r in regions if r.untimeable.endswith("(exact)") for k in r.keys}
+        dropped = {k for r in regions for k in r.keys} - exact
+        state = self.build(exact, dropped) if dropped else self.state
+        self.report.seconds = time.perf_counter() - self.t0
+        self.report.budget_s = self.budget
+        return self.report, state
+
+    # ---- timing one class ------------------------------------------------------------------------------------
+
+    def time_class(self, c: RegionClass, deadline: float) -> GroupEffect:
+        rep = c.regions[0]
+        # building and loading its two versions (three sessions) costs about what loading that many bytes of
+        # the model did in the capture session
+        rate = self.weights / self.session_s if self.session_s > 0 and self.weights else float("inf")
+        if time.perf_counter() + 1.5 * rep.weight_bytes / rate > self.deadline:
+            raise OutOfBudget
+        m = self.state.model
+        opsets, ir = dict(m.opsets), m.proto.ir_version
+        orig = region_model(rep, False, opsets, ir, c.feeds[0])
+        fused = region_model(rep, True, opsets, ir, c.feeds[0])
+        threads = self.opts.measure_threads
+        sessions = {"a": Filtered(make_session(orig, "all", self.provider, threads)),
+                    "b": Filtered(make_session(orig, "all", self.provider, threads)),
+                    "f": Filtered(make_session(fused, "all", self.provider, threads))}
+        profiles = [(w, feeds) for (w, _), feeds in zip(self.profiles, c.feeds, strict=True)]
+        raw: dict[tuple[str, int], list[float]] = {}
+        times = interleaved(sessions, profiles, MIN_RUNS, deadline, self.deadline, raw)
+        self.report.rounds += 1
+        ratio, floor = verdict(times, "a", "b", "f")
+        keep = ratio.verdict_beyond(floor) == "faster"
+        each = sum(w * float(np.median(raw["a", p])) for p, (w, _) in enumerate(profiles))
+        return GroupEffect(rep.label, rep.rules, len(c.keys), keep, ratio, source="timed",
+                           instances=len(c.regions), floor=floor, seconds_each=each)
+
+    def _cached(self, key: str) -> dict | None:
+        """A cached decision, unless it is "not reached" and this run was given (--measure-budget) a larger
+        budget than the run that did not reach it: then it is timed now. Runs with the automatic budget reuse
+        every decision, so two runs with the same flags write the same model."""
+        hit = self.cache.get(key)
+        if (hit is not None and hit.get("source") == "budget" and self.opts.measure_budget_s is not None
+                and self.budget > hit.get("budget", 0.0)):
+            return None
+        return hit
+
+    def decide(self, classes: list[RegionClass], region_deadline: float) -> None:
+        todo = []
+        for c in classes:
+            rep = c.regions[0]
+            hit = self._cached(digest("region", c.sig, self.env))
+            if hit is not None:
+                c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), bool(hit["keep"]),
+                                         Ratio(*hit["ratio"]) if hit.get("ratio") else None,
+                                         source="cached" if hit.get("source") != "budget" else "budget",
+                                         instances=len(c.regions), floor=hit.get("floor", 0.0),
+                                         why="decided by an earlier run" if hit.get("source") != "budget" else
+                                         f"not reached within {hit.get('budget', 0):g} s by an earlier run")
+            elif c.shape_only:
+                c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), True, None, source="exact",
+                                         instances=len(c.regions), why="acts on shape values only")
+            else:
+                todo.append(c)
+        todo.sort(key=lambda c: -c.weight)
+        for k, c in enumerate(todo):
+            rep = c.regions[0]
+            key = digest("region", c.sig, self.env)
+            now = time.perf_counter()
+            share = (region_deadline - now) / (len(todo) - k)
+            try:
+                if share <= 0:
+                    raise OutOfBudget
+                c.decision = self.time_class(c, now + share)
+            except OutOfBudget:
+                c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), False, None, source="budget",
+                                         instances=len(c.regions))
+                self.cache.put(key, {"kind": "region", "keep": False, "source": "budget",
+                                     "budget": self.budget, "label": rep.label, "rules": rep.rules, **self.tag})
+                continue
+            except OnnxfuseError as e:  # a region that cannot run alone stays as the original
+                c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), False, None, source="untimed",
+                                         instances=len(c.regions), why=str(e)[:200])
+                continue
+            d = c.decision
+            assert d.effect is not None
+            self.cache.put(key, {"kind": "region", "keep": d.kept, "source": "timed",
+                                 "ratio": [d.effect.median, d.effect.low, d.effect.high], "floor": d.floor,
+                                 "label": d.group, "rules": d.rules, **self.tag})
+
+    # ---- the whole model -------------------------------------------------------------------------------------
+
+    def build(self, kept: set[Key], dropped: set[Key], deny_unmeasured: bool = True) -> Rewritten:
+        """The model with the dropped rewrites denied; with `deny_unmeasured`, a rewrite that was not measured
+        (a rule that fires only once a dropped one is gone) is denied too."""
+        deny = set(self.deny) | dropped
+        by_id = {r.id for r in self.rules}
+        for _ in range(MAX_REBUILDS if deny_unmeasured else 0):
+            state = rebuild(self.input_path, self.rules, self.base, deny)
+            new = {a.key for a in state.eng.applications if a.rule in by_id and a.key not in kept}
+            if not new:
+                return state
+            deny |= new
+        return rebuild(self.input_path, self.rules, self.base, deny)
+
+    def fingerprint(self, original: Model) -> str:
+        h = hashlib.sha256()
+        for n in original.proto.graph.node:
+            h.update(n.SerializeToString())
+        for t in original.proto.graph.initializer:
+            h.update(f"{t.name}{t.data_type}{list(t.dims)}".encode())
+        for _, feeds in self.profiles:
+            h.update(repr(sorted((k, v.dtype.str, v.shape) for k, v in feeds.items())).encode())
+        return h.hexdigest()
+
+    def confirm(self, candidate: Rewritten, key: str) -> Ratio | None:
+        """Candidate against original on the whole model, interleaved (two sessions of the candidate give the
+        noise floor). None when the budget or memory does not allow it (that, too, is recorded: a run with the
+        same budget then makes the same choice)."""
+        tag = {**self.tag, "rules": sorted({a.rule for a in candidate.eng.applications} - set(CLEANUP_STEPS))}
+        hit = self._cached(key)
+        if hit is not None:
+            self.report.confirmed = "cached" if hit.get("source") != "budget" else hit.get("why", "skipped")
+            self.report.floor = hit.get("floor", 0.0)
+            self.report.profiles = [(n, w, Ratio(*r)) for n, w, r in hit.get("profiles", [])]
+            return Ratio(*hit["ratio"]) if hit.get("ratio") else None
+        weights = candidate.info.size_bytes + candidate.info.external_bytes
+        why = ""
+        # the sessions and one warm-up round must fit; whether MIN_RUNS_FLOOR runs do is decided after the warm-up
+        # on the real (ORT_ENABLE_ALL) run times (interleaved), not on the capture's unoptimized ones
+        cost = 3 * self.session_s + 3 * self.latency_s * len(self.profiles)
+        if 3 * weights > default_budget_bytes():
+            why = "skipped: three sessions of the model would not fit the memory budget"
+        elif time.perf_counter() + cost > self.deadline:
+            why = f"skipped: it would take about {cost:.1f} s, past the budget"
+        if why:
+            self.report.confirmed = why
+            self.cache.put(key, {"kind": "model", "source": "budget", "budget": self.budget, "why": why,
+                                 **tag})
+            return None
+        cand = Candidate(candidate.proto, candidate.info)  # a file onnxruntime maps: no copy held here
+        try:
+            threads = self.opts.measure_threads
+            sessions = {"o": make_session(self.input_path, "all", self.provider, threads),
+                        "c": make_session(cand.source, "all", self.provider, threads),
+                        "c2": make_session(cand.source, "all", self.provider, threads)}
+            per_profile: dict[tuple[str, int], list[float]] = {}
+            times = interleaved(sessions, self.profiles, CONFIRM_RUNS, self.deadline, self.deadline, per_profile)
+            del sessions
+        except OutOfBudget:
+            why = "skipped: its runs would end past the budget"
+            self.report.confirmed = why
+            self.cache.put(key, {"kind": "model", "source": "budget", "budget": self.budget, "why": why,
+                                 **tag})
+            return None
+        finally:
+            cand.close()
+            release_memory()
+        self.report.rounds += 1
+        ref = [(x + y) / 2 for x, y in zip(times["c"], times["c2"], strict=True)]
+        floor = abs(paired_ratio(times["c2"], times["c"]).median - 1)
+        ratio = paired_ratio(ref, times["o"])
+        self.report.floor = floor
+        self.report.confirmed = "timed"
+        if len(self.profiles) > 1:  # prefill and decode each, not only their weighted total
+            for p, (weight, _) in enumerate(self.profiles):
+                cand_p = [(x + y) / 2 for x, y in zip(per_profile["c", p], per_profile["c2", p], strict=True)]
+                name = self.profile_names[p] if p < len(self.profile_names) else f"profile {p + 1}"
+                self.report.profiles.append((name, weight, paired_ratio(cand_p, per_profile["o", p])))
+        self.cache.put(key, {"kind": "model", "source": "timed", "ratio": [ratio.median, ratio.low, ratio.high],
+                             **tag, "floor": floor, "profiles": [[n, w, [r.median, r.low, r.high]]
+                                                          for n, w, r in self.report.profiles]})
+        return ratio
+
+
+def automatic_budget(weights: int, spent_s: float) -> float:
+    """The budget when none is given: what keeps the whole optimize near TOTAL_TARGET_S (`spent_s`, what loading,
+    rewriting and validating took plus the final validation still to come, is subtracted), between AUTO_MIN_S
+    and REGION_BUDGET_S; past 1 GiB of weights, REGION_BUDGET_S per GiB (loading the model is part of it)."""
+    if weights > 2**30:
+        return REGION_BUDGET_S * weights / 2**30
+    return min(REGION_BUDGET_S, max(AUTO_MIN_S, TOTAL_TARGET_S - spent_s))
+
+
+class Phases:
+    """Seconds per phase, added up (a phase may run twice)."""
+
+    def __init__(self, into: dict[str, float], peaks: dict[str, int],
+                 starting: Callable[[str], None] = lambda name: None) -> None:
+        self.into, self.peaks, self.starting = into, peaks, starting
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        self.starting(name)
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.into[name] = self.into.get(name, 0.0) + time.perf_counter() - t
+            self.peaks[name] = peak_rss_bytes()
