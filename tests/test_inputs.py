@@ -254,7 +254,7 @@ def test_cross_attention_cache_keeps_its_length_at_prefill_and_decode():
         assert plan.shapes["past_key"][2] == (0 if p.name == "prefill" else 127)
     roles = {d.key: d.role for d in discover(model, _probe(model))[0].dims}
     assert roles["encoder_length"] == "memory" and roles["past_sequence"] == "past"
-    from onnxfuse.inputs.discover import memory_caches
+    from onnxfuse.inputs.roles import memory_caches
     from onnxfuse.inputs.shapes import model_inputs
 
     assert memory_caches(model, model_inputs(model)) == {"past_cross_key"}  # by structure, whatever its name
