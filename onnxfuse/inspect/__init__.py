@@ -7,5 +7,5 @@
 - `report.py`, `html_report.py`: terminal and HTML output.
 
 May import: select/, validate/, rewrite/, load/, inputs/, the base modules and `result`. Nothing imports
-inspect/ except the API (`onnxfuse/__init__.py`), the CLI and the pipeline.
+inspect/ except the API (`onnxfuse/__init__.py`) and the CLI.
 """
