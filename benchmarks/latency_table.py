@@ -49,8 +49,8 @@ from transformer_fusions import one_line, onnxfuse_exe, run_onnxscript  # noqa: 
 
 from onnxfuse.inputs import at_batch, discover_profiles  # noqa: E402
 from onnxfuse.inputs.shapes import ShapeSpec  # noqa: E402
-from onnxfuse.runtime import make_session, run  # noqa: E402
-from onnxfuse.timing import SIGNIFICANT, paired_ratio, time_interleaved, warm_up  # noqa: E402
+from onnxfuse.select.timing import SIGNIFICANT, paired_ratio, time_interleaved, warm_up  # noqa: E402
+from onnxfuse.validate.runtime import make_session, run  # noqa: E402
 
 PEERS = ("ortx", "onnxscript")
 

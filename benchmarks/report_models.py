@@ -14,9 +14,9 @@ import sys
 import tempfile
 
 from onnxfuse import OptimizeOptions, optimize
-from onnxfuse.html_report import render, write
-from onnxfuse.latency import bench
-from onnxfuse.op_profile import profile
+from onnxfuse.inspect.html_report import render, write
+from onnxfuse.inspect.latency import bench
+from onnxfuse.inspect.op_profile import profile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # shapes as ../shared/tools/peer_bench.py feeds them (realistic sizes for the image models)

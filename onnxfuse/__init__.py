@@ -12,14 +12,15 @@ Errors a user can act on (a bad model, pattern file or flag) are OnnxfuseError, 
 __version__ = "0.1.0"
 
 from .errors import InputSpecError, ModelError, OnnxfuseError, PatternError
-from .explain import Explanation, explain
 from .inputs import InputPlan
-from .latency import BenchResult, bench
-from .op_profile import ProfileResult, profile
+from .inspect.explain import Explanation, explain
+from .inspect.latency import BenchResult, bench
+from .inspect.op_profile import ProfileResult, profile
+from .inspect.selftest import self_test
 from .options import OptimizeOptions
 from .pipeline import find_inputs, find_profiles, optimize
 from .result import Result
-from .ruleset import builtin_patterns_dir, load_rules, pattern_schema, rules_in_order, self_test
+from .rewrite.ruleset import builtin_patterns_dir, load_rules, pattern_schema, rules_in_order
 
 __all__ = ["BenchResult", "Explanation", "InputPlan", "InputSpecError", "ModelError", "OnnxfuseError",
            "OptimizeOptions", "PatternError", "ProfileResult", "Result", "__version__", "bench",

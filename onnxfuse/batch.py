@@ -23,10 +23,10 @@ from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
-from .decision_cache import cache_dir
 from .errors import OnnxfuseError
 from .options import OptimizeOptions
-from .timing_lock import REPORT_WAIT_S, WAIT_KEY, busy_lock
+from .select.decision_cache import cache_dir
+from .select.timing_lock import REPORT_WAIT_S, WAIT_KEY, busy_lock
 
 __all__ = ["BatchItem", "collect", "default_jobs", "optimize_many"]
 

@@ -315,7 +315,7 @@ class Graph:
         return order
 
     def export(self) -> onnx.GraphProto:
-        out = _shell(self.proto, onnx.GraphProto(), skip=("node", "initializer", "value_info"))
+        out = shell_copy(self.proto, onnx.GraphProto(), skip=("node", "initializer", "value_info"))
         nodes = self.sorted_nodes()
         used: set[str] = set(self.output_names)
         for n in nodes:
@@ -395,7 +395,7 @@ class Model:
 
     def export(self) -> onnx.ModelProto:
         out = onnx.ModelProto()
-        _shell(self.proto, out, skip=("graph",))
+        shell_copy(self.proto, out, skip=("graph",))
         out.graph.CopyFrom(self.graph.export())
         present = {"" if o.domain == "ai.onnx" else o.domain for o in out.opset_import}
         for domain, version in sorted(self.opsets.items()):
@@ -404,7 +404,7 @@ class Model:
         return out
 
 
-def _shell(proto, shell, skip: tuple[str, ...]):
+def shell_copy(proto, shell, skip: tuple[str, ...]):
     """Copy every set field of `proto` into `shell` except those in `skip` (cheap: no graph copy)."""
     for field, value in proto.ListFields():
         if field.name in skip:

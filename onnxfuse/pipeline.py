@@ -13,30 +13,32 @@ from dataclasses import dataclass, replace
 
 import onnx
 
-from .compare import OutputCheck
-from .decision_cache import DecisionCache
-from .errors import InputSpecError, ModelError, OnnxfuseError
+from .errors import ModelError, OnnxfuseError
 from .inputs import InputPlan, discover_profiles, parse_profiles, parse_shape_specs
 from .ir import Model
-from .loader import LoadInfo, approx_bytes, load_model, save_model
+from .load.loader import LoadInfo, load_model
+from .load.static_shapes import fix_input_shapes
+from .load.write import approx_bytes, save_model
 from .opschema import RUNTIME_DOMAINS
 from .options import OptimizeOptions, check_choice, check_strings
 from .patterns.rules import Rule
 from .progress import Phase, quiet
-from .region_select import region_selection
 from .result import Result, op_counts
 from .rewrite.engine import EngineOptions, RuleSkip, run
 from .rewrite.rebuild import Rewritten
-from .rollback import Rollback, validate_with_rollback
-from .ruleset import builtin_patterns_dir, load_rules
-from .runtime import make_session, peak_rss_bytes, resolve_threads
-from .runtime import run as run_session
-from .select import MeasureReport, measured_selection
-from .static_shapes import fix_input_shapes
+from .rewrite.ruleset import builtin_patterns_dir, load_rules
+from .select.decision_cache import DecisionCache
+from .select.region_select import region_selection
+from .select.rounds import MeasureReport, measured_selection
+from .select.timing_lock import timing_lock
 from .targets import kernel_issue, provider_registered, runs_on
 from .tensors import iter_nodes
-from .timing_lock import timing_lock
-from .validate import Validator
+from .validate.compare import OutputCheck
+from .validate.facts import unshaped
+from .validate.rollback import Rollback, validate_with_rollback
+from .validate.runtime import make_session, peak_rss_bytes, resolve_threads
+from .validate.runtime import run as run_session
+from .validate.validate import Validator
 
 __all__ = ["find_inputs", "find_profiles", "optimize"]
 
@@ -176,33 +178,11 @@ def _rewrite(loaded: _Loaded, rules: list[Rule], opts: OptimizeOptions) -> tuple
         rules = [r for r in rules if r.id not in {h.rule for h in held_back}]
     model, info = loaded.model, loaded.info
     hot = loaded.validator.branch_values(model.proto, info) if loaded.validator is not None and opts.fold else {}
-    observed = loaded.validator.observed_types(model.proto, info, _unshaped(model)) if loaded.validator else {}
+    observed = loaded.validator.observed_types(model.proto, info, unshaped(model)) if loaded.validator else {}
     base = EngineOptions(target=opts.target, fold=opts.fold, hot=hot, observed=observed)
     eng = run(model, rules, replace(base))
     eng.skipped.extend(held_back)
     return rules, base, Rewritten(model, info, eng)
-
-
-def run_facts(path: str, target: str = "cpu") -> EngineOptions:
-    """What the engine learns from running the original as optimize does (which branch each If takes, the
-    shapes of values shape inference cannot give), for `explain` to see what optimize sees; only the target
-    when the model cannot be run on the inputs found."""
-    opts = OptimizeOptions(target=target, measure=False).check()
-    try:
-        loaded = _load(path, opts)
-        assert loaded.validator is not None
-        hot = loaded.validator.branch_values(loaded.model.proto, loaded.info)
-        observed = loaded.validator.observed_types(loaded.model.proto, loaded.info, _unshaped(loaded.model))
-    except (OnnxfuseError, InputSpecError):
-        return EngineOptions(target=target)
-    return EngineOptions(target=target, hot=hot, observed=observed)
-
-
-def _unshaped(model: Model) -> list[str]:
-    """Main-graph node outputs shape inference gave no shape (what Validator.observed_types looks at)."""
-    g = model.graph
-    return [o for n in g.nodes for o in n.outputs
-            if o and (g.types.get(o) is None or g.types[o].shape is None)]
 
 
 def _validate(path: str, rules: list[Rule], base: EngineOptions, deny: set[tuple[str, str]], state: Rewritten,

@@ -8,14 +8,14 @@ from dataclasses import asdict, dataclass, field
 
 import onnx
 
-from .compare import OutputCheck
 from .inputs import InputPlan
 from .rewrite.apply import Application
 from .rewrite.engine import RuleSkip
 from .rewrite.fold import CLEANUP_STEPS
-from .rollback import Rollback
-from .select import MeasureReport
+from .select.rounds import MeasureReport
 from .tensors import iter_nodes
+from .validate.compare import OutputCheck
+from .validate.rollback import Rollback
 
 __all__ = ["Result", "op_counts"]
 

@@ -14,7 +14,7 @@ from onnx import numpy_helper
 
 from .errors import ModelError
 
-__all__ = ["TensorType", "constant_node_value", "dtype_name", "external_info", "iter_nodes", "read_external_tensor",
+__all__ = ["TensorType", "all_tensors", "constant_node_value", "dtype_name", "external_info", "is_inexact", "iter_nodes", "read_external_tensor",
            "type_from_proto"]
 
 
@@ -105,3 +105,21 @@ def read_external_tensor(t: onnx.TensorProto, base_dir: str) -> np.ndarray:
     copy.data_location = onnx.TensorProto.DEFAULT
     copy.raw_data = data
     return numpy_helper.to_array(copy)
+
+
+def is_inexact(dtype: np.dtype) -> bool:
+    """Floating or complex, including the ml_dtypes extension types (bfloat16, float8*, float4*)."""
+    return dtype.kind in "fc" or dtype.name.startswith(("bfloat16", "float8", "float4"))
+
+
+def all_tensors(graph: onnx.GraphProto):
+    yield from graph.initializer
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                yield a.t
+            elif a.type == onnx.AttributeProto.GRAPH:
+                yield from all_tensors(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    yield from all_tensors(g)

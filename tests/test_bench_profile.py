@@ -11,9 +11,9 @@ from conftest import MODELS
 
 from onnxfuse import OptimizeOptions, optimize
 from onnxfuse.errors import InputSpecError
-from onnxfuse.html_report import render
-from onnxfuse.latency import bench
-from onnxfuse.op_profile import memory_bound_signals, node_flops, profile
+from onnxfuse.inspect.html_report import render
+from onnxfuse.inspect.latency import bench
+from onnxfuse.inspect.op_profile import memory_bound_signals, node_flops, profile
 
 CNN = os.path.join(MODELS, "cnn_small.onnx")
 
@@ -151,8 +151,8 @@ def test_cli_bench_and_profile(cli, optimized, tmp_path):
 
 
 def test_verdict_respects_the_a_a_noise_floor():
-    from onnxfuse.latency import verdict
-    from onnxfuse.timing import Ratio
+    from onnxfuse.inspect.latency import verdict
+    from onnxfuse.select.timing import Ratio
 
     b = Ratio(0.97, 0.96, 0.98)
     assert verdict(b, Ratio(1.0, 0.997, 1.003)) == "faster"

@@ -8,10 +8,11 @@ import onnx.helper as oh
 import pytest
 from conftest import make_model, op_types, ort_run, save
 
-from onnxfuse import OptimizeOptions, load_rules, optimize, validate
-from onnxfuse.loader import load_model
+from onnxfuse import OptimizeOptions, load_rules, optimize
+from onnxfuse.load.loader import load_model
 from onnxfuse.rewrite.engine import EngineOptions, run
-from onnxfuse.runtime import failing_node
+from onnxfuse.validate import validate
+from onnxfuse.validate.runtime import failing_node
 
 BAD_MHA = """rules:
 - id: my-mha
@@ -106,7 +107,7 @@ def test_wrong_numbers_blame_the_rule_not_the_folding_before_it(tmp_path):
 def test_every_layer_named_is_rolled_back(tmp_path):
     """Many failing rewrites of one rule (one per layer): each named directly, one validation each, past the
     cap that bounds bisections."""
-    from onnxfuse.rollback import MAX_ROLLBACKS
+    from onnxfuse.validate.rollback import MAX_ROLLBACKS
 
     layers = MAX_ROLLBACKS + 2
     nodes, prev = [], "q"

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from onnxfuse import builtin_patterns_dir, load_rules
+from onnxfuse.inspect.selftest import check_rule, claimed_dtypes, dtype_label
 from onnxfuse.patterns.parser import load_path
-from onnxfuse.selftest import check_rule, claimed_dtypes, dtype_label
 from onnxfuse.targets import kernel_issue
 
 RULES = load_path(builtin_patterns_dir(), builtin=True) + load_path(f"{builtin_patterns_dir()}/optional", builtin=True)

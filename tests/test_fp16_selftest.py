@@ -8,11 +8,12 @@ import numpy as np
 import onnx.helper as oh
 from onnx import TensorProto
 
-from onnxfuse import OptimizeOptions, builtin_patterns_dir, explain, optimize, selftest
-from onnxfuse.compare import default_tolerance
+from onnxfuse import OptimizeOptions, builtin_patterns_dir, explain, optimize
+from onnxfuse.inspect import selftest
+from onnxfuse.inspect.selftest import check_rule, claimed_dtypes
 from onnxfuse.patterns.parser import load_path
-from onnxfuse.selftest import check_rule, claimed_dtypes
 from onnxfuse.targets import kernel_issue
+from onnxfuse.validate.compare import default_tolerance
 
 F16, F32, F64 = TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE
 BUILTIN = {r.id: r for r in load_path(builtin_patterns_dir(), builtin=True)}

@@ -27,7 +27,7 @@ from hypothesis import assume, event, given, settings
 from hypothesis.control import currently_in_test_context
 
 from onnxfuse import OptimizeOptions, optimize
-from onnxfuse.compare import default_tolerance
+from onnxfuse.validate.compare import default_tolerance
 
 TOL = default_tolerance(onnx.TensorProto.FLOAT)
 # the original's own outputs may move by at most this fraction of the validator's tolerance for the

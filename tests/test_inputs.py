@@ -14,7 +14,7 @@ from onnx import TensorProto
 from onnxfuse.errors import InputSpecError
 from onnxfuse.inputs import discover
 from onnxfuse.inputs.shapes import ShapeSpec, parse_shape_specs
-from onnxfuse.runtime import make_session, run
+from onnxfuse.validate.runtime import make_session, run
 
 
 def _probe(model):
@@ -254,7 +254,7 @@ def test_cross_attention_cache_keeps_its_length_at_prefill_and_decode():
         assert plan.shapes["past_key"][2] == (0 if p.name == "prefill" else 127)
     roles = {d.key: d.role for d in discover(model, _probe(model))[0].dims}
     assert roles["encoder_length"] == "memory" and roles["past_sequence"] == "past"
-    from onnxfuse.inputs.discover import memory_caches
+    from onnxfuse.inputs.roles import memory_caches
     from onnxfuse.inputs.shapes import model_inputs
 
     assert memory_caches(model, model_inputs(model)) == {"past_cross_key"}  # by structure, whatever its name
@@ -295,7 +295,7 @@ def test_optimize_validates_every_profile_and_measures_their_weighted_total(cli,
 
 
 def test_bench_times_a_kv_decoder_at_prefill_and_decode(cli, tmp_path):
-    from onnxfuse.latency import bench
+    from onnxfuse.inspect.latency import bench
 
     src = save(_text_model(64, past=True, total="total_sequence"), tmp_path / "kv.onnx")
     res = bench([src, src], min_runs=5, budget_s=0.05)
@@ -313,7 +313,7 @@ def test_bench_times_a_kv_decoder_at_prefill_and_decode(cli, tmp_path):
 
 
 def test_weighted_time_fn_adds_profiles_per_round():
-    from onnxfuse.select import weighted_time_fn
+    from onnxfuse.select.rounds import weighted_time_fn
 
     def fake(sources, feeds):
         return {k: [feeds["scale"] * (i + 1)] * 3 for i, k in enumerate(sources)}
@@ -445,7 +445,7 @@ def test_streamed_write_is_byte_identical():
 
     from onnx import numpy_helper
 
-    from onnxfuse.loader import write_streamed
+    from onnxfuse.load.write import write_streamed
 
     model = _weighted_model()
     model.graph.initializer.append(numpy_helper.from_array(np.arange(5000, dtype=np.float32), "typed"))
@@ -458,7 +458,7 @@ def test_streamed_write_is_byte_identical():
 def test_shape_inference_and_checker_run_without_the_weights():
     import onnx
 
-    from onnxfuse.loader import infer_types, weightless
+    from onnxfuse.load.loader import infer_types, weightless
 
     model = _weighted_model()
     light = weightless(model)
@@ -476,8 +476,8 @@ def test_candidates_keep_their_weights_in_a_mapped_side_file(tmp_path):
     model and the validator's checks pass on it."""
     import os
 
-    from onnxfuse.loader import LoadInfo
-    from onnxfuse.runtime import Candidate
+    from onnxfuse.load.loader import LoadInfo
+    from onnxfuse.validate.runtime import Candidate
 
     model = _weighted_model()
     cand = Candidate(model, LoadInfo(str(tmp_path / "m.onnx"), 0, False, 0))

@@ -10,7 +10,8 @@ import pytest
 from conftest import make_model, ort_run
 
 from onnxfuse import OptimizeOptions, optimize
-from onnxfuse import loader as L
+from onnxfuse.load import lazy as LZ
+from onnxfuse.load import loader as L
 
 
 def _model(path, width=1024):
@@ -44,7 +45,7 @@ def test_optimize_writes_the_same_bytes_as_an_eager_load(tmp_path, monkeypatch):
     path = _model(str(tmp_path / "m.onnx"))
     lazy = optimize(path, str(tmp_path / "lazy.onnx"), OptimizeOptions(measure=False))
     assert lazy.fired.get("erf-gelu") == 1
-    monkeypatch.setattr(L, "LAZY_MIN_BYTES", 1 << 40)
+    monkeypatch.setattr(LZ, "LAZY_MIN_BYTES", 1 << 40)
     optimize(path, str(tmp_path / "eager.onnx"), OptimizeOptions(measure=False))
     assert (tmp_path / "lazy.onnx").read_bytes() == (tmp_path / "eager.onnx").read_bytes()
     out = onnx.load(str(tmp_path / "lazy.onnx"))
@@ -78,7 +79,7 @@ def test_a_read_only_folder_loads_eagerly(tmp_path):
 def test_a_candidate_of_an_external_data_model_in_a_read_only_folder_loads(tmp_path, monkeypatch):
     """The data file is hard-linked (or copied) beside a candidate written elsewhere: onnxruntime refuses
     symbolic links that resolve outside the model's folder."""
-    from onnxfuse import runtime
+    from onnxfuse.validate import runtime
 
     src = onnx.load(_model(str(tmp_path / "m.onnx"), width=64))
     onnx.save(src, str(tmp_path / "ext.onnx"), save_as_external_data=True, location="ext.onnx.data",

@@ -10,7 +10,7 @@ from conftest import MODELS, make_model, ort_run
 
 from onnxfuse import OptimizeOptions, optimize
 from onnxfuse.errors import ModelError
-from onnxfuse.loader import load_model
+from onnxfuse.load.loader import load_model
 
 
 def _external_model(tmp_path):
@@ -90,19 +90,19 @@ def test_failed_write_leaves_nothing(tmp_path):
 
 def test_interrupt_leaves_no_partial_file(tmp_path, monkeypatch):
     """Ctrl-C while writing: the temporary file is removed, the target never appears."""
-    import onnxfuse.loader as L
+    import onnxfuse.load.write as W
 
-    real = L._externalize
+    real = W._externalize
 
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(L, "_externalize", boom)
+    monkeypatch.setattr(W, "_externalize", boom)
     src = _external_model(tmp_path)
     out = tmp_path / "o.onnx"
     with pytest.raises(KeyboardInterrupt):
         optimize(str(src), str(out), OptimizeOptions(measure=False))
-    monkeypatch.setattr(L, "_externalize", real)
+    monkeypatch.setattr(W, "_externalize", real)
     assert not out.exists()
     assert [p for p in os.listdir(tmp_path) if p.startswith(".onnxfuse-")] == []
 

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from onnxfuse.select import select
-from onnxfuse.timing import Ratio, paired_ratio
+from onnxfuse.select.rounds import select
+from onnxfuse.select.timing import Ratio, paired_ratio
 
 
 def fake_timer(cost_of: dict[str, float], noise: float = 0.002, runs: int = 60):
@@ -97,7 +97,7 @@ def test_rules_shadowed_by_a_dropped_group_are_measured_in_a_second_pass(tmp_pat
     import onnx
 
     import onnxfuse
-    from onnxfuse import select as S
+    from onnxfuse.select import rounds as S
 
     def op_cost(src):
         model = onnx.load_from_string(src) if isinstance(src, bytes) else onnx.load(src)

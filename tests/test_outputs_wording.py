@@ -9,7 +9,7 @@ import os
 
 from conftest import MODELS
 
-from onnxfuse.cli import _batch_line
+from onnxfuse.cli.optimize import _batch_line
 
 CNN = os.path.join(MODELS, "cnn_small.onnx")
 

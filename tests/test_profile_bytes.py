@@ -14,10 +14,10 @@ from conftest import MODELS, SHARED_MODELS, make_model, save
 from onnx import TensorProto
 
 from onnxfuse import OptimizeOptions, load_rules, optimize
-from onnxfuse import op_cost as P
-from onnxfuse.latency import probed_inputs
-from onnxfuse.op_cost import node_bytes
-from onnxfuse.op_profile import CACHE_FACTOR, OpStat, Peaks, ProfileResult, profile, residency
+from onnxfuse.inspect import op_cost as P
+from onnxfuse.inspect.latency import probed_inputs
+from onnxfuse.inspect.op_cost import node_bytes
+from onnxfuse.inspect.op_profile import CACHE_FACTOR, OpStat, Peaks, ProfileResult, profile, residency
 
 F4 = 4
 
@@ -122,8 +122,8 @@ def test_reports_print_no_rate_above_the_peak():
     """The text and HTML tables show the cell, never the rate, of an op whose data was in cache."""
     from rich.console import Console
 
-    from onnxfuse.html_report import render
-    from onnxfuse.report import print_profile
+    from onnxfuse.inspect.html_report import render
+    from onnxfuse.inspect.report import print_profile
 
     peaks = Peaks(gflops=100.0, gbytes=20.0, cache_bytes=32 * 2**20)
     stats = [OpStat("Gather", 1, 10.0, 0.5, 10.0, 0.1, 817.25, 0.001, 817.25 / 20, "cache"),

@@ -12,14 +12,16 @@ import pytest
 from conftest import MODELS, make_model
 
 from onnxfuse import OptimizeOptions, find_inputs, optimize
-from onnxfuse import region_select as rs
-from onnxfuse.compare import default_tolerance
-from onnxfuse.decision_cache import DecisionCache
-from onnxfuse.loader import load_model
-from onnxfuse.regions import find_regions, region_model, signature
+from onnxfuse.load.loader import load_model
 from onnxfuse.rewrite.engine import EngineOptions, run
-from onnxfuse.ruleset import load_rules
-from onnxfuse.timing import Ratio
+from onnxfuse.rewrite.ruleset import load_rules
+from onnxfuse.select import region_run as rr
+from onnxfuse.select import region_select as rs
+from onnxfuse.select import region_timing as rt
+from onnxfuse.select.decision_cache import DecisionCache
+from onnxfuse.select.regions import find_regions, region_model, signature
+from onnxfuse.select.timing import Ratio
+from onnxfuse.validate.compare import default_tolerance
 
 TRANSFORMER = os.path.join(MODELS, "transformer_small.onnx")
 CNN = os.path.join(MODELS, "cnn_small.onnx")
@@ -151,7 +153,7 @@ def _optimize(tmp_path, name, **kw):
 
 @pytest.mark.parametrize("ratio,kept", [(0.8, True), (1.0, False), (1.2, False)])
 def test_a_region_class_is_kept_only_when_faster_beyond_noise(tmp_path, monkeypatch, ratio, kept):
-    monkeypatch.setattr(rs, "_interleaved", _fake_interleaved(ratio))
+    monkeypatch.setattr(rr, "interleaved", _fake_interleaved(ratio))
     r, _ = _optimize(tmp_path, "o.onnx", cache=False)
     timed = [g for g in r.measure.groups if g.source == "timed"]
     assert timed and all(g.kept is kept for g in timed)
@@ -165,7 +167,7 @@ def test_a_region_class_is_kept_only_when_faster_beyond_noise(tmp_path, monkeypa
 def test_a_slower_whole_model_confirmation_writes_the_original(tmp_path, monkeypatch):
     fake = _fake_interleaved(0.8)
     fake.whole = 1.2
-    monkeypatch.setattr(rs, "_interleaved", fake)
+    monkeypatch.setattr(rr, "interleaved", fake)
     r, out = _optimize(tmp_path, "o.onnx", cache=False)
     assert r.measure.dropped_everything and r.measure.final.verdict == "slower"
     assert not any(k.startswith("com.microsoft") for k in r.ops_after)
@@ -178,7 +180,7 @@ def test_the_confirmation_reports_each_profile(tmp_path, monkeypatch, cli):
     monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "cache"))
     fake = _fake_interleaved(0.8)
     fake.whole, fake.per_profile = 0.9, [0.85, 0.97]
-    monkeypatch.setattr(rs, "_interleaved", fake)
+    monkeypatch.setattr(rr, "interleaved", fake)
     profiles = ["small:batch=1", "large:batch=3@2"]
     r, _ = _optimize(tmp_path, "o.onnx", profiles=profiles)
     assert r.measure.confirmed == "timed"
@@ -204,8 +206,8 @@ def test_decisions_are_cached_and_a_second_run_writes_the_same_bytes(tmp_path, m
     def no_timing(*a, **k):
         raise AssertionError("a cached decision was timed again")
 
-    real = rs._interleaved
-    monkeypatch.setattr(rs, "_interleaved", no_timing)
+    real = rr.interleaved
+    monkeypatch.setattr(rr, "interleaved", no_timing)
     r2, out2 = _optimize(tmp_path, "b.onnx")
     assert "timed" not in {g.source for g in r2.measure.groups}
     assert {g.source for g in r2.measure.groups} >= {"cached"} and r2.measure.confirmed == "cached"
@@ -213,14 +215,14 @@ def test_decisions_are_cached_and_a_second_run_writes_the_same_bytes(tmp_path, m
     # the same file again: the whole selection is reused, nothing is captured or timed
     assert "capture" not in r2.measure.phases and "earlier run" in r2.measure.note
     assert [(g.group, g.kept) for g in r2.measure.groups] == [(g.group, g.kept) for g in r1.measure.groups]
-    monkeypatch.setattr(rs, "_interleaved", real)
+    monkeypatch.setattr(rr, "interleaved", real)
     r3, _ = _optimize(tmp_path, "c.onnx", cache=False)  # --no-cache times again
     assert "cached" not in {g.source for g in r3.measure.groups}
 
 
 def test_a_budget_too_small_leaves_the_unreached_regions_as_the_original(tmp_path, monkeypatch):
     monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(rs, "_interleaved", _fake_interleaved(0.5))
+    monkeypatch.setattr(rr, "interleaved", _fake_interleaved(0.5))
     monkeypatch.setattr(rs.time, "perf_counter", _clock())
     r, out = _optimize(tmp_path, "o.onnx", measure_budget_s=4.0)
     sources = [g.source for g in r.measure.groups]
@@ -269,7 +271,7 @@ def test_verdict_uses_the_two_original_sessions_as_noise_floor():
     a = [1.0] * 20
     b = [1.03] * 20  # two sessions of one model differ by 3%
     f = [0.99] * 20
-    ratio, floor = rs._verdict({"a": a, "b": b, "f": f}, "a", "b", "f")
+    ratio, floor = rt.verdict({"a": a, "b": b, "f": f}, "a", "b", "f")
     assert abs(floor - 0.03) < 1e-9 and ratio.median < 1
     # the CI is below 1 but not beyond the noise floor: said so, not "no significant change"
     assert ratio.verdict_beyond(floor) == "within the noise floor (±3.5%): not counted as faster"
@@ -289,7 +291,7 @@ def test_rules_shadowed_by_a_dropped_region_are_timed_in_a_second_pass(tmp_path,
     """self-attention consumes the Q.K scale that matmul-scale would fuse. With Attention regions slower and
     FusedMatMul regions faster, the first pass drops Attention; the second lets matmul-scale fire, times it
     and keeps it. Nothing enters the output untimed."""
-    from onnxfuse.select import GroupEffect
+    from onnxfuse.select.rounds import GroupEffect
 
     def fake_time_class(self, c, deadline):
         rep = c.regions[0]
@@ -297,8 +299,8 @@ def test_rules_shadowed_by_a_dropped_region_are_timed_in_a_second_pass(tmp_path,
         return GroupEffect(rep.label, rep.rules, len(c.keys), ratio < 1, Ratio(ratio, ratio - 0.01, ratio + 0.01),
                            instances=len(c.regions))
 
-    monkeypatch.setattr(rs._Run, "time_class", fake_time_class)
-    monkeypatch.setattr(rs, "_interleaved", _fake_interleaved(1.0))  # the confirmation: no change
+    monkeypatch.setattr(rr.RegionRun, "time_class", fake_time_class)
+    monkeypatch.setattr(rr, "interleaved", _fake_interleaved(1.0))  # the confirmation: no change
     r = optimize(BERT, str(tmp_path / "out.onnx"), OptimizeOptions(cache=False))
     assert "self-attention" not in r.fired and r.fired.get("matmul-scale", 0) >= 2, r.fired
     rows = {g.group: g for g in r.measure.groups if g.source == "timed"}
@@ -324,7 +326,7 @@ def test_a_model_of_the_same_architecture_reuses_the_decisions(tmp_path, monkeyp
     second = _gelu_chain(str(tmp_path / "b.onnx"), seed=1)
     r1 = optimize(first, str(tmp_path / "a.opt.onnx"), OptimizeOptions())
     assert "timed" in {g.source for g in r1.measure.groups}
-    monkeypatch.setattr(rs, "_interleaved", lambda *a, **k: (_ for _ in ()).throw(AssertionError("timed")))
+    monkeypatch.setattr(rr, "interleaved", lambda *a, **k: (_ for _ in ()).throw(AssertionError("timed")))
     r2 = optimize(second, str(tmp_path / "b.opt.onnx"), OptimizeOptions())
     sources = {g.source for g in r2.measure.groups}
     assert "timed" not in sources and "cached" in sources
@@ -346,11 +348,11 @@ def test_profiles_count_by_weight_not_by_duration(monkeypatch):
 
     sessions = {"a": Fake([10.0, 1.0]), "b": Fake([10.0, 1.0]), "f": Fake([9.5, 1.2])}
     raw: dict = {}
-    times = rs._interleaved(sessions, [(1.0, {"p": 0}), (1.0, {"p": 1})], 10, 1e9, None, raw)
-    ratio, floor = rs._verdict(times, "a", "b", "f")
+    times = rt.interleaved(sessions, [(1.0, {"p": 0}), (1.0, {"p": 1})], 10, 1e9, None, raw)
+    ratio, floor = rt.verdict(times, "a", "b", "f")
     assert ratio.median == pytest.approx((0.95 + 1.2) / 2) and floor == 0 and ratio.verdict == "slower"
     assert raw["f", 0][0] == 9.5 and raw["a", 1][0] == 1.0  # seconds per profile, as run
-    times = rs._interleaved(sessions, [(3.0, {"p": 0}), (1.0, {"p": 1})], 10, 1e9)  # prefill counts 3x
-    assert rs._verdict(times, "a", "b", "f")[0].median == pytest.approx((3 * 0.95 + 1.2) / 4)
-    single = rs._interleaved(sessions, [(1.0, {"p": 0})], 10, 1e9)
+    times = rt.interleaved(sessions, [(3.0, {"p": 0}), (1.0, {"p": 1})], 10, 1e9)  # prefill counts 3x
+    assert rt.verdict(times, "a", "b", "f")[0].median == pytest.approx((3 * 0.95 + 1.2) / 4)
+    single = rt.interleaved(sessions, [(1.0, {"p": 0})], 10, 1e9)
     assert single["f"][0] == 9.5  # one profile: plain seconds

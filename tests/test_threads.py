@@ -8,7 +8,7 @@ import os
 
 from conftest import MODELS
 
-from onnxfuse.runtime import physical_cores, resolve_threads
+from onnxfuse.validate.runtime import physical_cores, resolve_threads
 
 CNN = os.path.join(MODELS, "cnn_small.onnx")
 
@@ -64,7 +64,7 @@ def test_bad_thread_counts_are_one_line_errors(cli, tmp_path):
 
 def test_html_names_the_thread_count_of_the_decisions(tmp_path):
     from onnxfuse import OptimizeOptions, optimize
-    from onnxfuse.html_report import render
+    from onnxfuse.inspect.html_report import render
 
     r = optimize(CNN, tmp_path / "o.onnx", OptimizeOptions(measure_threads=2, measure_budget_s=2))
     assert r.measure is not None and r.measure.threads == 2 and r.measure.groups

@@ -7,10 +7,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxfuse.compare import OutputCheck, Tolerance, compare_outputs, default_tolerance
 from onnxfuse.errors import InputSpecError, ModelError, OnnxfuseError
 from onnxfuse.inputs import ShapeSpec, make_inputs, parse_shape_specs
-from onnxfuse.runtime import make_session, run
+from onnxfuse.validate.compare import OutputCheck, Tolerance, compare_outputs, default_tolerance
+from onnxfuse.validate.runtime import make_session, run
 
 VOCAB = 50
 HIDDEN = 8

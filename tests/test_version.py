@@ -101,7 +101,7 @@ def test_no_versioning_without_fold(tmp_path):
 
 def test_a_rolled_back_versioning_stays_off(tmp_path):
     """Bisection denies a rewrite by (rule, root value): the root is the replaced If's first output."""
-    from onnxfuse.loader import load_model
+    from onnxfuse.load.loader import load_model
     from onnxfuse.rewrite.engine import EngineOptions, run
 
     src = save(_squeeze_if_model(), tmp_path / "in.onnx")

@@ -1,4 +1,10 @@
-"""Inputs that run: the shapes and values onnxfuse feeds a model (see discover.py for how they are found)."""
+"""Inputs that run: the shapes and values onnxfuse feeds a model.
+
+`shapes.py` (`--shape`, the model's inputs), `npz.py` (`--inputs`), `synth.py` (values: ids inside their tables,
+masks, positions), `budget.py` (memory estimate and budget), `profiles.py` (prefill/decode shape profiles); how
+shapes are found when none are given: `roles.py` (roles and bounds read from the graph), `retry.py` (retries read
+from onnxruntime's errors), `discover.py` (the search). May import the base modules only (errors, tensors).
+"""
 
 from .discover import DimChoice, InputPlan, default_budget_bytes, discover, fmt_bytes
 from .profiles import Profile, at_batch, at_dims, check_names, discover_profiles, parse_profiles

@@ -12,7 +12,6 @@ shapes were used and why; when nothing runs, one error names the dims to give wi
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,10 +19,21 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from ..compare import is_inexact
 from ..errors import InputSpecError
-from ..tensors import iter_nodes
 from .budget import default_budget_bytes, estimate_bytes, fmt_bytes, skeleton
+from .retry import retry_from_error, short_message
+from .roles import (
+    DimState,
+    dim_role,
+    fixed_by_constants,
+    guess_model_kind,
+    is_cache,
+    memory_caches,
+    position_table_rows,
+    reshape_multiples,
+    round_to,
+    sample_rate_hint,
+)
 from .shapes import (
     BATCH_DEFAULT,
     InputInfo,
@@ -34,7 +44,7 @@ from .shapes import (
     np_dtype,
     resolve_one,
 )
-from .synth import PASS_THROUGH, GraphIndex, gather_axis, make_inputs, synthesize
+from .synth import make_inputs, synthesize
 
 __all__ = ["DimChoice", "InputPlan", "default_budget_bytes", "discover", "fmt_bytes", "plan_dims", "shapes_at"]
 
@@ -47,12 +57,6 @@ LADDERS: dict[str, tuple[int, ...]] = {
     "other": (16, 64, 256, 1024, 8, 1),  # unknown meaning: up first (minimums from pads, windows), then down
 }
 MAX_PROBES = 8
-_PAST_WORDS = ("past", "cache")
-_MEMORY_WORDS = ("encoder", "cross", "memory")
-_FEATURE_WORDS = ("feature", "mel", "fbank", "spectrogram")
-_TOTAL_WORDS = ("total", "+")
-
-
 @dataclass
 class DimChoice:
     """One dynamic dim: the name users give with --shape, its role, the value used and why."""
@@ -93,424 +97,16 @@ class InputPlan:
                 "tried": self.tried, "estimate_bytes": self.estimate_bytes, "budget_bytes": self.budget_bytes}
 
 
-# ---- roles --------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Dim:
-    key: str
-    role: str
-    ladder: tuple[int, ...]
-    why: str
-    fixed: int | None = None  # bound by the user or tied: not walked down
-
-
-def _words(name: str) -> str:
-    return name.lower()
-
-
-def _role(name: str | None, info: InputInfo, axis: int, rank: int, model_kind: str,
-          memory: frozenset[str] = frozenset()) -> str:
-    """batch / past / memory / total / seq / image / audio / other, from the dim's name, the input and the model.
-    `memory`: the cache inputs nothing appends to (cross-attention keys and values of an encoder's sequence)."""
-    is_float = is_inexact(np_dtype(info))
-    low = _words(name or "")
-    if axis == 0 and rank > 1 and not any(w in low for w in ("seq", "len", "token", "time", "past", "total")):
-        return "batch"  # the leading dim of a tensor input, whatever the exporter named it
-    if "batch" in low:
-        return "batch"
-    if any(w in low for w in _TOTAL_WORDS):  # first: 'past_sequence_length + 1' is a total
-        return "total"
-    if any(w in low for w in _PAST_WORDS) or any(w in _words(info.name) for w in _PAST_WORDS) and axis == rank - 2:
-        return "memory" if info.name in memory or any(w in low for w in _MEMORY_WORDS) else "past"
-    if is_float and rank == 4 and axis in (2, 3) and model_kind == "image":
-        return "image"
-    if is_float and rank == 3 and axis == 2 and (any(w in _words(info.name) for w in _FEATURE_WORDS)
-                                                  or "frame" in low):
-        return "frames"  # [batch, mel bins, frames]
-    if is_float and model_kind == "audio" and axis == rank - 1:
-        return "audio"
-    if not is_float and rank >= 2 and axis == rank - 1:
-        return "seq"
-    if name and any(w in low for w in ("seq", "len", "token")):
-        return "seq"
-    return "other"
-
-
-def _model_kind(inputs: list[InputInfo]) -> str:
-    """'audio' when a float input of rank 2-3 has a dynamic last axis and no input is an image."""
-    floats = [i for i in inputs if i.shape is not None and is_inexact(np_dtype(i)) and not _is_cache(i)]
-    if any(len(i.shape) == 4 for i in floats):
-        return "image"
-    for i in floats:
-        if len(i.shape) in (2, 3) and not isinstance(i.shape[-1], int) and not any(
-                w in _words(i.name) for w in ("hidden", "embed", "state", "past", "cache", "feature")):
-            return "audio"
-    return "text" if any(not is_inexact(np_dtype(i)) for i in inputs if i.elem_type) else "other"
-
-
-def memory_caches(model: onnx.ModelProto, inputs: list[InputInfo]) -> frozenset[str]:
-    """Cache inputs that no Concat appends to (through reshapes, transposes, casts and splits): the keys and
-    values a cross-attention reads from an encoder's sequence, whose length is the same at prefill and decode.
-    A self-attention cache (past_key -> Concat with the new keys -> present) is not one; neither is a cache input
-    whose name says it is a self-attention cache while the graph says nothing."""
-    index = GraphIndex.build(model)
-    walk = PASS_THROUGH | {"Split", "Gather", "Slice"}
-    out = set()
-    for info in inputs:
-        if not _is_cache(info):
-            continue
-        seen, frontier, appended = {info.name}, [info.name], False
-        for _ in range(4):
-            nxt = []
-            for v in frontier:
-                for node in index.consumers.get(v, []):
-                    if node.op_type == "Concat":
-                        appended = True
-                    elif node.op_type in walk:
-                        nxt += [o for o in node.output if o and o not in seen]
-                        seen.update(node.output)
-            frontier = nxt
-        reached = any(index.consumers.get(v) for v in seen)
-        if not appended and reached:
-            out.add(info.name)
-    return frozenset(out)
-
-
-def _is_cache(info: InputInfo) -> bool:
-    """A KV-cache input (past_key_values.0.key, past_key, cache_v, ...)."""
-    return any(w in _words(info.name) for w in _PAST_WORDS)
-
-
-def _sample_rate_hint(inputs: list[InputInfo]) -> int | None:
-    """An 8 kHz model (a name saying so) wants 0.5-1 s at 8000 samples per second."""
-    for i in inputs:
-        if "8k" in _words(i.name) or "8000" in _words(i.name):
-            return 8000
-    return None
-
-
-# ---- bounds read from the graph -----------------------------------------------------------------------------
-
-
-def position_table_rows(model: onnx.ModelProto) -> tuple[int, str] | None:
-    """The smallest table (rank 2, 16+ rows) gathered on axis 0 by positions: indices from a Range, a CumSum,
-    a Slice of a constant buffer (the exported arange) or a position_ids input. A text sequence (past + new
-    included) cannot be longer. Tables indexed otherwise (token ids, T5's relative-position buckets) bound
-    nothing."""
-    index = GraphIndex.build(model)
-    inputs = {i.name for i in model.graph.input}
-    best: tuple[int, str] | None = None
-    for node in iter_nodes(model.graph):
-        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
-            continue
-        shape = index.static_shape(node.input[0])
-        if not shape or len(shape) != 2 or shape[0] < 16 or gather_axis(node, 2) != 0:
-            continue
-        if _positional(index, node.input[1], inputs) and (best is None or shape[0] < best[0]):
-            best = (shape[0], node.input[0])
-    return best
-
-
-_INDEX_PASS = PASS_THROUGH | {"Add", "Sub", "Cast", "Expand", "Unsqueeze", "Squeeze", "Tile"}
-
-
-def _positional(index: GraphIndex, value: str, inputs: set[str], depth: int = 0) -> bool:
-    """Whether `value` holds positions 0, 1, 2, ... (up to an offset): see position_table_rows."""
-    if value in inputs:
-        return "position" in value.lower()
-    node = index.producers.get(value)
-    if node is None or depth > 12:
-        return False
-    if node.op_type in ("Range", "CumSum"):
-        return True
-    if node.op_type == "Slice":
-        return index.static_shape(node.input[0]) is not None  # a Slice of the exported arange buffer
-    if node.op_type in _INDEX_PASS and node.input:
-        return any(_positional(index, i, inputs, depth + 1) for i in node.input[:2] if i)
-    return False
-
-
-# ---- constraints read from the graph: Reshape targets, constants a dim meets -----------------------------------
-
-
-def _small_consts(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """Values of small integer constants (initializers and Constant nodes of the main graph): shape targets."""
-    out: dict[str, np.ndarray] = {}
-    for t in model.graph.initializer:
-        if t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and int(np.prod(t.dims)) <= 16 \
-                and t.data_location != onnx.TensorProto.EXTERNAL:
-            out[t.name] = onnx.numpy_helper.to_array(t)
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
-            for a in node.attribute:
-                if a.name == "value" and a.t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) \
-                        and int(np.prod(a.t.dims)) <= 16:
-                    out[node.output[0]] = onnx.numpy_helper.to_array(a.t)
-                elif a.name in ("value_int", "value_ints"):
-                    out[node.output[0]] = np.array(onnx.helper.get_attribute_value(a), np.int64)
-    return out
-
-
-_SAME_SHAPE = {"Cast", "Identity", "Neg", "Abs", "Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "Exp", "CastLike"}
-
-
-def _source_input(index: GraphIndex, value: str, inputs: dict[str, InputInfo]) -> str | None:
-    """The graph input `value` is (through ops that keep the shape), or None."""
-    for _ in range(8):
-        if value in inputs:
-            return value
-        node = index.producers.get(value)
-        if node is None or node.op_type not in _SAME_SHAPE or not node.input:
-            return None
-        value = node.input[0]
-    return None
-
-
-def _shape_items(index: GraphIndex, consts: dict[str, np.ndarray], value: str,
-                 inputs: dict[str, InputInfo]) -> list[int | tuple[str, int]] | None:
-    """A Reshape target as items: an int, or (graph input, axis) for `Shape(input)[axis]`; None if unreadable."""
-    if value in consts:
-        return [int(v) for v in np.asarray(consts[value]).reshape(-1)]
-    node = index.producers.get(value)
-    if node is None:
-        return None
-    if node.op_type == "Concat":
-        out: list[int | tuple[str, int]] = []
-        for i in node.input:
-            part = _shape_items(index, consts, i, inputs)
-            if part is None:
-                return None
-            out.extend(part)
-        return out
-    if node.op_type in ("Unsqueeze", "Squeeze", "Cast", "Identity") and node.input:
-        return _shape_items(index, consts, node.input[0], inputs)
-    if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] in consts:
-        shape = index.producers.get(node.input[0])
-        src = _source_input(index, shape.input[0], inputs) if shape is not None and shape.op_type == "Shape" \
-            and not shape.attribute else None
-        axes = np.asarray(consts[node.input[1]]).reshape(-1)
-        if src is None or len(axes) != 1:
-            return None
-        rank = len(inputs[src].shape or [])
-        axis = int(axes[0]) + (rank if axes[0] < 0 else 0)
-        return [(src, axis)] if 0 <= axis < rank else None
-    return None
-
-
-def reshape_multiples(model: onnx.ModelProto, inputs: list[InputInfo],
-                      batch_keys: set[str]) -> dict[str, tuple[str, int, str]]:
-    """What Reshapes of a graph input require of its one free dim: ('multiple', k, node) when the target has a -1
-    and constant dims of product K (`view(batch, -1, 480)`: samples must be a multiple of 480), ('exact', k, node)
-    when the target is all known. Dims the target copies (0, or Shape(input)[axis]) cancel; batch dims count as 1
-    (timing runs batch 1, so the rest must divide alone)."""
-    index = GraphIndex.build(model)
-    consts = _small_consts(model)
-    by_name = {i.name: i for i in inputs if i.shape is not None}
-    out: dict[str, tuple[str, int, str]] = {}
-    for node in model.graph.node:
-        if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
-            continue
-        src = _source_input(index, node.input[0], by_name)
-        items = _shape_items(index, consts, node.input[1], by_name) if src is not None else None
-        if src is None or items is None or items.count(-1) > 1:
-            continue
-        info = by_name[src]
-        left = {a: d for a, d in enumerate(info.shape or [])}
-        if any(d is None for d in left.values()):
-            continue
-        k, readable = 1, True
-        for pos, item in enumerate(items):
-            if item == 0 and not any(a.name == "allowzero" and a.i for a in node.attribute):
-                item = (src, pos)
-            if isinstance(item, tuple):
-                if item[0] != src or item[1] not in left:
-                    readable = False
-                    break
-                left.pop(item[1])  # the same dim on both sides cancels
-            elif item > 0:
-                k *= item
-        if not readable:
-            continue
-        fixed = int(np.prod([d for d in left.values() if isinstance(d, int)], dtype=np.int64))
-        free = [_dim_key(info, a) for a, d in left.items() if not isinstance(d, int)]
-        free = [f for f in free if f not in batch_keys]
-        if len(free) != 1:
-            continue
-        key, name = free[0], node.name or node.output[0]
-        if -1 in items:
-            m = k // math.gcd(k, fixed)
-            if m > 1:
-                old = out.get(key)
-                if old is None or old[0] == "multiple":
-                    m = m if old is None else math.lcm(m, old[1])
-                    out[key] = ("multiple", m, name if old is None or m == old[1] else f"{old[2]}, {name}")
-        elif len(free) == len([d for d in left.values() if not isinstance(d, int)]) and k % fixed == 0:
-            out[key] = ("exact", k // fixed, name)  # no batch left over: the size is fully known
-    return out
-
-
-_BROADCAST_OPS = {"Add", "Sub", "Mul", "Div", "Pow", "PRelu", "Max", "Min", "Sum", "Equal", "Less", "Greater",
-                  "Where", "And", "Or"}
-
-
-def fixed_by_constants(model: onnx.ModelProto, inputs: list[InputInfo]) -> dict[str, tuple[int, str]]:
-    """Dims of no role that a constant fixes: broadcast against a constant's dim k > 1 (Add/Mul/... with an
-    initializer), the inner dim of a MatMul/Gemm with a constant weight, a Conv's input channels. Such a dim runs
-    at k (or, for a broadcast, 1: a toy size) and nothing else."""
-    index = GraphIndex.build(model)
-    by_name = {i.name: i for i in inputs if i.shape is not None}
-    out: dict[str, tuple[int, str]] = {}
-    for info in by_name.values():
-        rank = len(info.shape or [])
-        frontier, seen = [info.name], set()
-        while frontier:
-            value = frontier.pop()
-            if value in seen:
-                continue
-            seen.add(value)
-            for node in index.consumers.get(value, []):
-                if node.op_type in _SAME_SHAPE:
-                    frontier.extend(node.output[:1])
-                    continue
-                for axis, d in enumerate(info.shape or []):
-                    if isinstance(d, int):
-                        continue
-                    k = _constant_dim(index, node, value, axis, rank)
-                    if k is not None and k > 1:
-                        out.setdefault(_dim_key(info, axis), (k, f"{node.op_type} '{node.name or node.output[0]}'"))
-    return out
-
-
-def _constant_dim(index: GraphIndex, node: onnx.NodeProto, value: str, axis: int, rank: int) -> int | None:
-    """The size a constant operand of `node` gives `value`'s `axis` (see fixed_by_constants), or None."""
-    others = [i for i in node.input if i and i != value]
-    if node.op_type in _BROADCAST_OPS:
-        for o in others:
-            shape = index.static_shape(o)
-            if shape is not None and o in index.const_shapes:
-                i = axis - (rank - len(shape))
-                if 0 <= i < len(shape) and shape[i] > 1:
-                    return shape[i]
-        return None
-    if len(node.input) < 2 or node.input[0] != value:
-        return None
-    w = index.const_shapes.get(node.input[1])
-    if w is None:
-        return None
-    if node.op_type == "MatMul" and axis == rank - 1 and len(w) >= 2:
-        return w[-2]
-    if node.op_type == "Gemm" and axis == 1 and len(w) == 2:
-        trans_a = any(a.name == "transA" and a.i for a in node.attribute)
-        trans_b = any(a.name == "transB" and a.i for a in node.attribute)
-        return None if trans_a else w[1] if trans_b else w[0]
-    if node.op_type == "Conv" and axis == 1 and len(w) >= 3:
-        group = next((a.i for a in node.attribute if a.name == "group"), 1)
-        return w[1] * group
-    return None
-
-
-def _round_to(ladder: tuple[int, ...], m: int) -> tuple[int, ...]:
-    """Each rung rounded to the nearest multiple of m (at least m), duplicates dropped."""
-    return tuple(dict.fromkeys(max(m, round(v / m) * m) for v in ladder))
-
-
-# ---- what a failed run says ---------------------------------------------------------------------------------
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
-def _retry_from_error(message: str, values: dict[str, int], dims: dict[str, _Dim]) -> list[tuple[dict, str]]:
-    """Next tries a failed run suggests, with why, for one free dim: a Reshape whose target is fully known needs
-    exactly its element count (scale the dim by requested/actual: {33,2,256} -> {20,8,64} takes 15840 samples to
-    9600); one with a -1 needs a multiple of the known dims' product (the largest multiple below); a broadcast of
-    v against k takes k."""
-    out_eq = _equalize(message, values, dims)
-    free = [k for k, d in dims.items() if d.fixed is None and d.role not in ("past", "total")]
-    if len(free) != 1:
-        return out_eq
-    key = free[0]
-    v = values[key]
-    out: list[tuple[dict, str]] = []
-    m = re.search(r"Input shape:\s*\{([-\d, ]*)\},\s*requested shape:\s*\{([-\d, ]+)\}", message)
-    node = re.findall(r"running (\w+) node\. Name:'([^']*)'", message)
-    where = (f"{node[-1][0]} '{node[-1][1]}'" if node[-1][1] else node[-1][0]) if node else "a Reshape"
-    if m:
-        have, want = _ints(m.group(1)), _ints(m.group(2))
-        want = [have[i] if w == 0 and i < len(have) else w for i, w in enumerate(want)]
-        n_have = int(np.prod(have, dtype=np.int64)) if have else 1
-        if -1 not in want:
-            n_want = int(np.prod(want, dtype=np.int64))
-            if n_have and (v * n_want) % n_have == 0 and v * n_want // n_have > 0:
-                out.append(({**values, key: v * n_want // n_have},
-                            f"{where} needs exactly {'x'.join(map(str, want))} elements"))
-        else:
-            p = int(np.prod([w for w in want if w != -1], dtype=np.int64))
-            if p > 0 and n_have % v == 0:
-                step = p // math.gcd(p, n_have // v)
-                if v // step * step > 0 and v % step:
-                    out.append(({**values, key: v // step * step}, f"{where} cuts it into multiples of {step}"))
-        for k in sorted({w for w in want if w > 1 and v % w}, reverse=True):  # frames of a size named there
-            if v // k * k > 0 and all(t[key] != v // k * k for t, _ in out):
-                out.append(({**values, key: v // k * k}, f"{where} cuts it into frames of {k}"))
-    b = re.search(r"broadcast an axis by a dimension other than 1\. (\d+) by (\d+)", message)
-    if b and v in (int(b.group(1)), int(b.group(2))):
-        k = int(b.group(2)) if int(b.group(1)) == v else int(b.group(1))
-        if k > 1:
-            out.append(({**values, key: k}, f"broadcast against {k} ({where})"))
-    return out + [t for t in out_eq if all(t[0] != o[0] for o in out)]
-
-
-def _equalize(message: str, values: dict[str, int], dims: dict[str, _Dim]) -> list[tuple[dict, str]]:
-    """Tries from an error that says two dims must be equal, whatever the number of free dims: an LSTM/GRU state
-    that 'must have shape {1,2,128}. Actual:{1,1,128}', a Concat's 'mismatched dimensions of 2 and 1', a
-    broadcast of 3 by 5. Each dim (free, or the default batch) now at the wrong value is tried at the right one;
-    for the symmetric messages, both ways."""
-    pairs: list[tuple[int, int]] = []  # (wanted, given)
-    m = re.search(r"must have shape\s*\{([-\d, ]*)\}\.?\s*Actual:?\s*\{([-\d, ]*)\}", message)
-    if m:
-        pairs += [(w, h) for w, h in zip(_ints(m.group(1)), _ints(m.group(2)), strict=False) if w != h and w > 0]
-    for pat in (r"mismatched dimensions of (\d+) and (\d+)", r"broadcast an axis by a dimension other than 1\. "
-                r"(\d+) by (\d+)"):
-        for a, b in re.findall(pat, message):
-            pairs += [(int(a), int(b)), (int(b), int(a))]
-    node = re.findall(r"running (\w+) node\. Name:'([^']*)'", message)
-    where = (f"{node[-1][0]} '{node[-1][1]}'" if node[-1][1] else node[-1][0]) if node else "a node"
-    movable = [k for k, d in dims.items() if d.role not in ("past", "total") and (d.fixed is None or d.why == "batch")]
-    out: list[tuple[dict, str]] = []
-    for want, have in dict.fromkeys(pairs):
-        for k in movable:
-            if values[k] == have and want > 0:
-                tried = {**values, k: want}
-                if all(t != tried for t, _ in out):
-                    out.append((tried, f"{where} needs {want} where {have} was given"))
-    return out
-
-
-def _short(message: str, limit: int = 160) -> str:
-    """onnxruntime's innermost status message (it nests one per If/Loop level), on one line."""
-    text = " ".join(message.removeprefix("onnxruntime failed to run the model: ").split())
-    inner = text.rsplit("Status Message: ", 1)[-1]
-    inner = re.sub(r"^/\S+:\d+ .*? was false\. ", "", inner)  # onnxruntime's source line and failed condition
-    inner = re.sub(r"^/\S+:\d+ \S+\(.*?\) ", "", inner)
-    node = re.findall(r"running (\w+) node\. Name:'([^']*)'", text)
-    where = f"{node[-1][0]} '{node[-1][1]}': " if node else ""
-    out = where + inner
-    return out if len(out) <= limit else out[: limit - 3] + "..."
-
-
 # ---- discovery ----------------------------------------------------------------------------------------------
 
 
 def plan_dims(model: onnx.ModelProto, inputs: list[InputInfo], spec: ShapeSpec,
-               batch: int, given: str = "--shape") -> dict[str, _Dim]:
-    kind = _model_kind(inputs)
+               batch: int, given: str = "--shape") -> dict[str, DimState]:
+    kind = guess_model_kind(inputs)
     table = position_table_rows(model) if kind == "text" else None
-    memory = memory_caches(model, inputs) if any(_is_cache(i) for i in inputs) else frozenset()
+    memory = memory_caches(model, inputs) if any(is_cache(i) for i in inputs) else frozenset()
     has_past = False
-    dims: dict[str, _Dim] = {}
+    dims: dict[str, DimState] = {}
     bound = dict(spec.dims)  # symbols a --shape tensor fixes bind the other inputs that share them
     for info in inputs:
         for want, value in zip(info.shape or [], spec.tensors.get(info.name, []), strict=False):
@@ -526,18 +122,18 @@ def plan_dims(model: onnx.ModelProto, inputs: list[InputInfo], spec: ShapeSpec,
             key = _dim_key(info, axis)
             if key in dims:
                 continue
-            role = _role(d, info, axis, rank, kind, memory)
+            role = dim_role(d, info, axis, rank, kind, memory)
             has_past |= role == "past"
             if key in bound:
-                dims[key] = _Dim(key, role, (bound[key],), given, fixed=bound[key])
+                dims[key] = DimState(key, role, (bound[key],), given, fixed=bound[key])
             elif role == "batch":
-                dims[key] = _Dim(key, role, (batch,), "batch", fixed=batch)
+                dims[key] = DimState(key, role, (batch,), "batch", fixed=batch)
             elif role == "audio":
-                rate = _sample_rate_hint(inputs)
+                rate = sample_rate_hint(inputs)
                 ladder = LADDERS["audio"][1:] if rate == 8000 else LADDERS["audio"]
-                dims[key] = _Dim(key, role, ladder, f"1 s of audio at {rate or 16000} Hz")
+                dims[key] = DimState(key, role, ladder, f"1 s of audio at {rate or 16000} Hz")
             else:
-                dims[key] = _Dim(key, role, LADDERS.get(role, LADDERS["seq" if role in ("past", "total", "memory")
+                dims[key] = DimState(key, role, LADDERS.get(role, LADDERS["seq" if role in ("past", "total", "memory")
                                                                      else "other"]), _DEFAULT_WHY[role])
     for dim in dims.values():  # what the graph bounds
         if dim.fixed is not None or dim.role not in ("seq", "past", "total") or table is None:
@@ -555,7 +151,7 @@ def plan_dims(model: onnx.ModelProto, inputs: list[InputInfo], spec: ShapeSpec,
         if kind_ == "exact":
             dim.ladder, dim.why = (k,), f"Reshape '{node}' needs exactly {k}"
         else:
-            dim.ladder = _round_to(dim.ladder, k)
+            dim.ladder = round_to(dim.ladder, k)
             dim.why += f", rounded to a multiple of {k} (Reshape '{node}' cuts it into {k}s)"
     for key, (k, node) in fixed_by_constants(model, inputs).items():
         dim = dims.get(key)
@@ -582,7 +178,7 @@ _DEFAULT_WHY = {"seq": "text length 128", "past": "KV cache length (new length -
                 "frames": "30 s of 10 ms feature frames"}
 
 
-def _values_at(dims: dict[str, _Dim], level: int) -> dict[str, int]:
+def _values_at(dims: dict[str, DimState], level: int) -> dict[str, int]:
     values = {k: d.fixed if d.fixed is not None else d.ladder[min(level, len(d.ladder) - 1)]
               for k, d in dims.items()}
     seq = next((values[k] for k, d in dims.items() if d.role == "seq"), None)
@@ -599,7 +195,7 @@ def _values_at(dims: dict[str, _Dim], level: int) -> dict[str, int]:
     return values
 
 
-def _total_of(key: str, values: dict[str, int], dims: dict[str, _Dim]) -> int | None:
+def _total_of(key: str, values: dict[str, int], dims: dict[str, DimState]) -> int | None:
     """'past_sequence_length + 1', 's0 + s1': a sum of known dims and integers, as exporters write them."""
     parts = [p.strip() for p in key.split("+")]
     if len(parts) < 2:
@@ -615,7 +211,7 @@ def _total_of(key: str, values: dict[str, int], dims: dict[str, _Dim]) -> int | 
     return total
 
 
-def _why(d: _Dim, value: int, decided: str, tried: list[str]) -> str:
+def _why(d: DimState, value: int, decided: str, tried: list[str]) -> str:
     """What decided a dim's value: its default and bounds, and, after failed tries, what the failure said."""
     if d.fixed is not None or not tried:
         return d.why
@@ -674,10 +270,10 @@ def discover(model: onnx.ModelProto, probe: Callable[[dict], object] | None, spe
             result = probe(feeds) if probe else None
         except InputSpecError as e:
             first_error = first_error or e
-            tried.append(f"{label}: {_short(e.message)}")
+            tried.append(f"{label}: {short_message(e.message)}")
             if not [d for d in dims.values() if d.fixed is None]:
                 raise
-            queue[:0] = [(t, why, values) for t, why in _retry_from_error(e.message, values, dims)]
+            queue[:0] = [(t, why, values) for t, why in retry_from_error(e.message, values, dims)]
             continue
         choices = [DimChoice(k, d.role, values[k], _why(d, values[k], decided if parent.get(k) != values[k] else "",
                                                          tried)) for k, d in dims.items()]

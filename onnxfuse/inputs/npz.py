@@ -7,8 +7,8 @@ import zipfile
 
 import numpy as np
 
-from ..compare import is_inexact
 from ..errors import InputSpecError, first_line
+from ..tensors import is_inexact
 from .shapes import InputInfo, ShapeSpec, fmt_shape, np_dtype
 
 # ---- npz -----------------------------------------------------------------------------------------------------

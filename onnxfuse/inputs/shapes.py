@@ -10,8 +10,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ..compare import is_inexact
 from ..errors import InputSpecError
+from ..tensors import is_inexact
 
 # --------------------------------------------------------------------------------------------------------------
 # --shape parsing

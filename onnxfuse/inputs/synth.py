@@ -9,9 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from ..compare import is_inexact
 from ..errors import InputSpecError
-from ..tensors import iter_nodes
+from ..tensors import is_inexact, iter_nodes
 from .npz import check_npz_against_spec, load_npz
 from .shapes import InputInfo, ShapeSpec, check_spec_names, model_inputs, np_dtype, resolve_shapes
 

@@ -78,7 +78,7 @@ def _fold_pass(model: Model, deny: set[tuple[str, str]], apps: list[Application]
 
 def _retype(model: Model) -> bool:
     """Shape inference on the current (folded) model. Returns True if some value gained static dims."""
-    from ..loader import infer_types
+    from ..load.loader import infer_types
 
     inferred = infer_types(model.export())
     if inferred is None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import onnx
 
 from ..ir import Model
-from ..loader import LoadInfo, load_model
+from ..load.loader import LoadInfo, load_model
 from ..patterns.rules import Rule
 from .engine import EngineOptions, EngineResult, run
 

@@ -21,9 +21,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .ir import Graph, Model, Node
-from .rewrite.apply import Application
-from .tensors import TensorType
+from ..ir import Graph, Model, Node
+from ..rewrite.apply import Application
+from ..tensors import TensorType
 
 __all__ = ["Region", "const_bytes", "find_regions", "region_model", "signature"]
 
@@ -85,7 +85,7 @@ class Region:
 
     @property
     def label(self) -> str:
-        from .select import group_key
+        from .rounds import group_key
 
         return group_key(tuple(self.ops))
 

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .tensors import iter_nodes
+from ..tensors import iter_nodes
 
 __all__ = ["JITTER", "NOISE_FACTOR", "Precision", "graph_precision", "jittered"]
 

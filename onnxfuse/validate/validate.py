@@ -11,15 +11,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
+from ..errors import InputSpecError, OnnxfuseError
+from ..inputs import InputPlan, Profile, at_batch, at_dims, check_names, discover_profiles, parse_profiles
+from ..inputs.shapes import ShapeSpec, model_inputs, parse_shape_specs
+from ..load.loader import LoadInfo, checker_error, infer_types
+from ..options import OptimizeOptions
+from ..tensors import TensorType
 from .compare import OutputCheck, Tolerance, compare_outputs, default_tolerance
-from .errors import InputSpecError, OnnxfuseError
-from .inputs import InputPlan, Profile, at_batch, at_dims, check_names, discover_profiles, parse_profiles
-from .inputs.shapes import ShapeSpec, model_inputs, parse_shape_specs
-from .loader import LoadInfo, checker_error, infer_types
-from .options import OptimizeOptions
 from .precision import JITTER, NOISE_FACTOR, graph_precision, jittered
 from .runtime import Candidate, failing_node, make_session, release_memory, run
-from .tensors import TensorType
 
 __all__ = ["CHECKS", "Outcome", "ProfileRun", "Validator"]
 

@@ -1,14 +1,7 @@
-"""Measured selection by region: each class of alike regions (see regions.py) is timed once, its original
-version against its fused one, as two small models on the inputs they had when the original model ran; then one
-whole-model confirmation, candidate against original. The whole phase keeps to one budget (--measure-budget):
-what the budget did not reach stays as the original, and the report says so. Decisions go to the persistent
-decision cache (decision_cache.py), so a second run, or a model of the same architecture, times nothing it has
-decided before and writes the same output.
-
-A region's decision: its fused version must be faster than its original by more than SIGNIFICANT plus the noise
-floor (the difference between two sessions of the original version, timed alongside). A region within noise
-stays as the original: a decision that would be a coin flip never changes the model.
-"""
+"""One region selection's state and steps (the sequence is region_select.py): the regions' inputs captured from
+runs of the original, each class of alike regions timed (region_timing.py),
+decisions cached, the kept selection rebuilt and confirmed on the whole model, all within one budget
+(`automatic_budget` when none is given)."""
 
 from __future__ import annotations
 
@@ -20,33 +13,28 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
 
+from ..errors import OnnxfuseError
+from ..inputs.budget import default_budget_bytes
+from ..ir import Model
+from ..options import OptimizeOptions
+from ..patterns.rules import Rule
+from ..rewrite.engine import EngineOptions
+from ..rewrite.fold import CLEANUP_STEPS
+from ..rewrite.rebuild import Rewritten, rebuild
+from ..validate.runtime import Candidate, make_session, peak_rss_bytes, release_memory
+from ..validate.validate import Validator
 from .decision_cache import DecisionCache, digest, environment_key
-from .errors import OnnxfuseError
-from .inputs.budget import default_budget_bytes
-from .ir import Model
-from .loader import all_tensors, load_model
-from .options import OptimizeOptions
-from .patterns.rules import Rule
-from .progress import Phase, quiet
-from .regions import Region, find_regions, region_model, signature
-from .rewrite.engine import EngineOptions
-from .rewrite.fold import CLEANUP_STEPS
-from .rewrite.rebuild import Rewritten, rebuild
-from .runtime import Candidate, make_session, peak_rss_bytes, release_memory
-from .select import GroupEffect, Key, MeasureReport
-from .timing import Ratio, paired_ratio, profile_scale
-from .validate import Validator
+from .region_timing import MIN_RUNS, Filtered, OutOfBudget, interleaved, verdict
+from .regions import Region, region_model, signature
+from .rounds import GroupEffect, Key, MeasureReport
+from .timing import Ratio, paired_ratio
 
-__all__ = ["automatic_budget", "region_selection"]
+__all__ = ["Phases", "RegionClass", "RegionRun", "automatic_budget"]
 
 CAPTURE_CHUNK = 32  # region inputs fetched per run of the original (bounds the memory they take)
-MIN_RUNS = 20  # interleaved runs per session for a region class, budget permitting
-MIN_RUNS_FLOOR = 8  # never fewer: a verdict on fewer runs is not one
 CONFIRM_RUNS = 20  # whole-model confirmation, budget permitting
 MAX_REBUILDS = 3
-MAX_PASSES = 3  # rounds of region finding: the rewrites of the full run, then those dropped ones had shadowed
 REGION_BUDGET_S = 10.0  # the automatic budget at most (models up to 1 GiB)
 AUTO_MIN_S = 4.0  # and at least
 TOTAL_TARGET_S = 12.0  # the whole optimize the automatic budget aims at
@@ -77,63 +65,7 @@ class RegionClass:
         return len(self.regions) * len(self.regions[0].original)
 
 
-class _Filtered:
-    """A session that takes a superset of its inputs (regions' two versions read different values)."""
-
-    def __init__(self, session) -> None:
-        self.session = session
-        self.names = [i.name for i in session.get_inputs()]
-
-    def run(self, _outputs, feeds: dict) -> list:
-        return self.session.run(None, {k: feeds[k] for k in self.names})
-
-
-class OutOfBudget(Exception):
-    """Not even MIN_RUNS_FLOOR runs fit before the end of the budget."""
-
-
-def _interleaved(sessions: dict[str, object], profiles: list[tuple[float, dict]], min_runs: int,
-                 deadline: float, hard_deadline: float | None = None,
-                 per_profile: dict[tuple[str, int], list[float]] | None = None) -> dict[str, list[float]]:
-    """Per-run times, sessions interleaved in rotating order: at least MIN_RUNS_FLOOR runs, then up to
-    `min_runs` while `deadline` allows. Raises OutOfBudget when, after one warm-up run of each, MIN_RUNS_FLOOR
-    more would end past `hard_deadline` (the end of the whole budget).
-    With several shape profiles a run's time is the weighted sum over profiles of each profile's time relative
-    to the first session's median there: prefill and decode then count by their weights, not by their
-    durations (a decode step, 10-100x shorter than a prefill, would otherwise not count at all). `per_profile`
-    also receives each session's seconds per profile, keyed (session, profile index)."""
-    order = list(sessions)
-    t0 = time.perf_counter()
-    for s in sessions.values():  # warm-up
-        for _, feeds in profiles:
-            s.run(None, feeds)
-    now = time.perf_counter()
-    if hard_deadline is not None and now + (now - t0) * MIN_RUNS_FLOOR > hard_deadline:
-        raise OutOfBudget
-    raw: dict[tuple[str, int], list[float]] = {(k, p): [] for k in order for p in range(len(profiles))}
-    i = 0
-    while i < MIN_RUNS_FLOOR or (i < min_runs and time.perf_counter() < deadline):
-        rot = order[i % len(order):] + order[: i % len(order)]
-        for p, (_, feeds) in enumerate(profiles):
-            for k in rot:
-                t = time.perf_counter()
-                sessions[k].run(None, feeds)
-                raw[k, p].append(time.perf_counter() - t)
-        i += 1
-    if per_profile is not None:
-        per_profile.update(raw)
-    scale = [profile_scale(w, raw[order[0], p], len(profiles) > 1) for p, (w, _) in enumerate(profiles)]
-    return {k: [sum(scale[p] * raw[k, p][r] for p in range(len(profiles))) for r in range(i)] for k in order}
-
-
-def _verdict(times: dict[str, list[float]], a: str, b: str, f: str) -> tuple[Ratio, float]:
-    """(fused / mean of the two original sessions, noise floor |b/a - 1|)."""
-    ref = [(x + y) / 2 for x, y in zip(times[a], times[b], strict=True)]
-    floor = abs(paired_ratio(times[b], times[a]).median - 1)
-    return paired_ratio(times[f], ref), floor
-
-
-class _Run:
+class RegionRun:
     """One region selection: the state shared by its steps."""
 
     def __init__(self, input_path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions,
@@ -232,7 +164,7 @@ class _Run:
         r.budget_s = hit["budget"]
         return r, candidate
 
-    def validated(self, candidate: Rewritten, phase: _Phases) -> tuple[MeasureReport, Rewritten]:
+    def validated(self, candidate: Rewritten, phase: Phases) -> tuple[MeasureReport, Rewritten]:
         """The kept selection validated again (a subset of validated rewrites can still interact), unless it is
         the full rewrite that was validated already."""
         if self.opts.validate and candidate is not self.state and candidate.eng.applications:
@@ -278,14 +210,14 @@ class _Run:
         orig = region_model(rep, False, opsets, ir, c.feeds[0])
         fused = region_model(rep, True, opsets, ir, c.feeds[0])
         threads = self.opts.measure_threads
-        sessions = {"a": _Filtered(make_session(orig, "all", self.provider, threads)),
-                    "b": _Filtered(make_session(orig, "all", self.provider, threads)),
-                    "f": _Filtered(make_session(fused, "all", self.provider, threads))}
+        sessions = {"a": Filtered(make_session(orig, "all", self.provider, threads)),
+                    "b": Filtered(make_session(orig, "all", self.provider, threads)),
+                    "f": Filtered(make_session(fused, "all", self.provider, threads))}
         profiles = [(w, feeds) for (w, _), feeds in zip(self.profiles, c.feeds, strict=True)]
         raw: dict[tuple[str, int], list[float]] = {}
-        times = _interleaved(sessions, profiles, MIN_RUNS, deadline, self.deadline, raw)
+        times = interleaved(sessions, profiles, MIN_RUNS, deadline, self.deadline, raw)
         self.report.rounds += 1
-        ratio, floor = _verdict(times, "a", "b", "f")
+        ratio, floor = verdict(times, "a", "b", "f")
         keep = ratio.verdict_beyond(floor) == "faster"
         each = sum(w * float(np.median(raw["a", p])) for p, (w, _) in enumerate(profiles))
         return GroupEffect(rep.label, rep.rules, len(c.keys), keep, ratio, source="timed",
@@ -383,7 +315,7 @@ class _Run:
         weights = candidate.info.size_bytes + candidate.info.external_bytes
         why = ""
         # the sessions and one warm-up round must fit; whether MIN_RUNS_FLOOR runs do is decided after the warm-up
-        # on the real (ORT_ENABLE_ALL) run times (_interleaved), not on the capture's unoptimized ones
+        # on the real (ORT_ENABLE_ALL) run times (interleaved), not on the capture's unoptimized ones
         cost = 3 * self.session_s + 3 * self.latency_s * len(self.profiles)
         if 3 * weights > default_budget_bytes():
             why = "skipped: three sessions of the model would not fit the memory budget"
@@ -401,7 +333,7 @@ class _Run:
                         "c": make_session(cand.source, "all", self.provider, threads),
                         "c2": make_session(cand.source, "all", self.provider, threads)}
             per_profile: dict[tuple[str, int], list[float]] = {}
-            times = _interleaved(sessions, self.profiles, CONFIRM_RUNS, self.deadline, self.deadline, per_profile)
+            times = interleaved(sessions, self.profiles, CONFIRM_RUNS, self.deadline, self.deadline, per_profile)
             del sessions
         except OutOfBudget:
             why = "skipped: its runs would end past the budget"
@@ -438,134 +370,7 @@ def automatic_budget(weights: int, spent_s: float) -> float:
     return min(REGION_BUDGET_S, max(AUTO_MIN_S, TOTAL_TARGET_S - spent_s))
 
 
-def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions,
-                     deny: set[Key], state: Rewritten, validator: Validator,
-                     cache: DecisionCache, spent_s: float = 0.0,
-                     progress: Phase = quiet) -> tuple[MeasureReport, Rewritten]:
-    """Keep the region classes that are faster (timed, or decided before), confirm on the whole model, and
-    return the report and the rewritten model to write. `spent_s`: what optimize took before measuring;
-    `progress("measure: <step>", budget_s)` as each step starts."""
-    run = _Run(input_path, rules, opts, base, deny, state, validator, cache, spent_s)
-    report = run.report
-    phase = _Phases(report.phases, report.phase_peaks, lambda name: progress(f"measure: {name}", run.budget))
-    rule_ids = {r.id for r in rules}
-    selection_key = digest("selection", _file_digest(input_path, state.info.external_data), repr(sorted(a.key for a in state.eng.applications)),
-                           repr([sorted((k, v.dtype.str, v.shape) for k, v in f.items()) for _, f in run.profiles]),
-                           run.env)
-    hit = cache.get(selection_key) if cache.enabled else None
-    if hit is not None and (not hit["undecided"] or opts.measure_budget_s is None
-                            or opts.measure_budget_s <= hit["budget"]):
-        with phase("rebuild"):
-            _, candidate = run.reuse(hit, state, rule_ids)
-        return run.validated(candidate, phase)
-    kept: set[Key] = set()
-    dropped: set[Key] = set()
-    all_regions: list[Region] = []
-    all_classes: list[RegionClass] = []
-    current, apps = state, state.eng.applications
-    for pass_no in range(MAX_PASSES):
-        # later passes: rules that fire only once a dropped rewrite is gone (a MultiHeadAttention, then a
-        # FusedMatMul, inside an Attention that did not pay) are measured too; after the last pass they are
-        # left out
-        with phase("regions"):
-            original, _ = load_model(input_path)
-            fingerprint = run.fingerprint(original)
-            regions = find_regions(original, current.model, apps, rule_ids)
-            timeable = [r for r in regions if not r.untimeable]
-        if pass_no == 0 and (why := run.capture_too_costly(timeable)):
-            return run.validated(run.unmeasured(why, regions)[1], phase)
-        with phase("capture"):
-            classes = run.capture(original, timeable) if timeable else []
-            del original
-        if pass_no == 0:  # keep time for the confirmation: three sessions of the model and its minimum runs
-            reserve = 3 * run.session_s + 3 * (MIN_RUNS_FLOOR + 1) * run.latency_s * len(run.profiles)
-            region_deadline = max(run.deadline - reserve, time.perf_counter() + 0.3 * run.budget)
-        with phase("time regions"):
-            run.decide(classes, region_deadline)
-        for r in regions:  # decided: what timing needed (constants of the models, captured inputs) goes
-            r.drop_models()
-        for c in classes:
-            c.feeds = []
-        release_memory()
-        all_regions += regions
-        all_classes += classes
-        kept |= {k for c in classes if c.decision and c.decision.kept for k in c.keys}
-        kept |= {k for r in regions if r.untimeable.endswith("(exact)") for k in r.keys}
-        dropped |= {k for r in regions for k in r.keys} - kept
-        if not dropped:
-            candidate = current
-            break
-        with phase("rebuild"):
-            current = None  # a candidate of the previous pass is not needed any more
-            state.__dict__.pop("proto", None)  # nor the full rewrite's export (re-made if it is written)
-            candidate = run.build(kept, dropped, deny_unmeasured=pass_no == MAX_PASSES - 1)
-        new = {a.key for a in candidate.eng.applications if a.rule in rule_ids} - kept
-        if not new:
-            break
-        current, apps = candidate, [a for a in candidate.eng.applications if a.key in new]
-    report.groups = [c.decision for c in all_classes if c.decision is not None] + _untimed_rows(all_regions)
-    regions, classes = all_regions, all_classes
-    applied = {a.key for a in candidate.eng.applications if a.rule in rule_ids}
-    report.undecided = sum(1 for c in classes if c.decision and c.decision.source == "budget")
-    timed_kept = any(c.decision is not None and c.decision.kept and c.decision.source in ("timed", "cached")
-                     for c in classes)
-    if applied and not timed_kept:  # removing nodes and shape arithmetic cannot make it slower: not timed
-        report.confirmed = "not needed: only exact rewrites kept"
-    elif applied:
-        with phase("confirm"):
-            ratio = run.confirm(candidate, digest("model", fingerprint, repr(sorted(applied)), run.env))
-        report.final = ratio
-        if ratio is not None and ratio.verdict_beyond(report.floor) == "slower":
-            report.dropped_everything = True
-            for gr in report.groups:
-                gr.kept = False
-            with phase("rebuild"):
-                candidate = run.build(set(), {k for r in regions for k in r.keys})
-    else:
-        report.dropped_everything = True
-        report.confirmed = "not needed: no rewrite kept"
-    cache.put(selection_key, {"kind": "selection", "kept": sorted(map(list, kept)),
-                              "dropped": sorted(map(list, dropped)), "report": report.to_json(),
-                              "undecided": report.undecided, "budget": run.budget,
-                              "dropped_everything": report.dropped_everything, **run.tag,
-                              "rules": sorted({k[0] for k in kept})})
-    cache.save()
-    report.seconds = time.perf_counter() - run.t0
-    report.budget_s = run.budget
-    return run.validated(candidate, phase)
-
-
-def _file_digest(path: str, external: bool) -> str:
-    """The model file's bytes; with external data, also the size and modification time of each data file."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
-    if external:
-        folder = os.path.dirname(os.path.abspath(path))
-        locations = {e.value for t in all_tensors(onnx.load(path, load_external_data=False).graph)
-                     for e in t.external_data if e.key == "location"}
-        for loc in sorted(locations):
-            st = os.stat(os.path.join(folder, loc))
-            h.update(f"{loc}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return h.hexdigest()
-
-
-def _untimed_rows(regions: list[Region]) -> list[GroupEffect]:
-    """One report row per kind of region that was not timed alone (exact ones are kept)."""
-    alike: dict[tuple, list[Region]] = {}
-    for r in regions:
-        if r.untimeable:
-            alike.setdefault((r.label, tuple(r.rules), r.untimeable), []).append(r)
-    rows = []
-    for (label, rules_, why), rs in alike.items():
-        exact = why.endswith("(exact)")
-        rows.append(GroupEffect(label, list(rules_), sum(len(r.keys) for r in rs), exact, None,
-                                source="exact" if exact else "untimed", instances=len(rs), why=why))
-    return rows
-
-
-class _Phases:
+class Phases:
     """Seconds per phase, added up (a phase may run twice)."""
 
     def __init__(self, into: dict[str, float], peaks: dict[str, int],

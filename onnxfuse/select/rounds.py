@@ -23,14 +23,14 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .errors import OnnxfuseError
-from .options import OptimizeOptions
-from .patterns.rules import Rule
-from .rewrite.engine import EngineOptions, EngineResult
-from .rewrite.rebuild import Rewritten, rebuild
-from .runtime import Candidate, make_session
+from ..errors import OnnxfuseError
+from ..options import OptimizeOptions
+from ..patterns.rules import Rule
+from ..rewrite.engine import EngineOptions, EngineResult
+from ..rewrite.rebuild import Rewritten, rebuild
+from ..validate.runtime import Candidate, make_session
+from ..validate.validate import Validator
 from .timing import Ratio, paired_ratio, profile_scale, run_times, time_interleaved
-from .validate import Validator
 
 Source = str | bytes
 Key = tuple[str, str]  # one applied rewrite: (rule id, root value)

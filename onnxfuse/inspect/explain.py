@@ -8,13 +8,14 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
+from ..errors import OnnxfuseError
+from ..options import check_choice, check_strings
+from ..rewrite.engine import NearMiss, RuleSkip, near_misses
+from ..rewrite.fold import CLEANUP_STEPS
+from ..rewrite.rebuild import rebuild
+from ..rewrite.ruleset import load_rules
+from ..validate.facts import run_facts
 from .alignment import Misaligned, alignment_report, vector_width
-from .errors import OnnxfuseError
-from .options import check_choice, check_strings
-from .rewrite.engine import NearMiss, RuleSkip, near_misses
-from .rewrite.fold import CLEANUP_STEPS
-from .rewrite.rebuild import rebuild
-from .ruleset import load_rules
 
 __all__ = ["Explanation", "explain"]
 
@@ -46,8 +47,6 @@ def explain(model: str | os.PathLike, patterns: list[str] | None = None, target:
     rules = load_rules(check_strings("patterns", patterns), builtin, only=None)
     if rule is not None and rule not in {r.id for r in rules}:
         raise OnnxfuseError("no rule with that id", hint="see `onnxfuse patterns list`", option="rule", value=rule)
-    from .pipeline import run_facts  # the original run as optimize runs it: hot branches, observed shapes
-
     base = run_facts(os.fspath(model), target)
     state = rebuild(os.fspath(model), rules, base, set())
     asked = [r for r in rules if rule is None or r.id == rule]

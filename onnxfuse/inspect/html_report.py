@@ -191,7 +191,7 @@ def write(path: str, page: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".onnxfuse-", suffix=".html", dir=folder)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(page)
-    from .loader import default_mode
+    from ..load.write import default_mode
 
     default_mode(tmp)
     os.replace(tmp, path)

@@ -11,9 +11,9 @@ import os
 
 import onnx
 
-from .errors import OnnxfuseError
-from .inputs.shapes import model_inputs, parse_shape_specs, resolve_shapes
-from .loader import all_tensors
+from ..errors import OnnxfuseError
+from ..inputs.shapes import model_inputs, parse_shape_specs, resolve_shapes
+from ..tensors import all_tensors
 
 
 def fix_input_shapes(path: str, specs: list[str], out_dir: str) -> str:

@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
-from .errors import InputSpecError, ModelError, OnnxfuseError, first_line
-from .inputs.shapes import fmt_shape
-from .ir import _shell
-from .loader import LoadInfo, all_tensors, write_streamed
-from .targets import PROVIDERS
+from ..errors import InputSpecError, ModelError, OnnxfuseError, first_line
+from ..inputs.shapes import fmt_shape
+from ..ir import shell_copy
+from ..load.loader import LoadInfo
+from ..load.write import write_streamed
+from ..targets import PROVIDERS
+from ..tensors import all_tensors
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -278,8 +280,8 @@ def write_split(proto: onnx.ModelProto, path: str) -> None:
     one at a time, to the weights file at page-aligned offsets (external data onnxruntime maps); the model file
     holds the rest. `proto` is not changed."""
     out = onnx.ModelProto()
-    _shell(proto, out, skip=("graph",))
-    _shell(proto.graph, out.graph, skip=("initializer",))
+    shell_copy(proto, out, skip=("graph",))
+    shell_copy(proto.graph, out.graph, skip=("initializer",))
     data_name = os.path.basename(path) + ".weights"
     try:
         with open(os.path.join(os.path.dirname(path), data_name), "wb") as f:
@@ -295,7 +297,7 @@ def write_split(proto: onnx.ModelProto, path: str) -> None:
                 f.seek(offset)
                 f.write(raw)
                 stub = out.graph.initializer.add()
-                _shell(t, stub, skip=("raw_data", "external_data", "data_location"))
+                shell_copy(t, stub, skip=("raw_data", "external_data", "data_location"))
                 stub.data_location = onnx.TensorProto.EXTERNAL
                 for k, v in (("location", data_name), ("offset", str(offset)), ("length", str(len(raw)))):
                     stub.external_data.add(key=k, value=v)

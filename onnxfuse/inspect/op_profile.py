@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from .inputs.shapes import parse_shape_specs
+from ..inputs.shapes import parse_shape_specs
+from ..options import check_count, check_strings
+from ..progress import Phase, quiet
+from ..select.timing import run_times
+from ..validate.runtime import make_session
 from .op_cost import CONTROL_FLOW, entries, model_index, node_bytes, node_flops, released_bytes
-from .options import check_count, check_strings
-from .progress import Phase, quiet
-from .runtime import make_session
-from .timing import run_times
 
 SHORT_US = 5.0  # an op call shorter than this is dominated by per-op overhead
 # A rate above CACHE_FACTOR x the measured copy peak did not come from memory. The copy peak counts 2 bytes per
@@ -262,8 +262,8 @@ def profile(path: str, provider: str = "cpu", threads: int | str = 1, level: str
     """Profile one model on the inputs optimize would use (probed; `shapes`/`inputs_npz` as in optimize).
     With two or more `batches`, the third memory-bound signal (throughput against batch size) is measured
     with a batch sweep. `progress(phase)` as each step starts: finding inputs, profiled runs, batch sweep (progress.py)."""
+    from ..validate.runtime import resolve_threads
     from .latency import bench, check_bench_options, probed_inputs
-    from .runtime import resolve_threads
 
     threads = resolve_threads(threads) if isinstance(threads, str) else threads  # "auto": one per physical core
 

@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
-from .errors import OnnxfuseError
-from .patterns.parser import load_path
-from .patterns.rules import Rule
-from .patterns.spec import json_schema_text
-from .rewrite.engine import order_rules, rule_issue
-from .rewrite.fold import CLEANUP_STEPS
-from .selftest import RuleReport, check_rules
+from ..errors import OnnxfuseError
+from ..patterns.parser import load_path
+from ..patterns.rules import Rule
+from ..patterns.spec import json_schema_text
+from .engine import order_rules, rule_issue
+from .fold import CLEANUP_STEPS
 
-__all__ = ["builtin_patterns_dir", "load_rules", "pattern_schema", "rules_in_order", "self_test"]
+__all__ = ["builtin_patterns_dir", "load_rules", "pattern_schema", "rules_in_order"]
 
 
 def builtin_patterns_dir() -> str:
     """The repo's patterns/ in a source checkout; the wheel's onnxfuse.builtin_patterns when installed."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # onnxfuse/
     if (here.parent / "pyproject.toml").is_file() and (here.parent / "patterns").is_dir():
         return str(here.parent / "patterns")
     return str(resources.files("onnxfuse.builtin_patterns"))
@@ -95,12 +93,6 @@ def rule_warnings(rules: list[Rule]) -> list[str]:
 def rules_in_order(rules: list[Rule]) -> list[Rule]:
     """The order the engine tries rules in: early canonicalisations first, then bigger matches, then file order."""
     return order_rules(rules)
-
-
-def self_test(rules: list[Rule]) -> Iterator[RuleReport]:
-    """Each rule's generated self-test (`onnxfuse patterns test`): models built from the rule fire it once with
-    equal onnxruntime outputs in every dtype it claims, and its mutants do not fire."""
-    return check_rules(rules)
 
 
 def pattern_schema() -> str:

@@ -8,10 +8,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .inputs import InputPlan, fmt_bytes
-from .patterns.rules import Rule
-from .result import Result
-from .rewrite.engine import NearMiss
+from ..inputs import InputPlan, fmt_bytes
+from ..patterns.rules import Rule
+from ..result import Result
+from ..rewrite.engine import NearMiss
 
 
 def _delta(before: dict[str, int], after: dict[str, int]) -> list[tuple[str, int, int]]:
@@ -124,7 +124,7 @@ def print_measure(m, console: Console) -> None:
 
 def _print_threads(m, console: Console) -> None:
     """Decisions hold for the thread count they were timed at: say so where it differs from onnxruntime's default."""
-    from .runtime import physical_cores
+    from ..validate.runtime import physical_cores
 
     default = physical_cores()
     if m.provider == "cpu" and m.threads != default:
@@ -175,8 +175,8 @@ def print_rule_usage(rules: list[Rule], target: str, console: Console) -> None:
     """`patterns list --target T`: for every rule, whether it is used on T and, where not (or not always), why."""
     from rich.markup import escape as esc
 
-    from .rewrite.engine import rule_usage
-    from .targets import kernel_source
+    from ..rewrite.engine import rule_usage
+    from ..targets import kernel_source
 
     t = Table(title=f"{len(rules)} rules on {target} (kernels: {kernel_source(target).label})", title_justify="left")
     for col in ("id", "used", "why", "creates"):

@@ -7,7 +7,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from .ir import Model
+from ..ir import Model
 
 
 @dataclass(frozen=True)

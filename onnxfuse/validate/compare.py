@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto, helper
 
+from ..tensors import is_inexact
+
 __all__ = ["OutputCheck", "Tolerance", "compare_one", "compare_outputs", "default_tolerance", "is_inexact"]
 
 # --------------------------------------------------------------------------------------------------------------
@@ -37,11 +39,6 @@ def default_tolerance(elem_type: int) -> Tolerance:
 
 def _is_float8(elem_type: int) -> bool:
     return helper.tensor_dtype_to_string(elem_type).startswith("TensorProto.FLOAT8")
-
-
-def is_inexact(dtype: np.dtype) -> bool:
-    """Floating or complex, including the ml_dtypes extension types (bfloat16, float8*, float4*)."""
-    return dtype.kind in "fc" or dtype.name.startswith(("bfloat16", "float8", "float4"))
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -12,9 +12,9 @@ import onnx
 import onnx.helper as oh
 from onnx import numpy_helper
 
-from .opschema import op_spec
-from .patterns.rules import Rule
-from .patterns.syntax import Alt, Call, Expr, Ref
+from ..opschema import op_spec
+from ..patterns.rules import Rule
+from ..patterns.syntax import Alt, Call, Expr, Ref
 
 MAX_INSTANCES = 48
 DEFAULT_DIM = 4

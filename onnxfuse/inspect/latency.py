@@ -12,12 +12,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from .inputs import discover, discover_profiles, parse_profiles
-from .inputs.shapes import ShapeSpec, model_inputs, parse_shape_specs, resolve_shapes
-from .inputs.synth import make_inputs
-from .options import check_choice, check_count, check_seconds, check_strings
-from .runtime import LEVELS, make_session, resolve_threads, run
-from .timing import (
+from ..inputs import discover, discover_profiles, parse_profiles
+from ..inputs.shapes import ShapeSpec, model_inputs, parse_shape_specs, resolve_shapes
+from ..inputs.synth import make_inputs
+from ..options import check_choice, check_count, check_seconds, check_strings
+from ..select.timing import (
     SIGNIFICANT,
     Progress,
     Ratio,
@@ -27,6 +26,7 @@ from .timing import (
     time_interleaved,
     warm_up,
 )
+from ..validate.runtime import LEVELS, make_session, resolve_threads, run
 
 
 @dataclass
@@ -209,7 +209,7 @@ def batch_sweep(sessions: dict[str, object], proto: onnx.ModelProto, spec, batch
                 budget_s: float, progress: Progress | None = None) -> list[BatchPoint]:
     dim = dynamic_batch_dim(proto)
     if dim is None:
-        from .errors import InputSpecError
+        from ..errors import InputSpecError
 
         raise InputSpecError("a batch sweep needs a model whose inputs share a dynamic first (batch) dimension",
                              option="batches", value=",".join(map(str, batches)))

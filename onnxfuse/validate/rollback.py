@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from .errors import OnnxfuseError
-from .patterns.rules import Rule
-from .rewrite.apply import Application
-from .rewrite.engine import EngineOptions, EngineResult
-from .rewrite.rebuild import Rewritten, rebuild
+from ..errors import OnnxfuseError
+from ..patterns.rules import Rule
+from ..rewrite.apply import Application
+from ..rewrite.engine import EngineOptions, EngineResult
+from ..rewrite.rebuild import Rewritten, rebuild
 from .validate import Outcome, Validator
 
 __all__ = ["MAX_NAMED_ROLLBACKS", "MAX_ROLLBACKS", "Rollback", "validate_with_rollback"]

@@ -1,0 +1,83 @@
+"""The `onnxfuse` command's typer apps, console and the options its commands share (the commands are in the
+other modules of cli/, the entry point in main.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from .. import __version__
+from ..options import check_choice
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None, help="Make ONNX models faster on onnxruntime with validated YAML fusions.")
+patterns_app = typer.Typer(no_args_is_help=True, help="List, show, check and self-test fusion patterns.")
+app.add_typer(patterns_app, name="patterns")
+cache_app = typer.Typer(no_args_is_help=True, help="Show or clear the measured-decision cache.")
+app.add_typer(cache_app, name="cache")
+
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"onnxfuse {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    """Make ONNX models faster on onnxruntime with validated YAML fusions."""
+
+PatternsOpt = Annotated[list[str] | None, typer.Option("--patterns", "-p", help="Extra pattern file or folder "
+                                                       "(repeatable).")]
+TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Execution provider: cpu or cuda.")]
+
+
+# API option names (OnnxfuseError.option) -> the flags that set them: a CLI error names the flag
+FLAGS = {"target": "--target", "provider": "--provider", "measure_threads": "--threads", "threads": "--threads",
+         "measure_budget_s": "--measure-budget", "budget_s": "--budget", "min_runs": "--runs", "runs": "--runs",
+         "rtol": "--rtol", "atol": "--atol", "measure_by": "--measure-by", "jobs": "--jobs", "shapes": "--shape",
+         "profiles": "--profile", "inputs_npz": "--inputs", "level": "--level", "batches": "--batch",
+         "patterns": "--patterns", "only": "--only", "skip": "--skip", "rule": "--rule"}
+
+
+def parse_threads(value: str) -> int:
+    """--threads N or auto (one per physical core, what onnxruntime uses by default), as the number used."""
+    from ..validate.runtime import resolve_threads
+
+    return resolve_threads(value, "--threads")
+
+
+ThreadsOpt = Annotated[str, typer.Option("--threads", help="onnxruntime intra-op threads: a count, or auto "
+                                         "(onnxruntime's default: one per physical core); reported.")]
+
+
+def parse_target(value: str, option: str = "target") -> str:
+    return check_choice(option, value, ("cpu", "cuda"))
+
+
+BenchShape = Annotated[list[str] | None, typer.Option("--shape", help="Input shape name:1x3x224x224 or dim=4.")]
+
+
+@contextlib.contextmanager
+def bench_status(enabled: bool, budget_s: float):
+    """bench's `progress(what, fraction)` on the status line (progress.py): the step, how far, the budget."""
+    from ..progress import status_line
+
+    with status_line(enabled) as show:
+        yield lambda what, f: show(f"bench: {what} ({f:.0%})", budget_s)
+
+
+@contextlib.contextmanager
+def profile_status(enabled: bool):
+    """profile's phases on the status line, per model: `progress(label)` is the callback for that model."""
+    from ..progress import status_line
+
+    with status_line(enabled) as show:
+        yield lambda label: lambda phase, budget_s=None: show(f"profile {label}: {phase}", budget_s)

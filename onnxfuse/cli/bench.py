@@ -1,0 +1,113 @@
+"""`onnxfuse bench` and `onnxfuse profile`: latency, and op times, bytes and FLOPs."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Annotated
+
+import typer
+
+from ..errors import OnnxfuseError
+from ..select.timing_lock import timing_lock
+from .app import BenchShape, ThreadsOpt, app, bench_status, out, parse_target, parse_threads, profile_status
+
+
+def _batches(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise OnnxfuseError("expected sizes like 1,2,4,8", option="batches", value=text) from None
+    if any(v < 1 for v in values):
+        raise OnnxfuseError("sizes must be >= 1", option="batches", value=text)
+    return values
+
+
+@app.command()
+def bench(
+    a: Annotated[str, typer.Argument(help="Model A (the baseline).")],
+    b: Annotated[str | None, typer.Argument(help="Model B, compared against A.")] = None,
+    provider: Annotated[str, typer.Option("--provider", help="cpu or cuda.")] = "cpu",
+    threads: ThreadsOpt = "1",
+    level: Annotated[str, typer.Option("--level", help="ORT optimization level: disable|basic|extended|all.")]
+    = "all",
+    shape: BenchShape = None,
+    inputs: Annotated[str | None, typer.Option("--inputs", help="Inputs from an .npz file.")] = None,
+    runs: Annotated[int, typer.Option("--runs", help="Minimum timed runs per model.")] = 50,
+    budget: Annotated[float, typer.Option("--budget", help="Seconds of interleaved timing.")] = 5.0,
+    batch: Annotated[str | None, typer.Option("--batch", help="Batch sweep, e.g. 1,2,4,8,16.")] = None,
+    profile: Annotated[list[str] | None, typer.Option("--profile", help="A named shape profile NAME:DIM=V,..."
+                                                      "[@WEIGHT] (repeatable): each timed (default for a decoder "
+                                                      "with a KV cache: prefill and decode).")] = None,
+    html: Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (docs/json.md).")] = False,
+) -> None:
+    """Latency of A (and B, interleaved): median, p90, p99, min, spread, speedup with a 95% CI and a verdict;
+    a decoder with a KV cache at prefill and at decode."""
+    from .. import bench as run_bench
+
+    paths = [a] + ([b] if b else [])
+    for p in paths:
+        if not os.path.isfile(p):
+            raise OnnxfuseError(f"{p}: no such file")
+    with bench_status(not as_json, budget) as progress, timing_lock():  # side by side, timings lie
+        res = run_bench(paths, provider=parse_target(provider, "provider"), threads=parse_threads(threads), level=level, shapes=shape,
+                        inputs_npz=inputs, min_runs=runs, budget_s=budget, batches=_batches(batch),
+                        profiles=profile or None, progress=progress)
+    if html:
+        from ..inspect.html_report import render, write
+
+        write(html, render(f"onnxfuse bench: {' vs '.join(paths)}", bench=res))
+    if as_json:
+        print(json.dumps(res.to_json(), indent=2))
+    else:
+        from ..inspect.report import print_bench
+
+        print_bench(res, out)
+
+
+@app.command()
+def profile(
+    a: Annotated[str, typer.Argument(help="Model to profile.")],
+    b: Annotated[str | None, typer.Argument(help="A second model (e.g. the optimized one), side by side.")] = None,
+    provider: Annotated[str, typer.Option("--provider", help="cpu or cuda.")] = "cpu",
+    threads: ThreadsOpt = "1",
+    level: Annotated[str, typer.Option("--level", help="ORT optimization level: disable|basic|extended|all.")]
+    = "all",
+    shape: BenchShape = None,
+    inputs: Annotated[str | None, typer.Option("--inputs", help="Inputs from an .npz file.")] = None,
+    runs: Annotated[int, typer.Option("--runs", help="Profiled runs (after 10 warm-up runs).")] = 30,
+    nodes: Annotated[bool, typer.Option("--nodes", help="Also list the slowest nodes.")] = False,
+    batch: Annotated[str | None, typer.Option("--batch", help="Batch sizes for the utilization signal, e.g. 1,8.")]
+    = None,
+    html: Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (docs/json.md).")] = False,
+) -> None:
+    """Op-time table (onnxruntime profiler), bytes and FLOPs per op, utilization against measured peaks, and
+    the memory-bound signals."""
+    from .. import profile as run_profile
+
+    paths = [a] + ([b] if b else [])
+    labels = ["A", "B"][: len(paths)]
+    for p in paths:
+        if not os.path.isfile(p):
+            raise OnnxfuseError(f"{p}: no such file")
+    sizes = _batches(batch)
+    n_threads = parse_threads(threads)
+    results = []
+    with profile_status(not as_json) as progress:
+        for label, p in zip(labels, paths, strict=True):
+            results.append(run_profile(p, parse_target(provider, "provider"), n_threads, level, runs, shapes=shape,
+                                       inputs_npz=inputs, batches=sizes, progress=progress(label)))
+    if html:
+        from ..inspect.html_report import render, write
+
+        write(html, render(f"onnxfuse profile: {' vs '.join(paths)}", profiles=results, labels=labels))
+    if as_json:
+        print(json.dumps({"schema": "onnxfuse.profile/1", "models": [r.to_json() for r in results]}, indent=2))
+    else:
+        from ..inspect.report import print_profile
+
+        print_profile(results, labels, out, nodes)

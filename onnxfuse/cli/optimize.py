@@ -1,0 +1,251 @@
+"""`onnxfuse optimize`: one model, or many into a folder (batch.py), with the report, bench and HTML after."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from ..errors import OnnxfuseError
+from ..options import check_count
+from ..select.timing_lock import REPORT_WAIT_S, WAIT_KEY, busy_lock, timing_lock
+
+try:  # typer >= 0.20 vendors click; older typer uses the click package
+    from typer._click.exceptions import UsageError
+except ImportError:  # pragma: no cover
+    from click.exceptions import UsageError  # type: ignore[no-redef]
+
+from .app import PatternsOpt, TargetOpt, app, bench_status, out, parse_target, parse_threads, profile_status
+
+
+@app.command()
+def optimize(
+    ctx: typer.Context,
+    paths: Annotated[list[str], typer.Argument(metavar="PATHS", help="IN OUT: the model (.onnx) and "
+                                               "where to write it (an existing folder OUT: OUT/<IN's file name>); or IN... OUTDIR: several models and/or folders "
+                                               "of models (their *.onnx) and an output folder.")],
+    patterns: PatternsOpt = None,
+    only: Annotated[list[str] | None, typer.Option("--only", help="Apply only this rule id (repeatable).")] = None,
+    skip: Annotated[list[str] | None, typer.Option("--skip", help="Never apply this rule id (repeatable).")] = None,
+    target: TargetOpt = "cpu",
+    no_builtin: Annotated[bool, typer.Option("--no-builtin", help="Use only the --patterns files.")] = False,
+    no_validate: Annotated[bool, typer.Option("--no-validate", help="Skip the onnxruntime check.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Report what would change; write nothing.")] = False,
+    shape: Annotated[list[str] | None, typer.Option("--shape", help="Input shape name:1x3x224x224, or a "
+                                                    "symbolic dim batch=4 (repeatable).")] = None,
+    inputs: Annotated[str | None, typer.Option("--inputs", help="Validation inputs from an .npz file.")] = None,
+    profile: Annotated[list[str] | None, typer.Option("--profile", help="A named shape profile NAME:DIM=V,..."
+                                                      "[@WEIGHT] (repeatable): validated on each, measured on "
+                                                      "their weighted total.")] = None,
+    rtol: Annotated[float | None, typer.Option("--rtol", help="Relative tolerance (default by dtype).")] = None,
+    atol: Annotated[float | None, typer.Option("--atol", help="Absolute tolerance (default by dtype).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Allow OUTPUT to be the input file.")] = False,
+    static: Annotated[bool, typer.Option("--static", help="Fix the dynamic input dims to the --shape values "
+                                         "first (the output then accepts only those shapes).")] = False,
+    pad_channels: Annotated[bool, typer.Option("--pad-channels", help="Pad Conv channels to a multiple of 8 with "
+                                               "zero weights (exact); kept only where measured faster.")] = False,
+    no_fold: Annotated[bool, typer.Option("--no-fold", help="Do not fold constants or inline If nodes whose "
+                                          "condition is constant.")] = False,
+    no_measure: Annotated[bool, typer.Option("--no-measure", help="Keep every validated rewrite without timing "
+                                             "them (default: time groups of rewrites, keep only those that help).")]
+    = False,
+    threads: Annotated[str, typer.Option("--threads", help="onnxruntime intra-op threads while measuring: a count, "
+                                         "or auto (onnxruntime's default: one per physical core). Decisions hold "
+                                         "for this count; the report, JSON, HTML and decision cache name it.")] = "1",
+    measure_budget: Annotated[float | None, typer.Option("--measure-budget", help="Seconds for the whole "
+                                                         "measuring phase (default: automatic, 4-10 s, keeping "
+                                                         "optimize near 12 s; more past 1 GiB of weights; with "
+                                                         "--measure-by model, seconds per round, default 2).")]
+    = None,
+    measure_by: Annotated[str, typer.Option("--measure-by", help="regions: time each class of alike regions "
+                                            "alone, then confirm on the whole model; model: rounds of "
+                                            "whole-model variants.")] = "regions",
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither reuse nor record measured decisions "
+                                           "(the decision cache: onnxfuse cache show).")] = False,
+    bench_after: Annotated[bool, typer.Option("--bench", help="Benchmark the input against the output "
+                                              "afterwards (interleaved, same options).")] = False,
+    html: Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report (implies "
+                                             "--bench; adds the op-time profile of both models).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Several models: worker processes that "
+                                             "rewrite and validate side by side (default: min(4, CPUs)); "
+                                             "measuring stays one model at a time.")] = None,
+    recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Input folders: also the models in "
+                                            "their subfolders.")] = False,
+) -> None:
+    """Apply fusion patterns to a fixed point, validate with onnxruntime, write OUT atomically. With several
+    models (or a folder), write each into the folder OUT under its own file name."""
+    from .. import OptimizeOptions
+    from .. import optimize as run_optimize
+
+    opts = OptimizeOptions(patterns=patterns or [], only=only or [], skip=skip or [], builtin=not no_builtin,
+                           target=parse_target(target), validate=not no_validate, shapes=shape or [],
+                           inputs_npz=inputs, rtol=rtol, atol=atol, force=force, dry_run=dry_run,
+                           measure=not no_measure, fold=not no_fold, pad_channels=pad_channels, static=static,
+                           measure_threads=parse_threads(threads), measure_budget_s=measure_budget, profiles=profile or [],
+                           measure_by=measure_by, cache=not no_cache).check()
+    if jobs is not None:
+        check_count("jobs", jobs)
+    if (bench_after or html) and dry_run:
+        raise OnnxfuseError("--bench/--html need the written output; drop --dry-run")
+    if len(paths) < 2:
+        raise UsageError("Missing argument 'OUT': onnxfuse optimize IN OUT, or IN... OUTDIR", ctx)
+    inputs, output = paths[:-1], paths[-1]
+    if len(inputs) > 1 or os.path.isdir(inputs[0]):
+        _optimize_batch(inputs, output, opts, jobs, recursive, bench_after, html, as_json)
+        return
+    input = inputs[0]
+    from ..progress import status_line
+
+    if os.path.isdir(output):  # an existing folder: the output is OUT/<input's file name>
+        output = os.path.join(output, os.path.basename(input))
+    # shared: never beside a process that is timing; measuring takes it exclusive
+    with status_line(not as_json) as progress, busy_lock() as waited:
+        result = run_optimize(input, output, opts, progress=progress)
+    if waited > REPORT_WAIT_S:
+        result.timings[WAIT_KEY] = result.timings.get(WAIT_KEY, 0.0) + waited
+    _report_optimize(result, input, output, opts, bench_after or bool(html), html, as_json)
+
+
+def _report_optimize(result, input: str, output: str, opts, bench_after: bool, html: str | None,
+                     as_json: bool) -> None:
+    """Print the result (text or JSON), after benchmarking and profiling input against output if asked."""
+    bench_res, profiles = None, None
+    if bench_after:
+        from .. import bench as run_bench
+
+        with bench_status(not as_json, 5.0) as progress, timing_lock():
+            bench_res = run_bench([input, output], ["input", "output"], provider=opts.target,
+                                  threads=opts.measure_threads, shapes=opts.shapes or None,
+                                  inputs_npz=opts.inputs_npz, profiles=opts.profiles or None, progress=progress)
+    if html:
+        from .. import profile as run_profile
+        from ..inspect.html_report import render, write
+
+        with profile_status(not as_json) as progress:
+            profiles = [run_profile(p, opts.target, opts.measure_threads, shapes=opts.shapes or None,
+                                    inputs_npz=opts.inputs_npz, progress=progress(label))
+                        for label, p in (("input", input), ("output", output))]
+        write(html, render(f"onnxfuse optimize: {input}", bench=bench_res, profiles=profiles,
+                           labels=["input", "output"], result=result))
+    if as_json:
+        data = result.to_json()
+        if bench_res is not None:
+            data["bench"] = bench_res.to_json()
+        if profiles:
+            data["profile"] = [p.to_json() for p in profiles]
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        from ..inspect.report import print_bench, print_result
+
+        print_result(result, out)
+        if bench_res is not None:
+            print_bench(bench_res, out)
+
+
+def _optimize_batch(inputs: list[str], out_dir: str, opts, jobs: int | None, recursive: bool, bench_after: bool,
+                    html: str | None, as_json: bool) -> None:
+    """Several models (or folders) into the folder OUT_DIR: one line per model as it finishes, then a total;
+    with --json, the list of per-model results. Exit code 1 if any model failed."""
+    import time
+
+    from ..batch import collect, default_jobs, optimize_many
+
+    if html:
+        raise OnnxfuseError("--html writes the report of one model; with several models use --bench, or --html "
+                            "on each model alone")
+    items = collect(inputs, out_dir, recursive)
+    n_jobs = min(jobs or default_jobs(), len(items))
+    t0 = time.perf_counter()
+
+    finished: list[dict] = []
+
+    def show(d: dict) -> None:
+        finished.append(d)
+        if d["error"]:
+            print(f"onnxfuse: error: {_failure_line(d)}", file=sys.stderr, flush=True)
+        elif not as_json:
+            print(_batch_line(d), flush=True)
+
+    try:
+        results = optimize_many(items, opts, n_jobs, show)
+    except KeyboardInterrupt:
+        print(f"onnxfuse: interrupted after {len(finished)} of {len(items)} model(s); the models finished by then "
+              "are written, nothing partial", file=sys.stderr)
+        raise BatchInterrupted() from None
+    if bench_after:
+        _bench_batch(results, opts, as_json)
+    failed = [d for d in results if d["error"]]
+    if as_json:
+        print(json.dumps(results, indent=2, default=str))
+    else:
+        done = "checked (dry run: nothing written)" if opts.dry_run else f"written to {out_dir}"
+        print(f"{len(results)} model(s): {len(results) - len(failed)} {done}, {len(failed)} failed"
+              + (f" ({', '.join(os.path.basename(d['input']) for d in failed)})" if failed else "")
+              + f"; {time.perf_counter() - t0:.1f} s with --jobs {n_jobs}")
+    if failed:
+        raise typer.Exit(1)
+
+
+class BatchInterrupted(Exception):
+    """Ctrl-C during a batch, already reported (with what was written before it)."""
+
+
+def _failure_line(d: dict) -> str:
+    """`INPUT: message`, the message on one line (it names the input already when it starts with it)."""
+    msg = " ".join(line.strip() for line in str(d["error"]).splitlines() if line.strip())
+    return msg if msg.startswith(d["input"] + ":") else f"{d['input']}: {msg}"
+
+
+def _batch_line(d: dict) -> str:
+    """One model of a batch: nodes before -> after, fused ops, validation, measured ratio, seconds."""
+    before = d["ops_before"]  # op types that grew: contrib (fused) ops, and other op types the input lacked
+    grew = {op: n - before.get(op, 0) for op, n in d["ops_after"].items()
+            if n > before.get(op, 0) and ("." in op or op not in before) and op != "Constant"}
+
+    def listed(ops: dict[str, int]) -> str:
+        return ", ".join(f"{op.removeprefix('com.microsoft.')} x{n}" for op, n in sorted(ops.items(),
+                                                                                         key=lambda kv: -kv[1]))
+
+    fused, added = listed({k: v for k, v in grew.items() if "." in k}), listed({k: v for k, v in grew.items()
+                                                                                if "." not in k})
+    parts = [f"nodes {d['nodes_before']} -> {d['nodes_after']}", f"fused ops {fused}" if fused else "no fused ops"]
+    parts += [f"ops added {added}"] if added else []
+    parts += ["validation " + d["validation"]["status"].split(";")[0]]
+    m = d.get("measure")
+    if m is not None:
+        r = m.get("final_ratio")
+        if r:
+            whole = "weighted over profiles" if m.get("profiles") else "whole model"
+            parts.append(f"time ratio ({whole}, kept / original, {m.get('threads')} thread(s)) {r['median']:.3f} "
+                         f"[{r['low']:.3f}, {r['high']:.3f}] {m.get('final_verdict')}")
+        else:
+            why = m.get("note") or m.get("confirmed") or "no whole-model ratio"
+            parts.append(f"measured ({m.get('threads')} thread(s)): {why[:70]}")
+    waited = d.get("timings_s", {}).get(WAIT_KEY)
+    if waited:
+        parts.append(f"waited {waited:.1f} s for the timing lock")
+    parts.append(f"{d['seconds']:.1f} s")
+    where = d["output"] or "(dry run)"
+    return f"{d['input']} -> {where}: " + ", ".join(parts)
+
+
+def _bench_batch(results: list[dict], opts, as_json: bool) -> None:
+    """--bench with several models: each written output against its input, one model at a time, afterwards."""
+    from .. import bench as run_bench
+
+    for d in results:
+        if d["error"] or not d["output"]:
+            continue
+        with timing_lock():
+            res = run_bench([d["input"], d["output"]], ["input", "output"], provider=opts.target,
+                            threads=opts.measure_threads, shapes=opts.shapes or None, inputs_npz=opts.inputs_npz,
+                            profiles=opts.profiles or None)
+        d["bench"] = res.to_json()
+        if not as_json:
+            print(f"bench {d['input']}: " + "; ".join(
+                (f"{r.profile} " if res.profiles else "") + f"speedup {r.speedup or 0:.3f}x, {r.verdict}"
+                for r in [res, *res.profiles]), flush=True)

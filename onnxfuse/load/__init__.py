@@ -1,0 +1,11 @@
+"""Load: model files in and out, before any rewrite.
+
+- `loader.py`: reading a model (checks, clear errors, value types by shape inference on a weightless copy).
+- `write.py`: writing it (atomic, > 2 GB as external data, streamed one initializer at a time).
+- `lazy.py`: large embedded weights read lazily from the model file itself.
+- `repair.py`, `repair_types.py`: models onnxruntime loads but `onnx.checker` rejects, repaired in the loaded copy.
+- `ort_check.py`: asks onnxruntime about the original file.
+- `static_shapes.py`: `--static-shapes`, the model's dynamic input dims fixed from `--shape`.
+
+May import: `errors`, `ir`, `tensors`, `opschema`, `inputs/`. Nothing from rewrite/, validate/, select/, inspect/.
+"""

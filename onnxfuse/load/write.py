@@ -1,0 +1,223 @@
+"""Write ONNX models: atomic writes, external data for > 2 GB, weights streamed one tensor at a time (never the
+whole model serialized at once), lazily loaded weights written back embedded."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+
+import onnx
+
+from ..errors import ModelError
+from ..tensors import all_tensors, external_info
+
+EXTERNAL_THRESHOLD = 1024  # bytes: tensors at least this large go to the external data file
+
+
+
+def save_model(
+    proto: onnx.ModelProto,
+    out_path: str,
+    source_base_dir: str,
+    external: bool,
+    lazy_location: str | None = None,
+) -> list[str]:
+    """Write atomically: to temporary files in the target folder, then rename. Returns the files written.
+
+    Tensors whose data lives in the source model's external file are streamed across, never all in memory.
+    `lazy_location`: the source model's file name when its embedded weights were loaded lazily (lazy_weights);
+    those are written back embedded, read from it one at a time.
+    """
+    out_dir = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(out_dir):
+        raise ModelError(f"{out_path}: output folder {out_dir} does not exist")
+    if not os.access(out_dir, os.W_OK):
+        raise ModelError(f"{out_path}: output folder {out_dir} is not writable")
+    has_external = any(t.data_location == onnx.TensorProto.EXTERNAL and not _is_lazy(t, lazy_location)
+                       for t in all_tensors(proto.graph))
+    external = external or has_external
+    tmp_files: list[str] = []
+    try:
+        fd, tmp_model = tempfile.mkstemp(prefix=".onnxfuse-", suffix=".onnx.tmp", dir=out_dir)
+        os.close(fd)
+        tmp_files.append(tmp_model)
+        written = [out_path]
+        if external:
+            data_name = os.path.basename(out_path) + ".data"
+            fd, tmp_data = tempfile.mkstemp(prefix=".onnxfuse-", suffix=".data.tmp", dir=out_dir)
+            os.close(fd)
+            tmp_files.append(tmp_data)
+            with open(tmp_data, "wb") as data_file:
+                _externalize(proto.graph, data_file, data_name, source_base_dir)
+            with open(tmp_model, "wb") as f:
+                f.write(proto.SerializeToString())
+            default_mode(tmp_data)
+            os.replace(tmp_data, os.path.join(out_dir, data_name))
+            written.append(os.path.join(out_dir, data_name))
+        else:
+            with open(tmp_model, "wb") as f:
+                write_streamed(f, proto, source_base_dir if lazy_location else None, lazy_location)
+        default_mode(tmp_model)
+        os.replace(tmp_model, out_path)
+        tmp_files.clear()
+        return written
+    except OSError as e:
+        raise ModelError(f"{out_path}: cannot write ({e.strerror or e})") from None
+    finally:
+        for p in tmp_files:
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+
+
+def _externalize(graph: onnx.GraphProto, data_file, data_name: str, source_base_dir: str) -> None:
+    for t in all_tensors(graph):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            info = external_info(t)
+            src = os.path.join(source_base_dir, info["location"])
+            offset = int(info.get("offset", 0))
+            length = int(info.get("length", os.path.getsize(src) - offset))
+            new_offset = _align(data_file)
+            _copy_range(src, offset, length, data_file, f"external data file {info['location']!r}")
+        elif t.HasField("raw_data") and len(t.raw_data) >= EXTERNAL_THRESHOLD:
+            new_offset = _align(data_file)
+            length = len(t.raw_data)
+            data_file.write(t.raw_data)
+            t.ClearField("raw_data")
+        else:
+            continue
+        del t.external_data[:]
+        t.data_location = onnx.TensorProto.EXTERNAL
+        for k, v in (("location", data_name), ("offset", str(new_offset)), ("length", str(length))):
+            e = t.external_data.add()
+            e.key, e.value = k, v
+
+
+def _copy_range(path: str, offset: int, length: int, out, what: str) -> None:
+    """Copy `length` bytes of `path` from `offset` to the open file `out`, 64 MB at a time."""
+    with open(path, "rb") as src:
+        src.seek(offset)
+        remaining = length
+        while remaining:
+            chunk = src.read(min(remaining, 64 << 20))
+            if not chunk:
+                raise ModelError(f"{what} ended early")
+            out.write(chunk)
+            remaining -= len(chunk)
+
+
+def _is_lazy(t: onnx.TensorProto, lazy_location: str | None) -> bool:
+    return (lazy_location is not None and t.data_location == onnx.TensorProto.EXTERNAL
+            and external_info(t).get("location") == lazy_location)
+
+
+def _embedded(t: onnx.TensorProto) -> onnx.TensorProto:
+    """A lazily loaded tensor as it is stored embedded, without its data (written separately)."""
+    stub = onnx.TensorProto()
+    stub.CopyFrom(t)
+    del stub.external_data[:]
+    stub.ClearField("data_location")
+    return stub
+
+
+def write_streamed(f, proto: onnx.ModelProto, base_dir: str | None = None, lazy_location: str | None = None) -> None:
+    """Write `proto` as SerializeToString() would (the same bytes), one initializer at a time: serializing the
+    whole model holds two more copies of its weights (the encoder's buffer and the bytes object). Tensors loaded
+    lazily from `base_dir`/`lazy_location` are written embedded, as they were in that file."""
+    head, tail = _split(proto, 7)  # ModelProto.graph
+    ghead, gtail = _split(proto.graph, 5)  # GraphProto.initializer
+    lazy = [_is_lazy(t, lazy_location) for t in proto.graph.initializer]
+    sizes = [_lazy_size(t) if z else _tensor_size(t) for t, z in zip(proto.graph.initializer, lazy, strict=True)]
+    glen = len(ghead) + len(gtail) + sum(1 + len(_varint(n)) + n for n in sizes)
+    f.write(head)
+    f.write(b"\x3a" + _varint(glen))  # field 7, length-delimited
+    f.write(ghead)
+    for t, n, z in zip(proto.graph.initializer, sizes, lazy, strict=True):
+        f.write(b"\x2a" + _varint(n))  # field 5, length-delimited
+        if z:
+            assert base_dir is not None
+            info = external_info(t)
+            thead, ttail = _split(_embedded(t), 9)
+            length = int(info["length"])
+            f.write(thead + b"\x4a" + _varint(length))
+            _copy_range(os.path.join(base_dir, info["location"]), int(info["offset"]), length, f,
+                        f"{info['location']} (tensor {t.name!r})")
+            f.write(ttail)
+        elif t.HasField("raw_data"):
+            thead, ttail = _split(t, 9)  # TensorProto.raw_data
+            raw = t.raw_data
+            f.write(thead + b"\x4a" + _varint(len(raw)))
+            f.write(raw)
+            f.write(ttail)
+            del raw
+        else:
+            f.write(t.SerializeToString())
+    f.write(gtail)
+    f.write(tail)
+
+
+def _split(msg, number: int) -> tuple[bytes, bytes]:
+    """`msg` serialized without the field `number`: the fields before it and the fields after it."""
+    head, tail = type(msg)(), type(msg)()
+    for field, value in msg.ListFields():
+        if field.number == number:
+            continue
+        target = getattr(head if field.number < number else tail, field.name)
+        if getattr(field, "is_repeated", None) or getattr(field, "label", None) == field.LABEL_REPEATED:
+            target.extend(value)
+        elif field.type == field.TYPE_MESSAGE:
+            target.CopyFrom(value)
+        else:
+            setattr(head if field.number < number else tail, field.name, value)
+    return head.SerializeToString(), tail.SerializeToString()
+
+
+def approx_bytes(proto: onnx.ModelProto) -> int:
+    """The serialized size of `proto`'s main-graph initializers plus its nodes, without serializing the model
+    (ByteSize() does, holding another copy of the weights): enough to decide whether it must be written with
+    external data."""
+    g = proto.graph
+    external = sum(int(external_info(t).get("length", 0)) for t in g.initializer
+                   if t.data_location == onnx.TensorProto.EXTERNAL)  # lazily loaded weights are written embedded
+    return sum(_tensor_size(t) for t in g.initializer) + external + sum(n.ByteSize() for n in g.node)
+
+
+def _lazy_size(t: onnx.TensorProto) -> int:
+    thead, ttail = _split(_embedded(t), 9)
+    n = int(external_info(t)["length"])
+    return len(thead) + 1 + len(_varint(n)) + n + len(ttail)
+
+
+def _tensor_size(t: onnx.TensorProto) -> int:
+    if not t.HasField("raw_data"):
+        return t.ByteSize()
+    thead, ttail = _split(t, 9)
+    n = len(t.raw_data)
+    return len(thead) + 1 + len(_varint(n)) + n + len(ttail)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def default_mode(path: str) -> None:
+    """mkstemp files are 0600; give written files the permissions a plain open() would (0666 minus umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+def _align(f, alignment: int = 4096) -> int:
+    pos = f.tell()
+    pad = (-pos) % alignment
+    if pad:
+        f.write(b"\0" * pad)
+    return pos + pad

@@ -1,0 +1,165 @@
+"""Measured selection by region: each class of alike regions (see regions.py) is timed once, its original
+version against its fused one, as two small models on the inputs they had when the original model ran; then one
+whole-model confirmation, candidate against original. The whole phase keeps to one budget (--measure-budget):
+what the budget did not reach stays as the original, and the report says so. Decisions go to the persistent
+decision cache (decision_cache.py), so a second run, or a model of the same architecture, times nothing it has
+decided before and writes the same output.
+
+A region's decision: its fused version must be faster than its original by more than SIGNIFICANT plus the noise
+floor (the difference between two sessions of the original version, timed alongside). A region within noise
+stays as the original: a decision that would be a coin flip never changes the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+
+import onnx
+
+from ..load.loader import load_model
+from ..options import OptimizeOptions
+from ..patterns.rules import Rule
+from ..progress import Phase, quiet
+from ..rewrite.engine import EngineOptions
+from ..rewrite.rebuild import Rewritten
+from ..tensors import all_tensors
+from ..validate.runtime import release_memory
+from ..validate.validate import Validator
+from .decision_cache import DecisionCache, digest
+from .region_run import Phases, RegionClass, RegionRun, automatic_budget
+from .region_timing import MIN_RUNS_FLOOR
+from .regions import Region, find_regions
+from .rounds import GroupEffect, Key, MeasureReport
+
+__all__ = ["automatic_budget", "region_selection"]
+
+MAX_PASSES = 3  # rounds of region finding: the rewrites of the full run, then those dropped ones had shadowed
+
+
+def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions,
+                     deny: set[Key], state: Rewritten, validator: Validator,
+                     cache: DecisionCache, spent_s: float = 0.0,
+                     progress: Phase = quiet) -> tuple[MeasureReport, Rewritten]:
+    """Keep the region classes that are faster (timed, or decided before), confirm on the whole model, and
+    return the report and the rewritten model to write. `spent_s`: what optimize took before measuring;
+    `progress("measure: <step>", budget_s)` as each step starts."""
+    run = RegionRun(input_path, rules, opts, base, deny, state, validator, cache, spent_s)
+    report = run.report
+    phase = Phases(report.phases, report.phase_peaks, lambda name: progress(f"measure: {name}", run.budget))
+    rule_ids = {r.id for r in rules}
+    selection_key = digest("selection", _file_digest(input_path, state.info.external_data), repr(sorted(a.key for a in state.eng.applications)),
+                           repr([sorted((k, v.dtype.str, v.shape) for k, v in f.items()) for _, f in run.profiles]),
+                           run.env)
+    hit = cache.get(selection_key) if cache.enabled else None
+    if hit is not None and (not hit["undecided"] or opts.measure_budget_s is None
+                            or opts.measure_budget_s <= hit["budget"]):
+        with phase("rebuild"):
+            _, candidate = run.reuse(hit, state, rule_ids)
+        return run.validated(candidate, phase)
+    kept: set[Key] = set()
+    dropped: set[Key] = set()
+    all_regions: list[Region] = []
+    all_classes: list[RegionClass] = []
+    current, apps = state, state.eng.applications
+    for pass_no in range(MAX_PASSES):
+        # later passes: rules that fire only once a dropped rewrite is gone (a MultiHeadAttention, then a
+        # FusedMatMul, inside an Attention that did not pay) are measured too; after the last pass they are
+        # left out
+        with phase("regions"):
+            original, _ = load_model(input_path)
+            fingerprint = run.fingerprint(original)
+            regions = find_regions(original, current.model, apps, rule_ids)
+            timeable = [r for r in regions if not r.untimeable]
+        if pass_no == 0 and (why := run.capture_too_costly(timeable)):
+            return run.validated(run.unmeasured(why, regions)[1], phase)
+        with phase("capture"):
+            classes = run.capture(original, timeable) if timeable else []
+            del original
+        if pass_no == 0:  # keep time for the confirmation: three sessions of the model and its minimum runs
+            reserve = 3 * run.session_s + 3 * (MIN_RUNS_FLOOR + 1) * run.latency_s * len(run.profiles)
+            region_deadline = max(run.deadline - reserve, time.perf_counter() + 0.3 * run.budget)
+        with phase("time regions"):
+            run.decide(classes, region_deadline)
+        for r in regions:  # decided: what timing needed (constants of the models, captured inputs) goes
+            r.drop_models()
+        for c in classes:
+            c.feeds = []
+        release_memory()
+        all_regions += regions
+        all_classes += classes
+        kept |= {k for c in classes if c.decision and c.decision.kept for k in c.keys}
+        kept |= {k for r in regions if r.untimeable.endswith("(exact)") for k in r.keys}
+        dropped |= {k for r in regions for k in r.keys} - kept
+        if not dropped:
+            candidate = current
+            break
+        with phase("rebuild"):
+            current = None  # a candidate of the previous pass is not needed any more
+            state.__dict__.pop("proto", None)  # nor the full rewrite's export (re-made if it is written)
+            candidate = run.build(kept, dropped, deny_unmeasured=pass_no == MAX_PASSES - 1)
+        new = {a.key for a in candidate.eng.applications if a.rule in rule_ids} - kept
+        if not new:
+            break
+        current, apps = candidate, [a for a in candidate.eng.applications if a.key in new]
+    report.groups = [c.decision for c in all_classes if c.decision is not None] + _untimed_rows(all_regions)
+    regions, classes = all_regions, all_classes
+    applied = {a.key for a in candidate.eng.applications if a.rule in rule_ids}
+    report.undecided = sum(1 for c in classes if c.decision and c.decision.source == "budget")
+    timed_kept = any(c.decision is not None and c.decision.kept and c.decision.source in ("timed", "cached")
+                     for c in classes)
+    if applied and not timed_kept:  # removing nodes and shape arithmetic cannot make it slower: not timed
+        report.confirmed = "not needed: only exact rewrites kept"
+    elif applied:
+        with phase("confirm"):
+            ratio = run.confirm(candidate, digest("model", fingerprint, repr(sorted(applied)), run.env))
+        report.final = ratio
+        if ratio is not None and ratio.verdict_beyond(report.floor) == "slower":
+            report.dropped_everything = True
+            for gr in report.groups:
+                gr.kept = False
+            with phase("rebuild"):
+                candidate = run.build(set(), {k for r in regions for k in r.keys})
+    else:
+        report.dropped_everything = True
+        report.confirmed = "not needed: no rewrite kept"
+    cache.put(selection_key, {"kind": "selection", "kept": sorted(map(list, kept)),
+                              "dropped": sorted(map(list, dropped)), "report": report.to_json(),
+                              "undecided": report.undecided, "budget": run.budget,
+                              "dropped_everything": report.dropped_everything, **run.tag,
+                              "rules": sorted({k[0] for k in kept})})
+    cache.save()
+    report.seconds = time.perf_counter() - run.t0
+    report.budget_s = run.budget
+    return run.validated(candidate, phase)
+
+
+def _file_digest(path: str, external: bool) -> str:
+    """The model file's bytes; with external data, also the size and modification time of each data file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    if external:
+        folder = os.path.dirname(os.path.abspath(path))
+        locations = {e.value for t in all_tensors(onnx.load(path, load_external_data=False).graph)
+                     for e in t.external_data if e.key == "location"}
+        for loc in sorted(locations):
+            st = os.stat(os.path.join(folder, loc))
+            h.update(f"{loc}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
+def _untimed_rows(regions: list[Region]) -> list[GroupEffect]:
+    """One report row per kind of region that was not timed alone (exact ones are kept)."""
+    alike: dict[tuple, list[Region]] = {}
+    for r in regions:
+        if r.untimeable:
+            alike.setdefault((r.label, tuple(r.rules), r.untimeable), []).append(r)
+    rows = []
+    for (label, rules_, why), rs in alike.items():
+        exact = why.endswith("(exact)")
+        rows.append(GroupEffect(label, list(rules_), sum(len(r.keys) for r in rs), exact, None,
+                                source="exact" if exact else "untimed", instances=len(rs), why=why))
+    return rows

@@ -1,0 +1,37 @@
+"""What the engine learns from running the original model, as optimize does: which branch each top-level If
+takes on the inputs validation and timing use, and the shapes of values onnx's shape inference leaves without
+one (Validator.observed_types). optimize gives them to every rebuild; explain asks for them here, so that it
+sees what optimize sees."""
+
+from __future__ import annotations
+
+from ..errors import InputSpecError, OnnxfuseError
+from ..ir import Model
+from ..load.loader import load_model
+from ..options import OptimizeOptions
+from ..rewrite.engine import EngineOptions
+from ..targets import runs_on
+from .validate import Validator
+
+__all__ = ["run_facts", "unshaped"]
+
+
+def unshaped(model: Model) -> list[str]:
+    """Main-graph node outputs shape inference gave no shape (what Validator.observed_types looks at)."""
+    g = model.graph
+    return [o for n in g.nodes for o in n.outputs
+            if o and (g.types.get(o) is None or g.types[o].shape is None)]
+
+
+def run_facts(path: str, target: str = "cpu") -> EngineOptions:
+    """The engine options optimize would rewrite `path` with (target, probed If branches, observed shapes); only
+    the target when the model cannot be run on the inputs found."""
+    opts = OptimizeOptions(target=target, measure=False).check()
+    try:
+        model, info = load_model(path)
+        validator = Validator(path, model.proto, opts, runs_on(target))
+        hot = validator.branch_values(model.proto, info)
+        observed = validator.observed_types(model.proto, info, unshaped(model))
+    except (OnnxfuseError, InputSpecError):
+        return EngineOptions(target=target)
+    return EngineOptions(target=target, hot=hot, observed=observed)
