@@ -144,6 +144,7 @@ def test_cli_bench_and_profile(cli, optimized, tmp_path):
     code, stdout, stderr = cli("profile", CNN, optimized[0], "--runs", "3", "--nodes", "--html", html)
     assert code == 0, stderr
     assert "op time by type" in stdout and "kernel times sum to" in stdout and html.exists()
+    assert stdout.count("GEMM-bound limit") >= 2 and "headroom" in stdout and "the gap between A" in stdout and "GEMM-bound limit" in html.read_text()
     code, _, stderr = cli("bench", str(tmp_path / "missing.onnx"))
     assert code == 1 and "no such file" in stderr
     code, _, stderr = cli("bench", CNN, "--batch", "1,x")
@@ -160,3 +161,25 @@ def test_verdict_respects_the_a_a_noise_floor():
     assert verdict(b, Ratio(1.04, 1.03, 1.05)) == "within the noise floor (±5.0%): not counted as faster"
     assert verdict(Ratio(1.0, 0.99, 1.01), Ratio(1.0, 0.997, 1.003)) == "no significant change"
     assert verdict(Ratio(1.10, 1.08, 1.12), Ratio(1.02, 1.01, 1.03)) == "slower"
+
+
+def test_gemm_bound_limit_headroom_and_captured_share():
+    """The limit counts only the FLOP-carrying ops at the measured GEMM peak; the headroom is the rest of the
+    latency; the share captured is how much of the input's gap to its limit the output removed."""
+    from onnxfuse.inspect.op_profile import NodeStat, OpStat, Peaks, ProfileResult, captured_share
+
+    def result(latency_ms, nodes):
+        by_type = [OpStat(op, 1, us, 0.0, us, 0, 0, 0, 0) for op, us in sorted(
+            {n.op: sum(m.total_us for m in nodes if m.op == n.op) for n in nodes}.items(), key=lambda kv: -kv[1])]
+        return ProfileResult("m", 10, latency_ms, latency_ms, latency_ms, by_type, nodes, Peaks(gflops=100.0, gbytes=10.0))
+
+    conv = NodeStat("c", "Conv", 2, 3000.0, 0, 1e8)  # 2 calls x 0.1 GFLOP at 100 GFLOP/s: 2 ms
+    add = NodeStat("a", "Add", 10, 4000.0, 0, 1e9)  # elementwise FLOPs do not count toward the limit
+    before = result(10.0, [conv, add, NodeStat("r", "Relu", 5, 3000.0, 0, 1e6)])
+    assert abs(before.gemm_bound_ms - 2.0) < 1e-9 and abs(before.headroom_ms - 8.0) < 1e-9
+    assert [s.op for s in before.remaining_costs()] == ["Add", "Relu"]
+    after = result(6.0, [conv, add])
+    assert abs(captured_share(before, after) - 0.5) < 1e-9  # (10 - 6) / (10 - 2)
+    assert captured_share(result(1.0, [NodeStat("c", "Conv", 10, 1000.0, 0, 1e8)]), after) is None  # no headroom
+    j = before.to_json()
+    assert j["gemm_bound_ms"] == before.gemm_bound_ms and j["remaining_costs"][0]["op"] == "Add"

@@ -8,7 +8,8 @@ import html
 from collections import Counter
 
 from .latency import BenchResult
-from .op_profile import ProfileResult
+from .op_profile import ProfileResult, captured_share
+from .report import headroom_line, share_words
 
 PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
            "#bab0ac"]
@@ -131,7 +132,12 @@ def _profile_section(profiles: list[ProfileResult], labels: list[str]) -> str:
                    f"the measured latency {p.latency_ms:.3f} ms (profiled run {p.run_ms:.3f} ms). Peaks measured on "
                    f"this machine: {p.peaks.gflops:.1f} GFLOP/s (GEMM), {p.peaks.gbytes:.1f} GB/s (copy); the profiler's "
                    f"own {p.overhead_us:.1f} us per op call (calibrated) is subtracted.</p>"
-                   f'<ul class="signals">' + "".join(f"<li>{_e(s)}</li>" for s in p.signals) + "</ul>")
+                   f'<ul class="signals">' + "".join(f"<li>{_e(s)}</li>" for s in p.signals)
+                   + f"<li>{_e(headroom_line(p))}</li></ul>")
+    share = captured_share(profiles[0], profiles[1]) if len(profiles) == 2 else None
+    if share is not None:
+        out.append(f"<p class=meta>{_e(labels[1])} {share_words(share)} the gap between {_e(labels[0])} "
+                   f"and its GEMM-bound limit ({profiles[0].gemm_bound_ms:.3f} ms).</p>")
     return "".join(out)
 
 

@@ -15,6 +15,10 @@ DTYPE_BYTES = {"float": 4, "float16": 2, "bfloat16": 2, "double": 8, "int64": 8,
 CONV_OPS = {"Conv", "FusedConv", "NhwcConv", "NhwcFusedConv", "QLinearConv", "ConvInteger"}
 MATMUL_OPS = {"MatMul", "FusedMatMul", "MatMulInteger", "MatMulNBits", "TransposeMatMul", "QLinearMatMul"}
 GEMM_OPS = {"Gemm", "FusedGemm"}
+# the FLOP-carrying ops: their work at the GEMM peak is the model's GEMM-bound limit (ProfileResult.gemm_bound_ms)
+GEMM_CLASS = CONV_OPS | MATMUL_OPS | GEMM_OPS | {"ConvTranspose", "Attention", "MultiHeadAttention",
+                                                  "GroupQueryAttention", "DynamicQuantizeMatMul",
+                                                  "MatMulIntegerToFloat"}
 NORM_OPS = {"LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization",
             "SkipSimplifiedLayerNormalization", "BatchNormalization", "InstanceNormalization", "GroupNorm",
             "EmbedLayerNormalization"}

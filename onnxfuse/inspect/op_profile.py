@@ -25,7 +25,7 @@ from ..options import check_count, check_strings
 from ..progress import Phase, quiet
 from ..select.timing import run_times
 from ..validate.runtime import make_session
-from .op_cost import CONTROL_FLOW, entries, model_index, node_bytes, node_flops, released_bytes
+from .op_cost import CONTROL_FLOW, GEMM_CLASS, entries, model_index, node_bytes, node_flops, released_bytes
 
 SHORT_US = 5.0  # an op call shorter than this is dominated by per-op overhead
 # A rate above CACHE_FACTOR x the measured copy peak did not come from memory. The copy peak counts 2 bytes per
@@ -101,6 +101,22 @@ class ProfileResult:
         """Kernel time total / measured latency (1.0 = the table accounts for all of it)."""
         return self.kernel_ms / self.latency_ms if self.latency_ms else 0.0
 
+    @property
+    def gemm_bound_ms(self) -> float:
+        """The GEMM-bound limit: the time the FLOP-carrying ops (Conv, MatMul, Gemm, attention and their fused
+        forms: op_cost.GEMM_CLASS) would take at the GEMM peak measured in this run; all else is headroom."""
+        flops = sum(s.flops * s.calls_per_run for s in self.by_node if s.op in GEMM_CLASS)
+        return flops / (self.peaks.gflops * 1e9) * 1e3 if self.peaks.gflops else 0.0
+
+    @property
+    def headroom_ms(self) -> float:
+        """Measured latency above the GEMM-bound limit: what fusion and layout can remove at best."""
+        return max(0.0, self.latency_ms - self.gemm_bound_ms)
+
+    def remaining_costs(self, k: int = 5) -> list[OpStat]:
+        """The op types outside the GEMM class that take the most time: where the headroom goes."""
+        return [s for s in self.by_type if s.op not in GEMM_CLASS][:k]
+
     def to_json(self) -> dict:
         return {
             "path": self.path, "runs": self.runs, "run_ms": self.run_ms, "latency_ms": self.latency_ms,
@@ -109,7 +125,17 @@ class ProfileResult:
             "by_type": [s.__dict__ for s in self.by_type],
             "by_node": [{**s.__dict__, "mean_us": s.mean_us} for s in self.by_node],
             "signals": self.signals,
+            "gemm_bound_ms": self.gemm_bound_ms, "headroom_ms": self.headroom_ms,
+            "remaining_costs": [{"op": s.op, "ms": s.total_us / 1e3, "share": s.share, "calls": s.calls_per_run}
+                                for s in self.remaining_costs()],
         }
+
+
+def captured_share(before: ProfileResult, after: ProfileResult) -> float | None:
+    """How much of the gap between `before` (the input) and its GEMM-bound limit `after` (the optimized model)
+    removed: (before - after) / (before - limit); None where the input has no headroom."""
+    gap = before.latency_ms - before.gemm_bound_ms
+    return None if gap <= 0 else (before.latency_ms - after.latency_ms) / gap
 
 
 _PEAKS: dict[int, Peaks] = {}

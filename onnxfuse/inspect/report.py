@@ -12,6 +12,7 @@ from ..inputs import InputPlan, fmt_bytes
 from ..patterns.rules import Rule
 from ..result import Result
 from ..rewrite.engine import NearMiss
+from .op_profile import captured_share
 
 
 def _delta(before: dict[str, int], after: dict[str, int]) -> list[tuple[str, int, int]]:
@@ -252,6 +253,27 @@ def print_profile(profiles, labels, console: Console, nodes: bool = False) -> No
                       f"{p.overhead_us:.1f} us per op call (calibrated) is subtracted")
         for s in p.signals:
             console.print(f"  - {s}")
+        console.print(f"{lab}: {headroom_line(p)}", markup=False)
+    if len(profiles) == 2:
+        share = captured_share(profiles[0], profiles[1])
+        if share is not None:
+            console.print(f"{labels[1]} {share_words(share)} the gap between {labels[0]} "
+                          f"({profiles[0].latency_ms:.3f} ms) and its GEMM-bound limit "
+                          f"({profiles[0].gemm_bound_ms:.3f} ms)", markup=False)
+
+
+def share_words(share: float) -> str:
+    return f"removes {share * 100:.0f}% of" if share >= 0 else f"is slower: it widens by {-share * 100:.0f}%"
+
+
+def headroom_line(p) -> str:
+    """The GEMM-bound limit, the headroom above it and the op types outside the GEMM class that take it."""
+    top = ", ".join(f"{s.op} {s.total_us / 1e3:.3f} ms ({s.share * 100:.0f}%, {s.calls_per_run:.0f} calls)"
+                    for s in p.remaining_costs())
+    return (f"GEMM-bound limit {p.gemm_bound_ms:.3f} ms (Conv/MatMul/Gemm/attention work at "
+            f"{p.peaks.gflops:.1f} GFLOP/s), headroom {p.headroom_ms:.3f} ms "
+            f"({p.headroom_ms / p.latency_ms * 100 if p.latency_ms else 0:.0f}% of the latency); the most time "
+            f"outside GEMM work: {top or 'none'}")
 
 
 def print_inputs(plan: InputPlan, console: Console) -> None:
