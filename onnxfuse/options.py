@@ -30,6 +30,8 @@ class OptimizeOptions:
     fold: bool = True  # constant folding, If inlining and versioning (exact; --no-fold turns it off)
     pad_channels: bool = False  # also load patterns/optional/pad_channels.yaml
     static: bool = False  # fix dynamic input dims to the --shape values (the output accepts only those)
+    freeze_weights: bool = False  # initializers listed as graph inputs become constants (--freeze-weights; the
+    # output no longer takes them as inputs: load/freeze.py)
     profiles: list[str] = field(default_factory=list)  # --profile NAME:DIM=V,...[@WEIGHT] (inputs/profiles.py)
     measure_threads: int | str = 1  # onnxruntime intra-op threads while timing (--threads); "auto": one per
     # physical core, onnxruntime's default (resolved to that number before anything runs)

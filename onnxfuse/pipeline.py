@@ -16,6 +16,7 @@ import onnx
 from .errors import ModelError, OnnxfuseError
 from .inputs import InputPlan, discover_profiles, parse_profiles, parse_shape_specs
 from .ir import Model
+from .load.freeze import freeze_weights
 from .load.loader import LoadInfo, load_model
 from .load.static_shapes import fix_input_shapes
 from .load.write import approx_bytes, save_model
@@ -56,16 +57,20 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, output_path: str | os.P
     out = None if output_path is None else os.fspath(output_path)
     if out is not None and os.path.isdir(out) and not isinstance(model, onnx.ModelProto):
         out = os.path.join(out, os.path.basename(os.fspath(model)))  # an existing folder: OUT/<input's name>
-    with _source(model, opts, out) as (shown, path):
-        return _optimize(shown, path, out, opts, progress or quiet)
+    with _source(model, opts, out) as (shown, path, notes):
+        result = _optimize(shown, path, out, opts, progress or quiet)
+        result.load_notes[:0] = notes
+        return result
 
 
 @contextlib.contextmanager
 def _source(model: str | os.PathLike | onnx.ModelProto, opts: OptimizeOptions,
-            out: str | None) -> Iterator[tuple[str, str]]:
-    """(name shown, file optimized): a ModelProto is saved to a temporary file (onnxruntime and rebuilds read
-    files); with --static the file is a copy with its dynamic input dims fixed."""
+            out: str | None) -> Iterator[tuple[str, str, list[str]]]:
+    """(name shown, file optimized, notes for the report): a ModelProto is saved to a temporary file (onnxruntime
+    and rebuilds read files); with --static the file is a copy with its dynamic input dims fixed; with
+    --freeze-weights, one without the graph inputs that are initializers."""
     tmp = tempfile.mkdtemp(prefix="onnxfuse-")
+    notes: list[str] = []
     try:
         if isinstance(model, onnx.ModelProto):
             shown, path = "<ModelProto>", os.path.join(tmp, "model.onnx")
@@ -78,7 +83,15 @@ def _source(model: str | os.PathLike | onnx.ModelProto, opts: OptimizeOptions,
             static_dir = os.path.join(tmp, "static")
             os.mkdir(static_dir)
             path = fix_input_shapes(path, opts.shapes, static_dir)
-        yield shown, path
+        if opts.freeze_weights:
+            _check_paths(path, None if opts.dry_run else out, opts.force)
+            frozen_dir = os.path.join(tmp, "frozen")
+            os.mkdir(frozen_dir)
+            path, n = freeze_weights(path, frozen_dir)
+            if n:
+                notes.append(f"{n} initializer(s) listed as graph inputs made constants (freeze_weights): the output "
+                             "no longer takes them as inputs")
+        yield shown, path, notes
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

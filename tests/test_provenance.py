@@ -231,3 +231,20 @@ def test_inputs_from_the_runtimes_own_words(tmp_path):
     assert any("LSTM needs" in c.why for c in plan.dims if c.key == "state[1]")
     r = optimize(src, tmp_path / "o.onnx", OptimizeOptions(measure_budget_s=2.0))
     assert r.validation.startswith("passed") or r.validation.startswith("not needed")
+
+
+def test_freeze_weights_makes_listed_initializers_constants(tmp_path):
+    """Model Zoo style: weights listed as inputs stay overridable by default (BatchNormalization does not fold);
+    freeze_weights drops them from the inputs, the folds and fusions happen, and the outputs are the original's
+    with its defaults."""
+    m = _cnn()
+    for t in m.graph.initializer:
+        m.graph.input.append(oh.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    src = save(m, tmp_path / "zoo.onnx")
+    plain = optimize(src, tmp_path / "plain.onnx", OptimizeOptions(measure=False))
+    frozen = optimize(src, tmp_path / "frozen.onnx", OptimizeOptions(measure=False, freeze_weights=True))
+    assert "conv-bn-fold" not in plain.fired and frozen.fired.get("conv-bn-fold", 0) >= 1
+    assert any("made constants (freeze_weights)" in n for n in frozen.load_notes)
+    out = onnx.load(str(tmp_path / "frozen.onnx"))
+    assert [i.name for i in out.graph.input] == [i.name for i in _cnn().graph.input]
+    _same_outputs(src, str(tmp_path / "frozen.onnx"), _cnn_feeds(m))

@@ -45,6 +45,10 @@ def optimize(
     force: Annotated[bool, typer.Option("--force", help="Allow OUTPUT to be the input file.")] = False,
     static: Annotated[bool, typer.Option("--static", help="Fix the dynamic input dims to the --shape values "
                                          "first (the output then accepts only those shapes).")] = False,
+    freeze_weights: Annotated[bool, typer.Option("--freeze-weights", help="Make initializers that are also "
+                                                 "listed as graph inputs (ONNX Model Zoo style) constants, so "
+                                                 "they fold and fuse; the output no longer takes them as "
+                                                 "inputs.")] = False,
     pad_channels: Annotated[bool, typer.Option("--pad-channels", help="Pad Conv channels to a multiple of 8 with "
                                                "zero weights (exact); kept only where measured faster.")] = False,
     no_fold: Annotated[bool, typer.Option("--no-fold", help="Do not fold constants or inline If nodes whose "
@@ -85,6 +89,7 @@ def optimize(
                            target=parse_target(target), validate=not no_validate, shapes=shape or [],
                            inputs_npz=inputs, rtol=rtol, atol=atol, force=force, dry_run=dry_run,
                            measure=not no_measure, fold=not no_fold, pad_channels=pad_channels, static=static,
+                           freeze_weights=freeze_weights,
                            measure_threads=parse_threads(threads), measure_budget_s=measure_budget, profiles=profile or [],
                            measure_by=measure_by, cache=not no_cache).check()
     if jobs is not None:

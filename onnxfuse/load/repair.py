@@ -253,7 +253,8 @@ def _initializers(proto: onnx.ModelProto, r: Repairs) -> None:
     if overridable:
         r.notes.append(f"{len(overridable)} initializer(s) are also graph inputs ({some_names(overridable)}): kept as "
                        "inputs with their values as defaults (onnxruntime lets callers override them), so they "
-                       "are not constants and fusions that need constant weights skip them")
+                       "are not constants and fusions that need constant weights skip them (--freeze-weights, "
+                       "freeze_weights=True, makes them constants)")
 
 
 def unrepairable(proto: onnx.ModelProto) -> tuple[str, str] | None:
