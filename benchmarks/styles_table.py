@@ -71,6 +71,8 @@ def run_api(path: str, out: str, options: onnxfuse.OptimizeOptions) -> tuple[str
     m = r.measure
     if m is None:
         ratio = "not measured"
+    elif m.final is not None and m.dropped_everything:
+        ratio = f"1 (all dropped: the candidate measured {m.final} {m.final.verdict_beyond(m.floor)})"
     elif m.final is not None:
         ratio = f"{m.final} {m.final.verdict_beyond(m.floor)}"
     else:
