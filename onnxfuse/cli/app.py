@@ -63,6 +63,9 @@ def parse_target(value: str, option: str = "target") -> str:
 
 
 BenchShape = Annotated[list[str] | None, typer.Option("--shape", help="Input shape name:1x3x224x224 or dim=4.")]
+ProviderOpt = Annotated[str, typer.Option("--provider", help="cpu or cuda.")]
+LevelOpt = Annotated[str, typer.Option("--level", help="ORT optimization level: disable|basic|extended|all.")]
+InputsOpt = Annotated[str | None, typer.Option("--inputs", help="Inputs from an .npz file.")]
 
 
 @contextlib.contextmanager

@@ -10,7 +10,19 @@ import typer
 
 from ..errors import OnnxfuseError
 from ..select.timing_lock import timing_lock
-from .app import BenchShape, ThreadsOpt, app, bench_status, out, parse_target, parse_threads, profile_status
+from .app import (
+    BenchShape,
+    InputsOpt,
+    LevelOpt,
+    ProviderOpt,
+    ThreadsOpt,
+    app,
+    bench_status,
+    out,
+    parse_target,
+    parse_threads,
+    profile_status,
+)
 
 
 def _batches(text: str | None) -> list[int] | None:
@@ -29,12 +41,11 @@ def _batches(text: str | None) -> list[int] | None:
 def bench(
     a: Annotated[str, typer.Argument(help="Model A (the baseline).")],
     b: Annotated[str | None, typer.Argument(help="Model B, compared against A.")] = None,
-    provider: Annotated[str, typer.Option("--provider", help="cpu or cuda.")] = "cpu",
+    provider: ProviderOpt = "cpu",
     threads: ThreadsOpt = "1",
-    level: Annotated[str, typer.Option("--level", help="ORT optimization level: disable|basic|extended|all.")]
-    = "all",
+    level: LevelOpt = "all",
     shape: BenchShape = None,
-    inputs: Annotated[str | None, typer.Option("--inputs", help="Inputs from an .npz file.")] = None,
+    inputs: InputsOpt = None,
     runs: Annotated[int, typer.Option("--runs", help="Minimum timed runs per model.")] = 50,
     budget: Annotated[float, typer.Option("--budget", help="Seconds of interleaved timing.")] = 5.0,
     batch: Annotated[str | None, typer.Option("--batch", help="Batch sweep, e.g. 1,2,4,8,16.")] = None,
@@ -72,12 +83,11 @@ def bench(
 def profile(
     a: Annotated[str, typer.Argument(help="Model to profile.")],
     b: Annotated[str | None, typer.Argument(help="A second model (e.g. the optimized one), side by side.")] = None,
-    provider: Annotated[str, typer.Option("--provider", help="cpu or cuda.")] = "cpu",
+    provider: ProviderOpt = "cpu",
     threads: ThreadsOpt = "1",
-    level: Annotated[str, typer.Option("--level", help="ORT optimization level: disable|basic|extended|all.")]
-    = "all",
+    level: LevelOpt = "all",
     shape: BenchShape = None,
-    inputs: Annotated[str | None, typer.Option("--inputs", help="Inputs from an .npz file.")] = None,
+    inputs: InputsOpt = None,
     runs: Annotated[int, typer.Option("--runs", help="Profiled runs (after 10 warm-up runs).")] = 30,
     nodes: Annotated[bool, typer.Option("--nodes", help="Also list the slowest nodes.")] = False,
     batch: Annotated[str | None, typer.Option("--batch", help="Batch sizes for the utilization signal, e.g. 1,8.")]
