@@ -8,8 +8,9 @@ Usage::
         --json /tmp/headroom.json
 
 For each model: ``onnxfuse.optimize(path, out, OptimizeOptions())`` (the default: validated, measured
-selection at 1 thread), then ``onnxfuse.profile`` of the input and of the output (1 thread, ORT_ENABLE_ALL, CPU),
-alternately ``--repeats`` times (default 3), keeping each one's fastest profile (robust to other load).
+selection at 1 thread), then ``onnxfuse.profile`` of the input and of the output (1 thread, ORT_ENABLE_ALL, CPU). Their latency
+is measured first with the two sessions run alternately (median over >= 20 rounds, ~4 s) and handed to
+``profile(latency_ms=...)``: two sequential profiles on a shared machine differed by 20% on the same graph.
 One markdown row per model:
 
 * input ms / output ms: the profiles' measured latency (without the profiler), and their ratio;
@@ -39,7 +40,9 @@ from pathlib import Path
 import onnx
 
 import onnxfuse
+from onnxfuse.inspect.latency import probed_inputs
 from onnxfuse.inspect.op_profile import ProfileResult, captured_share
+from onnxfuse.validate.runtime import make_session, run
 
 CHAIN_OPS = {"BatchNormalization", "Relu", "Clip", "HardSwish", "HardSigmoid", "LeakyRelu", "Sigmoid", "Add",
              "Sum", "Mul", "Swish", "QuickGelu"}
@@ -56,7 +59,7 @@ def depthwise_names(path: str) -> set[str]:
             consumers.setdefault(i, []).append(n)
     out = set()
     for n in m.graph.node:
-        if n.op_type != "Conv" or not any(a.name == "group" and a.i > 1 for a in n.attribute):
+        if n.op_type not in ("Conv", "FusedConv") or not any(a.name == "group" and a.i > 1 for a in n.attribute):
             continue
         out.add(n.name)
         cur = n
@@ -79,25 +82,41 @@ def depthwise_time(p: ProfileResult, names: set[str]) -> tuple[float, float]:
     return ms, calls
 
 
-def best_profiles(a: str, b: str, threads: int, repeats: int) -> tuple[ProfileResult, ProfileResult]:
-    """Profile a and b alternately `repeats` times; keep each one's run with the lowest measured latency (the
-    least disturbed by other load on the machine)."""
-    pa: list[ProfileResult] = []
-    pb: list[ProfileResult] = []
-    for _ in range(repeats):
-        pa.append(onnxfuse.profile(a, threads=threads))
-        pb.append(onnxfuse.profile(b, threads=threads))
-    return min(pa, key=lambda p: p.latency_ms), min(pb, key=lambda p: p.latency_ms)
+def interleaved_ms(a: str, b: str, threads: int, budget_s: float = 4.0, min_rounds: int = 20) -> tuple[float, float]:
+    """Median latency (ms) of a and b timed in alternating runs on the same feeds (onnxfuse's probed inputs of
+    a), so that load from other processes hits both alike; at least `min_rounds` rounds, about `budget_s`."""
+    sa, sb = (make_session(p, "all", "cpu", threads) for p in (a, b))
+    feeds = probed_inputs(a, onnx.load(a, load_external_data=False), None, None, "cpu", sa)
+    ta: list[float] = []
+    tb: list[float] = []
+    for _ in range(3):
+        run(sa, feeds)
+        run(sb, feeds)
+    start = time.perf_counter()
+    while len(ta) < min_rounds or time.perf_counter() - start < budget_s:
+        for sess, acc in ((sa, ta), (sb, tb)) if len(ta) % 2 == 0 else ((sb, tb), (sa, ta)):
+            t = time.perf_counter()
+            run(sess, feeds)
+            acc.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(ta), statistics.median(tb)
 
 
-def one(path: str, tmp: str, threads: int, repeats: int = 3) -> dict:
+def best_profiles(a: str, b: str, threads: int) -> tuple[ProfileResult, ProfileResult]:
+    """Profiles of a and b whose latency is the interleaved measurement (sequential profiles of a busy machine
+    can differ by 20% on the same graph); the kernel tables are each profile's own."""
+    la, lb = interleaved_ms(a, b, threads)
+    return (onnxfuse.profile(a, threads=threads, latency_ms=la),
+            onnxfuse.profile(b, threads=threads, latency_ms=lb))
+
+
+def one(path: str, tmp: str, threads: int) -> dict:
     out = str(Path(tmp) / Path(path).name)
     t0 = time.perf_counter()
     res = onnxfuse.optimize(path, out, onnxfuse.OptimizeOptions(measure_threads=threads))
     opt_s = time.perf_counter() - t0
     if not Path(out).exists():  # not written (e.g. failed validation): the output is the input
         out = path
-    before, after = best_profiles(path, out, threads, repeats)
+    before, after = best_profiles(path, out, threads)
     dw_in, dw_out = depthwise_names(path), depthwise_names(out)
     return {
         "model": Path(path).stem, "path": path, "optimize_s": opt_s, "validation": res.validation,
@@ -147,7 +166,6 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="+")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=3, help="profiles per model, alternating; the fastest is kept")
     ap.add_argument("--json", help="write every number here (rewritten after each model)")
     a = ap.parse_args(argv)
     rows: list[dict] = []
@@ -155,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in a.models:
             print(f"... {path}", file=sys.stderr, flush=True)
             try:
-                rows.append(one(path, tmp, a.threads, a.repeats))
+                rows.append(one(path, tmp, a.threads))
             except Exception as exc:  # noqa: BLE001 - one model's failure is a row
                 rows.append({"model": Path(path).stem, "path": path,
                              "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"})
