@@ -772,7 +772,7 @@ def test_softmax_axis_3_is_the_last_axis():
 P = 16  # the buffer's max positions
 
 
-def _causal(tril=None, neg=-10000.0, row_start="t-s", merge=False, squeezed_end=False, opset=13):
+def _causal(tril=None, neg=-10000.0, row_start="t-s", merge=False, squeezed_end=False, opset=13, k_0231=False):
     """Scores Div(MatMul(q, kt), 4), mask tril[:, :, T-S:T, :T] (S, T from Shape of the scores, Slice+Squeeze
     as older torch exporters write w.size(-2)), Where(mask, scores, neg), Softmax, ·v. q [b, N, s, D],
     kt [b, N, D, t] (k transposed when `merge`: then a head merge follows, for attention-heads-split)."""
@@ -782,7 +782,8 @@ def _causal(tril=None, neg=-10000.0, row_start="t-s", merge=False, squeezed_end=
              "ax3": _i64(3), "one": _i64(1), "os": _i64(0, 0, H)}
     nodes = []
     if merge:
-        nodes.append(oh.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2], name="kt"))
+        perm = [0, 2, 3, 1] if k_0231 else [0, 1, 3, 2]   # k [b, t, N, D] (GPT-2's k.permute(0, 2, 3, 1)) or heads
+        nodes.append(oh.make_node("Transpose", ["k"], ["kt"], perm=perm, name="kt"))
     nodes += [oh.make_node("MatMul", ["q", "kt"], ["mm"], name="qk"),
               oh.make_node("Div", ["mm", "cd"], ["w"], name="scale"),
               oh.make_node("Shape", ["w"], ["shp"], name="shape"),
@@ -806,7 +807,8 @@ def _causal(tril=None, neg=-10000.0, row_start="t-s", merge=False, squeezed_end=
     if merge:
         nodes += [oh.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3], name="merge_t"),
                   oh.make_node("Reshape", ["ot", "os"], ["y"], name="merge")]
-        ins = [("q", ["b", N, "s", D]), ("k", ["b", N, "t", D]), ("v", ["b", N, "t", D])]
+        ins = [("q", ["b", N, "s", D]), ("k", ["b", "t", N, D] if k_0231 else ["b", N, "t", D]),
+               ("v", ["b", N, "t", D])]
         outs = [("y", ["b", "s", H])]
     else:
         ins = [("q", ["b", N, "s", D]), ("kt", ["b", N, D, "t"]), ("v", ["b", N, "t", D])]
@@ -864,3 +866,47 @@ def test_attention_causal_tril_then_heads_split():
 ])
 def test_attention_causal_tril_near_misses(kw):
     check_misses(_causal(squeezed_end=True, **kw), "attention-causal-tril")
+
+
+def _key_split(perm=(0, 2, 3, 1), sliced_mask=True):
+    """Div(MatMul(q, Transpose(k, perm)), 4) + a mask: Slice(Slice(bias)) of a constant, or an input."""
+    k_shape = {(0, 2, 3, 1): [B, S, N, D], (0, 2, 1, 3): [B, D, N, S]}[tuple(perm)]
+    nodes = [oh.make_node("Transpose", ["k"], ["kt"], perm=list(perm), name="kt"),
+             oh.make_node("MatMul", ["q", "kt"], ["mm"], name="qk"),
+             oh.make_node("Div", ["mm", "cd"], ["sc"], name="scale")]
+    inits = {"cd": np.array(4.0, np.float32)}
+    ins = [("q", [B, N, S, D]), ("k", k_shape)]
+    if sliced_mask:
+        bias = np.where(np.tril(np.ones((1, 1, P, P))) > 0, 0.0, -10000.0).astype(np.float32)
+        inits.update(bias=bias, en=_i64(S), ax2=_i64(2), ax3=_i64(3), z=_i64(0))
+        nodes += [oh.make_node("Slice", ["bias", "z", "en", "ax2"], ["r"], name="rows"),
+                  oh.make_node("Slice", ["r", "z", "en", "ax3"], ["mask"], name="cols")]
+    else:
+        ins.append(("mask", [1, 1, S, S]))
+    nodes.append(oh.make_node("Add", ["sc", "mask"], ["y"], name="add"))
+    return make_model(nodes, ins, [("y", [B, N, S, S])], inits)
+
+
+def test_attention_key_transpose_split_fires():
+    got = check_fires(_key_split(), "attention-key-transpose-split",
+                      ["Slice", "Slice", "Transpose", "Transpose", "MatMul", "Div", "Add"], fold=False)
+    assert [_attrs(n).get("perm") for n in got.graph.node if n.op_type == "Transpose"] == [[0, 2, 1, 3],
+                                                                                          [0, 1, 3, 2]]
+
+
+@pytest.mark.parametrize("kw", [{"perm": (0, 2, 1, 3)}, {"sliced_mask": False}])   # another perm; a mask input
+def test_attention_key_transpose_split_near_misses(kw):
+    check_misses(_key_split(**kw), "attention-key-transpose-split", fold=False)  # the real bounds are not constant
+
+
+def test_attention_causal_tril_gpt2_keys_then_heads_split():
+    """GPT-2 without past: keys permuted [0, 2, 3, 1] from [b, t, N, D], the tril causal mask: the key transpose is
+    split, the mask made additive, and attention-heads-split takes the block."""
+    m = _causal(merge=True, squeezed_end=True, k_0231=True)
+    ids = ("attention-causal-tril", "attention-key-transpose-split", "attention-heads-split")
+    r, got = fuse(m, *ids)
+    assert r.fired == dict.fromkeys(ids, 1), r.fired
+    assert "MultiHeadAttention" in [n.op_type for n in got.graph.node]
+    for s, t in [(6, 6), (3, 3)]:
+        feeds = _causal_feeds(m, s, t)
+        np.testing.assert_allclose(ort_run(got, feeds)[0], ort_run(m, feeds)[0], rtol=1e-5, atol=1e-5)
