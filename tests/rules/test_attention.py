@@ -12,7 +12,7 @@ import onnx.helper as oh
 import pytest
 from onnx import TensorProto, numpy_helper
 
-from .conftest import check_fires, check_misses, fuse, make_model, rand_feeds
+from .conftest import check_fires, check_misses, fuse, make_model, ort_run, rand_feeds
 
 B, S, E, N, D = 2, 8, 16, 2, 8
 H = N * D
@@ -766,3 +766,147 @@ def test_softmax_axis_3_is_the_last_axis():
                 feeds=_feeds(m), rtol=1e-4, atol=1e-4)
     check_misses(make_model([oh.make_node("Softmax", ["x"], ["y"], axis=2)], [("x", [2, 3, 4, 5])], [("y", None)]),
                  "softmax-last-axis")
+
+
+# ----- attention-causal-tril: GPT-2's causal mask sliced from a tril buffer by Shape of the scores -------------
+P = 16  # the buffer's max positions
+
+
+def _causal(tril=None, neg=-10000.0, row_start="t-s", merge=False, squeezed_end=False, opset=13, k_0231=False):
+    """Scores Div(MatMul(q, kt), 4), mask tril[:, :, T-S:T, :T] (S, T from Shape of the scores, Slice+Squeeze
+    as older torch exporters write w.size(-2)), Where(mask, scores, neg), Softmax, ·v. q [b, N, s, D],
+    kt [b, N, D, t] (k transposed when `merge`: then a head merge follows, for attention-heads-split)."""
+    tril = np.tril(np.ones((1, 1, P, P))).astype(np.uint8) if tril is None else tril
+    inits = {"tril": tril, "neg": np.array(neg, np.float32), "cd": np.array(4.0, np.float32),
+             "m2": _i64(-2), "m1": _i64(-1), "big": _i64(2**62), "ax0": _i64(0), "z": _i64(0), "ax2": _i64(2),
+             "ax3": _i64(3), "one": _i64(1), "os": _i64(0, 0, H)}
+    nodes = []
+    if merge:
+        perm = [0, 2, 3, 1] if k_0231 else [0, 1, 3, 2]   # k [b, t, N, D] (GPT-2's k.permute(0, 2, 3, 1)) or heads
+        nodes.append(oh.make_node("Transpose", ["k"], ["kt"], perm=perm, name="kt"))
+    nodes += [oh.make_node("MatMul", ["q", "kt"], ["mm"], name="qk"),
+              oh.make_node("Div", ["mm", "cd"], ["w"], name="scale"),
+              oh.make_node("Shape", ["w"], ["shp"], name="shape"),
+              oh.make_node("Slice", ["shp", "m2", "m1", "ax0"], ["nd1"], name="nd1"),
+              oh.make_node("Squeeze", ["nd1", "ax0"], ["nd"], name="nd"),
+              oh.make_node("Slice", ["shp", "m1", "big", "ax0"], ["ns1"], name="ns1"),
+              oh.make_node("Squeeze", ["ns1", "ax0"], ["ns"], name="ns"),
+              oh.make_node("Sub", ["ns", "nd"], ["d"], name="sub"),
+              oh.make_node("Unsqueeze", ["d", "ax0"], ["st"], name="st")]
+    end = "ns1"
+    if not squeezed_end:
+        nodes.append(oh.make_node("Unsqueeze", ["ns", "ax0"], ["en"], name="en"))
+        end = "en"
+    start = {"t-s": "st", "0": "z"}[row_start]
+    nodes += [oh.make_node("Slice", ["tril", start, end, "ax2", "one"], ["b1"], name="rows"),
+              oh.make_node("Slice", ["b1", "z", end, "ax3", "one"], ["b2"], name="cols"),
+              oh.make_node("Cast", ["b2"], ["bb"], to=TensorProto.BOOL, name="cast"),
+              oh.make_node("Where", ["bb", "w", "neg"], ["wm"], name="where"),
+              oh.make_node("Softmax", ["wm"], ["p"], axis=-1, name="softmax"),
+              oh.make_node("MatMul", ["p", "v"], ["o" if merge else "y"], name="pv")]
+    if merge:
+        nodes += [oh.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3], name="merge_t"),
+                  oh.make_node("Reshape", ["ot", "os"], ["y"], name="merge")]
+        ins = [("q", ["b", N, "s", D]), ("k", ["b", "t", N, D] if k_0231 else ["b", N, "t", D]),
+               ("v", ["b", N, "t", D])]
+        outs = [("y", ["b", "s", H])]
+    else:
+        ins = [("q", ["b", N, "s", D]), ("kt", ["b", N, D, "t"]), ("v", ["b", N, "t", D])]
+        outs = [("y", ["b", N, "s", D])]
+    return make_model(nodes, ins, outs, inits, opset=opset)
+
+
+def _causal_feeds(m, s, t):
+    return rand_feeds(m, dims={"b": 2, "s": s, "t": t}, seed=s * 31 + t)
+
+
+CAUSAL_OPS = ["MatMul", "Div", "Shape", "Slice", "Shape", "Slice", "Sub", "Slice", "Slice", "Add", "Softmax", "MatMul"]
+
+
+@pytest.mark.parametrize("neg", [-10000.0, float(np.finfo(np.float32).min)])
+@pytest.mark.parametrize(("s", "t"), [(7, 7), (5, 9), (1, 12)])   # no past, past (keys longer), one new token
+@pytest.mark.parametrize("squeezed_end", [False, True])
+def test_attention_causal_tril_fires(neg, s, t, squeezed_end):
+    m = _causal(neg=neg, squeezed_end=squeezed_end)
+    fired = {"attention-causal-tril": 1} if squeezed_end else {"attention-causal-tril": 1, "squeeze-unsqueeze": 1}
+    got = check_fires(m, ["attention-causal-tril", "squeeze-unsqueeze"], CAUSAL_OPS, fired=fired,
+                      feeds=_causal_feeds(m, s, t))
+    bias = next(numpy_helper.to_array(i) for i in got.graph.initializer if i.name.endswith("/BIAS"))
+    assert bias.shape == (1, 1, P, P) and bias.dtype == np.float32
+    np.testing.assert_array_equal(bias[0, 0], np.where(np.tril(np.ones((P, P))) > 0, 0.0, np.float32(neg)))
+
+
+def test_attention_causal_tril_neg_values_agree_after_softmax():
+    """-10000 and finfo.min give the same attention after the rewrite (masked weights are 0 either way)."""
+    outs = []
+    for neg in (-10000.0, float(np.finfo(np.float32).min)):
+        _, got = fuse(_causal(neg=neg, squeezed_end=True), "attention-causal-tril")
+        outs.append(ort_run(got, _causal_feeds(got, 5, 9))[0])
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-6, atol=1e-7)
+
+
+def test_attention_causal_tril_then_heads_split():
+    """The canonical mask no longer reads the scores: attention-heads-split takes it as its attention bias (past:
+    keys longer than queries)."""
+    m = _causal(merge=True, squeezed_end=True)
+    r, got = fuse(m, "attention-causal-tril", "attention-heads-split")
+    assert r.fired == {"attention-causal-tril": 1, "attention-heads-split": 1}, r.fired
+    assert "MultiHeadAttention" in [n.op_type for n in got.graph.node]
+    for s, t in [(6, 6), (4, 10)]:
+        want, have = ort_run(m, _causal_feeds(m, s, t)), ort_run(got, _causal_feeds(m, s, t))
+        np.testing.assert_allclose(have[0], want[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kw", [
+    {"tril": np.triu(np.ones((1, 1, P, P))).astype(np.uint8)},          # not lower-triangular
+    {"tril": np.tril(np.ones((1, 1, P, P)), 1).astype(np.uint8)},       # one diagonal too many
+    {"tril": (np.tril(np.ones((1, 1, P, P))) * 2).astype(np.uint8)},    # not ones
+    {"row_start": "0"},                                                 # rows 0..T, not T-S..T
+    {"neg": -100.0},                                                    # too weak a fill to be exact as s + NEG
+])
+def test_attention_causal_tril_near_misses(kw):
+    check_misses(_causal(squeezed_end=True, **kw), "attention-causal-tril")
+
+
+def _key_split(perm=(0, 2, 3, 1), sliced_mask=True):
+    """Div(MatMul(q, Transpose(k, perm)), 4) + a mask: Slice(Slice(bias)) of a constant, or an input."""
+    k_shape = {(0, 2, 3, 1): [B, S, N, D], (0, 2, 1, 3): [B, D, N, S]}[tuple(perm)]
+    nodes = [oh.make_node("Transpose", ["k"], ["kt"], perm=list(perm), name="kt"),
+             oh.make_node("MatMul", ["q", "kt"], ["mm"], name="qk"),
+             oh.make_node("Div", ["mm", "cd"], ["sc"], name="scale")]
+    inits = {"cd": np.array(4.0, np.float32)}
+    ins = [("q", [B, N, S, D]), ("k", k_shape)]
+    if sliced_mask:
+        bias = np.where(np.tril(np.ones((1, 1, P, P))) > 0, 0.0, -10000.0).astype(np.float32)
+        inits.update(bias=bias, en=_i64(S), ax2=_i64(2), ax3=_i64(3), z=_i64(0))
+        nodes += [oh.make_node("Slice", ["bias", "z", "en", "ax2"], ["r"], name="rows"),
+                  oh.make_node("Slice", ["r", "z", "en", "ax3"], ["mask"], name="cols")]
+    else:
+        ins.append(("mask", [1, 1, S, S]))
+    nodes.append(oh.make_node("Add", ["sc", "mask"], ["y"], name="add"))
+    return make_model(nodes, ins, [("y", [B, N, S, S])], inits)
+
+
+def test_attention_key_transpose_split_fires():
+    got = check_fires(_key_split(), "attention-key-transpose-split",
+                      ["Slice", "Slice", "Transpose", "Transpose", "MatMul", "Div", "Add"], fold=False)
+    assert [_attrs(n).get("perm") for n in got.graph.node if n.op_type == "Transpose"] == [[0, 2, 1, 3],
+                                                                                          [0, 1, 3, 2]]
+
+
+@pytest.mark.parametrize("kw", [{"perm": (0, 2, 1, 3)}, {"sliced_mask": False}])   # another perm; a mask input
+def test_attention_key_transpose_split_near_misses(kw):
+    check_misses(_key_split(**kw), "attention-key-transpose-split", fold=False)  # the real bounds are not constant
+
+
+def test_attention_causal_tril_gpt2_keys_then_heads_split():
+    """GPT-2 without past: keys permuted [0, 2, 3, 1] from [b, t, N, D], the tril causal mask: the key transpose is
+    split, the mask made additive, and attention-heads-split takes the block."""
+    m = _causal(merge=True, squeezed_end=True, k_0231=True)
+    ids = ("attention-causal-tril", "attention-key-transpose-split", "attention-heads-split")
+    r, got = fuse(m, *ids)
+    assert r.fired == dict.fromkeys(ids, 1), r.fired
+    assert "MultiHeadAttention" in [n.op_type for n in got.graph.node]
+    for s, t in [(6, 6), (3, 3)]:
+        feeds = _causal_feeds(m, s, t)
+        np.testing.assert_allclose(ort_run(got, feeds)[0], ort_run(m, feeds)[0], rtol=1e-5, atol=1e-5)
