@@ -25,6 +25,7 @@ __all__ = ["CHECKS", "Outcome", "ProfileRun", "Validator"]
 
 OBSERVE_CHUNK = 256  # values fetched per run of the original when observing shapes (bounds their memory)
 OBSERVE_MAX = 2048  # values observed in all
+OBSERVE_BUDGET_S = 5.0  # runs of the original spent on observing, at most (by the slowest reference run's time)
 
 
 @dataclass
@@ -174,8 +175,11 @@ class Validator:
         input dim takes is that dim (its name; another varying dim gets a name of its values). One run moves every
         dynamic input dim but the batch by one, so a rule sees what the model fixes, never a size of this run;
         where the model refuses that run, a dim equal to a dynamic input dim's value is taken to be that dim.
-        At most OBSERVE_MAX values, OBSERVE_CHUNK per run; {} when the original cannot be run so."""
-        names = names[:OBSERVE_MAX]
+        At most OBSERVE_MAX values, OBSERVE_CHUNK per run, and about OBSERVE_BUDGET_S seconds of runs (the values
+        nearest the inputs first); {} when the original cannot be run so."""
+        _ = self.runs  # settles the inputs and times the original's runs
+        runs_allowed = max(1, int(OBSERVE_BUDGET_S / max(self.run_s, 1e-3)) // 3)  # chunks of 3 runs each
+        names = names[:min(OBSERVE_MAX, runs_allowed * OBSERVE_CHUNK)]
         if not names:
             return {}
         plan = self.runs[0].plan
