@@ -29,15 +29,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
-import io
 import json
-import logging
 import re
 import subprocess
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +42,7 @@ import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_form_models import feeds_for  # noqa: E402
+from transformer_fusions import quiet, run_onnxscript  # noqa: E402
 
 KINDS = {
     "attention": {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
@@ -83,18 +80,6 @@ def op_counter(ops: dict[str, int] | onnx.ModelProto) -> collections.Counter:
     return c
 
 
-@contextlib.contextmanager
-def quiet():
-    logging.disable(logging.CRITICAL)
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
-            contextlib.redirect_stderr(io.StringIO()):
-        warnings.simplefilter("ignore")
-        try:
-            yield
-        finally:
-            logging.disable(logging.NOTSET)
-
-
 def session_run(path: Path, feeds, level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL) -> list:
     so = ort.SessionOptions()
     so.graph_optimization_level = level
@@ -126,16 +111,6 @@ def ort_opt(src: Path, dst: Path, info: dict) -> str:
         except Exception as exc:  # noqa: BLE001 - try bert next
             errors.append(f"{mtype}: {one_line(exc)}")
     raise RuntimeError("; ".join(errors))
-
-
-def onnxscript_opt(src: Path, dst: Path) -> None:
-    import onnx_ir as ir
-    from onnxscript.rewriter import ort_fusions
-
-    with quiet():
-        model = ir.load(str(src))
-        model, _counts = ort_fusions.optimize_for_ort(model)
-        ir.save(model, str(dst))
 
 
 def onnxfuse_exe() -> str:
@@ -252,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         feeds = feeds_for(model)
         ref = session_run(src, feeds, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
         row = {"model": name, "form": info["form"], "family": info["family"]}
-        for tool, fn in (("ortopt", lambda s, d, i=info: ort_opt(s, d, i)), ("onnxscript", onnxscript_opt)):
+        for tool, fn in (("ortopt", lambda s, d, i=info: ort_opt(s, d, i)), ("onnxscript", run_onnxscript)):
             dst = work / tool / info["file"]
             try:
                 detail = fn(src, dst)

@@ -35,7 +35,7 @@ from .select.timing_lock import timing_lock
 from .targets import kernel_issue, provider_registered, runs_on
 from .tensors import iter_nodes
 from .validate.compare import OutputCheck
-from .validate.facts import unshaped
+from .validate.facts import facts
 from .validate.rollback import Rollback, validate_with_rollback
 from .validate.runtime import make_session, peak_rss_bytes, resolve_threads
 from .validate.runtime import run as run_session
@@ -190,9 +190,8 @@ def _rewrite(loaded: _Loaded, rules: list[Rule], opts: OptimizeOptions) -> tuple
                                                 "is installed to validate it (--no-validate applies it unchecked)"))
         rules = [r for r in rules if r.id not in {h.rule for h in held_back}]
     model, info = loaded.model, loaded.info
-    hot = loaded.validator.branch_values(model.proto, info) if loaded.validator is not None and opts.fold else {}
-    observed = loaded.validator.observed_types(model.proto, info, unshaped(model)) if loaded.validator else {}
-    base = EngineOptions(target=opts.target, fold=opts.fold, hot=hot, observed=observed)
+    base = (facts(loaded.validator, model, info, opts.target, opts.fold) if loaded.validator is not None
+            else EngineOptions(target=opts.target, fold=opts.fold))
     eng = run(model, rules, replace(base))
     eng.skipped.extend(held_back)
     return rules, base, Rewritten(model, info, eng)

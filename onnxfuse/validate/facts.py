@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from ..errors import InputSpecError, OnnxfuseError
 from ..ir import Model
-from ..load.loader import load_model
+from ..load.loader import LoadInfo, load_model
 from ..options import OptimizeOptions
 from ..rewrite.engine import EngineOptions
 from ..targets import runs_on
 from .validate import Validator
 
-__all__ = ["run_facts", "unshaped"]
+__all__ = ["facts", "run_facts", "unshaped"]
 
 
 def unshaped(model: Model) -> list[str]:
@@ -23,15 +23,20 @@ def unshaped(model: Model) -> list[str]:
             if o and (g.types.get(o) is None or g.types[o].shape is None)]
 
 
+def facts(validator: Validator, model: Model, info: LoadInfo, target: str, fold: bool = True) -> EngineOptions:
+    """The engine options for rewriting `model`: the target, which branch each If takes (with folding) and the
+    shapes the runs show."""
+    hot = validator.branch_values(model.proto, info) if fold else {}
+    observed = validator.observed_types(model.proto, info, unshaped(model))
+    return EngineOptions(target=target, fold=fold, hot=hot, observed=observed)
+
+
 def run_facts(path: str, target: str = "cpu") -> EngineOptions:
-    """The engine options optimize would rewrite `path` with (target, probed If branches, observed shapes); only
-    the target when the model cannot be run on the inputs found."""
+    """The engine options optimize would rewrite `path` with (`facts`); only the target when the model cannot be
+    run on the inputs found."""
     opts = OptimizeOptions(target=target, measure=False).check()
     try:
         model, info = load_model(path)
-        validator = Validator(path, model.proto, opts, runs_on(target))
-        hot = validator.branch_values(model.proto, info)
-        observed = validator.observed_types(model.proto, info, unshaped(model))
+        return facts(Validator(path, model.proto, opts, runs_on(target)), model, info, target)
     except (OnnxfuseError, InputSpecError):
         return EngineOptions(target=target)
-    return EngineOptions(target=target, hot=hot, observed=observed)

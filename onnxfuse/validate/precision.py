@@ -12,7 +12,7 @@ kinds of graph amplify it, whatever the dtype of their outputs:
 For the first the tolerance is the narrow type's own. For the second it is measured on the model itself: the
 original is run with every quantizer's float input moved by up to +/- 2^-19 of itself, each element by its
 own fraction (the size of a reordered float32 sum),
-and the tolerance is a few times the largest change that makes (`jitter_noise`)."""
+and the tolerance is a few times the largest change that makes (`Validator._jitter_noise`)."""
 
 from __future__ import annotations
 
@@ -43,10 +43,6 @@ class Precision:
 
     narrow: str | None
     quantizers: int
-
-    @property
-    def plain(self) -> bool:
-        return self.narrow is None and not self.quantizers
 
 
 def _domain(d: str) -> str:

@@ -4,8 +4,10 @@ candidate) and returning an Outcome on failure (None when it passes), and append
 
 from __future__ import annotations
 
+import contextlib
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -160,7 +162,7 @@ class Validator:
                 for r in self.runs:
                     got = run(sess, r.plan.feeds)
                     noise = max([noise] + [c.min_tolerance for c in compare_outputs(r.reference, got)
-                                           if c.min_tolerance == c.min_tolerance])
+                                           if not math.isnan(c.min_tolerance)])
                 del sess
             except OnnxfuseError:
                 return None
@@ -187,34 +189,23 @@ class Validator:
         # one more run with every dynamic dim but the batch moved by one: what follows the inputs shows
         moved = at_dims(self.proto, plan, lambda d: d.value if d.role == "batch" else d.value + (-1 if d.value > 2
                                                                                                  else 1))
-        probe = onnx.ModelProto()
-        probe.CopyFrom(proto)
-        have = {o.name for o in probe.graph.output}
-        for v in names:
-            if v not in have:
-                probe.graph.output.add().name = v
         seen: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
-        cand = Candidate(probe, info)
         try:
-            sess = make_session(cand.source, "disable", self.provider)
-            if moved is not None:
-                try:
-                    sess.run(names[:1], moved)
-                    feeds_sets.append(moved)
-                except Exception:  # noqa: BLE001 - the model needs its dims tied (a multiple, past + new)
-                    pass
-            for k in range(0, len(names), OBSERVE_CHUNK):
-                chunk = names[k:k + OBSERVE_CHUNK]
-                for feeds in feeds_sets:
-                    for v, a in zip(chunk, sess.run(chunk, feeds), strict=True):
-                        a = np.asarray(a)
-                        seen.setdefault(v, []).append((onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape))
-            del sess
+            with self._with_outputs(proto, info, names) as sess:
+                if moved is not None:
+                    try:
+                        sess.run(names[:1], moved)
+                        feeds_sets.append(moved)
+                    except Exception:  # noqa: BLE001 - the model needs its dims tied (a multiple, past + new)
+                        pass
+                for k in range(0, len(names), OBSERVE_CHUNK):
+                    chunk = names[k:k + OBSERVE_CHUNK]
+                    for feeds in feeds_sets:
+                        for v, a in zip(chunk, sess.run(chunk, feeds), strict=True):
+                            a = np.asarray(a)
+                            seen.setdefault(v, []).append((onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape))
         except Exception:  # noqa: BLE001 - a value onnxruntime cannot return (bfloat16, a sequence): no shapes
             return {}
-        finally:
-            cand.close()
-            release_memory()
         # a dynamic input dim's values over the runs name every dim that takes the same values
         names_by_values: dict[tuple[int, ...], str] = {}
         for i in model_inputs(self.proto):
@@ -231,6 +222,26 @@ class Validator:
                          for d in zip(*shapes, strict=True))
             out[v] = TensorType(elems.pop(), dims)
         return out
+
+    @contextlib.contextmanager
+    def _with_outputs(self, proto: onnx.ModelProto, info: LoadInfo, names: list[str]) -> Iterator[object]:
+        """A session of `proto` at ORT_DISABLE_ALL that can also return the values `names` (added as graph outputs
+        only while the candidate is written: `proto` is left as it was)."""
+        g = proto.graph
+        have = {o.name for o in g.output}
+        added = len(g.output)
+        for v in dict.fromkeys(names):
+            if v not in have:
+                g.output.add().name = v
+        try:
+            cand = Candidate(proto, info)
+        finally:
+            del g.output[added:]
+        try:
+            yield make_session(cand.source, "disable", self.provider)
+        finally:
+            cand.close()
+            release_memory()
 
     def at_all(self, r: ProfileRun) -> dict:
         """The original's outputs at ORT_ENABLE_ALL on a profile's inputs."""
@@ -258,19 +269,11 @@ class Validator:
         if not conds:
             return {}
         feeds_sets = [r.plan.feeds for r in self.runs] + [f for _, f in self.timing_profiles()]
-        probe = onnx.ModelProto()
-        probe.CopyFrom(proto)
-        outputs = {o.name for o in probe.graph.output}
-        probe.graph.output.extend(onnx.helper.make_tensor_value_info(c, onnx.TensorProto.BOOL, None)
-                                  for c in conds if c not in outputs)
-        cand = Candidate(probe, info)
         try:
-            sess = make_session(cand.source, "disable", self.provider)
-            results = [run(sess, feeds) for feeds in feeds_sets]
+            with self._with_outputs(proto, info, conds) as sess:
+                results = [run(sess, feeds) for feeds in feeds_sets]
         except (OnnxfuseError, InputSpecError):
             return {}
-        finally:
-            cand.close()
         values: dict[str, bool] = {}
         for c in conds:
             seen = {bool(r[c].reshape(-1)[0]) for r in results if c in r and r[c].size == 1}
