@@ -173,31 +173,33 @@ class Validator:
     def observed_types(self, proto: onnx.ModelProto, info: LoadInfo, names: list[str]) -> dict[str, TensorType]:
         """Types of main-graph values shape inference left without a shape (a Reshape target computed from Shape
         at opset 12, say), as the original computes them on the validation and timing inputs: the element type
-        and rank; each dim that is the same in every run is that number, and one that takes the values a dynamic
-        input dim takes is that dim (its name; another varying dim gets a name of its values). One run moves every
-        dynamic input dim but the batch by one, so a rule sees what the model fixes, never a size of this run;
-        where the model refuses that run, a dim equal to a dynamic input dim's value is taken to be that dim.
+        and rank; each dim that is the same in both runs is that number, and one that takes the values a dynamic
+        input dim takes is that dim (its name; another varying dim gets a name of its values). The second run moves
+        every dynamic input dim by one, so a rule sees what the model fixes, never a size of this run; where the
+        model refuses that run, the timing inputs are the second run, and a dim equal to a dynamic input dim's
+        value in both is taken to be that dim.
         At most OBSERVE_MAX values, OBSERVE_CHUNK per run, and about OBSERVE_BUDGET_S seconds of runs (the values
         nearest the inputs first); {} when the original cannot be run so."""
         _ = self.runs  # settles the inputs and times the original's runs
-        runs_allowed = max(1, int(OBSERVE_BUDGET_S / max(self.run_s, 1e-3)) // 3)  # chunks of 3 runs each
+        runs_allowed = max(1, int(OBSERVE_BUDGET_S / max(self.run_s, 1e-3)) // 2)  # chunks of 2 runs each
         names = names[:min(OBSERVE_MAX, runs_allowed * OBSERVE_CHUNK)]
         if not names:
             return {}
         plan = self.runs[0].plan
-        feeds_sets = [plan.feeds] + [f for _, f in self.timing_profiles()[:1]]
-        # one more run with every dynamic dim but the batch moved by one: what follows the inputs shows
-        moved = at_dims(self.proto, plan, lambda d: d.value if d.role == "batch" else d.value + (-1 if d.value > 2
-                                                                                                 else 1))
+        # a second run with every dynamic dim moved by one shows what follows the inputs; where the model refuses
+        # that (dims tied: a multiple, past + new), the timing inputs (another batch) are the second run
+        moved = at_dims(self.proto, plan, lambda d: d.value - 1 if d.value > 1 else 2)
+        feeds_sets = [plan.feeds]
         seen: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
         try:
             with self._with_outputs(proto, info, names) as sess:
-                if moved is not None:
-                    try:
-                        sess.run(names[:1], moved)
-                        feeds_sets.append(moved)
-                    except Exception:  # noqa: BLE001 - the model needs its dims tied (a multiple, past + new)
-                        pass
+                try:
+                    if moved is None:
+                        raise ValueError("no dims to move")
+                    sess.run(names[:1], moved)
+                    feeds_sets.append(moved)
+                except Exception:  # noqa: BLE001
+                    feeds_sets += [f for _, f in self.timing_profiles()[:1]]
                 for k in range(0, len(names), OBSERVE_CHUNK):
                     chunk = names[k:k + OBSERVE_CHUNK]
                     for feeds in feeds_sets:
