@@ -139,7 +139,7 @@ def _optimize(shown: str, path: str, out: str | None, opts: OptimizeOptions, pro
             # what the run took so far, and the validation of the kept selection still to come (about as long)
             measured, state = _measure(path, rules, opts, base, deny, state, loaded.validator,
                                        spent_s=sum(timings.values()) + timings.get("validate", 0.0),
-                                       progress=progress)
+                                       rewrite_s=timings.get("rewrite", 0.0), progress=progress)
     written: list[str] = []
     if out is not None and not opts.dry_run:
         with _timed(timings, "write", progress):
@@ -151,7 +151,7 @@ def _optimize(shown: str, path: str, out: str | None, opts: OptimizeOptions, pro
 
 
 def _measure(path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions, deny: set[tuple[str, str]],
-             state: Rewritten, validator: Validator, spent_s: float = 0.0,
+             state: Rewritten, validator: Validator, spent_s: float = 0.0, rewrite_s: float = 0.0,
              progress: Phase = quiet) -> tuple[MeasureReport, Rewritten]:
     """Measured selection on the target: by region (the default) or by whole-model rounds. `spent_s`: seconds
     optimize took before measuring (the automatic budget keeps the whole run near a target)."""
@@ -161,7 +161,7 @@ def _measure(path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOp
     if opts.measure_by == "model":
         return measured_selection(path, rules, opts, base, deny, state, validator)
     return region_selection(path, rules, opts, base, deny, state, validator, DecisionCache(enabled=opts.cache),
-                            spent_s, progress)
+                            spent_s, rewrite_s, progress)
 
 
 def _load(path: str, opts: OptimizeOptions) -> _Loaded:

@@ -438,6 +438,19 @@ def test_a_denied_rewrite_is_not_applied():
     assert res.applications == [] and ops(m.export()) == ["Relu", "Neg", "Neg", "Exp", "Sigmoid", "Abs"]
 
 
+def test_only_allowed_rewrites_are_applied():
+    nodes = [oh.make_node("Neg", [f"v{i}"], [f"v{i + 1}"], name=f"neg{i}") for i in range(4)]
+    nodes.append(oh.make_node("Relu", ["v4"], ["y"], name="relu"))
+    m = model(nodes, [("v0", [3])], [("y", [3])])
+    first = [a.key for a in run(m, rules(DOUBLE_NEG), EngineOptions(fold=False)).applications]
+    assert len(first) == 2
+    m = model(nodes, [("v0", [3])], [("y", [3])])
+    res = run(m, rules(DOUBLE_NEG), EngineOptions(fold=False, allow={first[1]}))
+    assert [a.key for a in res.applications] == [first[1]] and ops(m.export()) == ["Neg", "Neg", "Relu"]
+    m = model(nodes, [("v0", [3])], [("y", [3])])
+    assert run(m, rules(DOUBLE_NEG), EngineOptions(fold=False, allow=set())).applications == []
+
+
 def test_bigger_rules_are_tried_first():
     rs = rules("""
 - id: small

@@ -356,3 +356,35 @@ def test_profiles_count_by_weight_not_by_duration(monkeypatch):
     assert rt.verdict(times, "a", "b", "f")[0].median == pytest.approx((3 * 0.95 + 1.2) / 4)
     single = rt.interleaved(sessions, [(1.0, {"p": 0})], 10, 1e9)
     assert single["f"][0] == 9.5  # one profile: plain seconds
+
+
+def _plan_run(budget, automatic, session_s, run_s, rebuild_s, weights=10**8):
+    """A RegionRun with only what `plan` reads: the validator's costs, one profile, the budget."""
+    run_ = rr.RegionRun.__new__(rr.RegionRun)
+    run_.validator = type("V", (), {"session_s": session_s, "run_s": run_s})()
+    run_.profiles = [(1.0, {})]
+    run_.t0, run_.budget, run_.automatic = 0.0, budget, automatic
+    run_.deadline, run_.rebuild_s, run_.weights = budget, rebuild_s, weights
+    return run_
+
+
+def _regions_reading(n):
+    return [type("R", (), {"inputs": [f"v{i}"]})() for i in range(n)]
+
+
+def test_the_automatic_budget_makes_room_for_the_steps_around_timing():
+    run_ = _plan_run(4.0, True, session_s=2.0, run_s=0.5, rebuild_s=3.0)
+    assert run_.plan(_regions_reading(10), regions_s=1.0) == ""
+    # one session and one run of capture (2.5 s), one rebuild (3 s) and finding regions (1 s), then 4 s of timing
+    assert run_.budget == pytest.approx(1.0 + 2.5 + 3.0 + rr.AUTO_MIN_S)
+    assert run_.deadline == run_.t0 + run_.budget
+    far = _plan_run(4.0, True, session_s=30.0, run_s=5.0, rebuild_s=20.0)
+    why = far.plan(_regions_reading(10), regions_s=1.0)
+    assert why.startswith("not measured:") and "--measure-budget" in why and far.budget == 4.0
+
+
+def test_a_given_budget_is_not_raised():
+    run_ = _plan_run(2.0, False, session_s=2.0, run_s=0.5, rebuild_s=3.0)
+    why = run_.plan(_regions_reading(10), regions_s=1.0)
+    assert "more than 60% of the 2 s budget" in why and run_.budget == 2.0
+    assert _plan_run(10.0, False, session_s=2.0, run_s=0.5, rebuild_s=3.0).plan(_regions_reading(10), 1.0) == ""

@@ -43,6 +43,7 @@ class NearMiss:
 class EngineOptions:
     target: str = "cpu"
     deny: set[tuple[str, str]] = field(default_factory=set)  # (rule id, root value) never applied
+    allow: set[tuple[str, str]] | None = None  # when given, the only (rule id, root value) rule rewrites applied
     fold: bool = True  # constant folding and If inlining before (and after) the rules
     max_rewrites: int | None = None  # stop after this many rule rewrites, folding still runs (bisection)
     hot: dict[str, bool] = field(default_factory=dict)  # If condition name -> its value on representative inputs
@@ -221,7 +222,9 @@ def _sweep(model: Model, active: list[Rule], options: EngineOptions, apps: list[
                 matcher = Matcher(rule, graph)
                 for op in sorted(rule.root_ops()):
                     for node in index.get(op, ()):
-                        if not node.alive or (rule.id, node.outputs[0]) in options.deny:
+                        key = (rule.id, node.outputs[0])
+                        if not node.alive or key in options.deny or (
+                                options.allow is not None and key not in options.allow):
                             continue
                         b = matcher.match(node)
                         if b is None or match_issue(rule, graph, b, options.target):

@@ -31,9 +31,11 @@ class Rewritten:
 
 
 def rebuild(input_path: str, rules: list[Rule], base: EngineOptions, deny: set[tuple[str, str]],
-            max_rewrites: int | None = None) -> Rewritten:
+            max_rewrites: int | None = None, allow: set[tuple[str, str]] | None = None) -> Rewritten:
     """Load and rewrite again: `base` gives the target, folding and probed branches; `deny` the rewrites
-    (rule, root) left out; `max_rewrites` stops after that many rule rewrites (folding still runs around them)."""
+    (rule, root) left out; `allow`, when given, the only rule rewrites made; `max_rewrites` stops after that many
+    rule rewrites (folding still runs around them)."""
     model, info = load_model(input_path)
-    result = run(model, rules, replace(base, deny=set(deny), max_rewrites=max_rewrites))
+    result = run(model, rules, replace(base, deny=set(deny), max_rewrites=max_rewrites,
+                                       allow=None if allow is None else set(allow)))
     return Rewritten(model, info, result)

@@ -34,9 +34,9 @@ __all__ = ["Phases", "RegionClass", "RegionRun", "automatic_budget"]
 
 CAPTURE_CHUNK = 32  # region inputs fetched per run of the original (bounds the memory they take)
 CONFIRM_RUNS = 20  # whole-model confirmation, budget permitting
-MAX_REBUILDS = 3
 REGION_BUDGET_S = 10.0  # the automatic budget at most (models up to 1 GiB)
-AUTO_MIN_S = 4.0  # and at least
+AUTO_MIN_S = 4.0  # and at least, for timing alone (finding regions, capture and rebuilds come on top)
+AUTO_MAX_S = 40.0  # the automatic budget with those steps at most (per GiB past 1 GiB): else nothing is timed
 TOTAL_TARGET_S = 12.0  # the whole optimize the automatic budget aims at
 CAPTURE_SHARE = 0.6  # capture may take at most this share of the budget, or nothing is measured
 SHAPE_VALUES = 64  # a region whose inputs are all integers this small computes shapes (see RegionClass.shape_only)
@@ -70,7 +70,7 @@ class RegionRun:
 
     def __init__(self, input_path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions,
                  deny: set[Key], state: Rewritten, validator: Validator, cache: DecisionCache,
-                 spent_s: float = 0.0) -> None:
+                 spent_s: float = 0.0, rewrite_s: float = 0.0) -> None:
         self.input_path, self.rules, self.opts, self.base, self.deny = input_path, rules, opts, base, deny
         self.state, self.validator, self.cache = state, validator, cache
         self.t0 = time.perf_counter()
@@ -78,6 +78,8 @@ class RegionRun:
         self.budget = opts.measure_budget_s if opts.measure_budget_s is not None else \
             automatic_budget(self.weights, spent_s)
         self.deadline = self.t0 + self.budget
+        self.automatic = opts.measure_budget_s is None
+        self.rebuild_s = rewrite_s  # one rebuild of the model (about what rewriting it took; then as measured)
         self.env = environment_key(opts.target, opts.measure_threads)
         # what `cache show` lists beside a decision (not part of its key): the model it was first taken on
         self.tag = {"model": os.path.basename(input_path), "threads": opts.measure_threads}
@@ -174,17 +176,41 @@ class RegionRun:
                 raise OnnxfuseError(f"the measured selection does not validate: {outcome.reason}; nothing written")
         return self.report, candidate
 
-    def capture_too_costly(self, regions: list[Region]) -> str:
-        """Why capturing would not fit the budget ("" when it would), from the validator's session and runs."""
+    def capture_estimate(self, regions: list[Region]) -> tuple[float, int]:
+        """Seconds and runs capturing the regions' inputs takes, from the validator's session and runs."""
         values = len({v for r in regions for v in r.inputs})
         runs = -(-values // CAPTURE_CHUNK) * len(self.profiles)
-        est = self.validator.session_s + runs * self.validator.run_s
+        return self.validator.session_s + runs * self.validator.run_s, runs
+
+    def plan(self, regions: list[Region], regions_s: float) -> str:
+        """Fit the budget to the steps around timing, once the regions are found (`regions_s` seconds): capture
+        (estimated), one rebuild (what rewriting took) and the confirmation's reserve come on top of at least
+        AUTO_MIN_S of timing in the automatic budget, up to AUTO_MAX_S (per GiB past 1 GiB). Why nothing can be
+        timed ("" when something can): capture past CAPTURE_SHARE of a given budget, or those steps past the
+        automatic budget's ceiling."""
+        est, runs = self.capture_estimate(regions)
+        steps = regions_s + est + self.rebuild_s
+        if self.automatic:
+            ceiling = AUTO_MAX_S * max(1.0, self.weights / 2**30)
+            if steps + AUTO_MIN_S <= ceiling:
+                self.budget = max(self.budget, steps + AUTO_MIN_S)
+                self.deadline = self.t0 + self.budget
+                return ""
+            return (f"not measured: finding the regions, capturing their inputs ({runs} run(s) of the model) and "
+                    f"rebuilding would take about {steps:.0f} s before any timing, past the {ceiling:g} s the "
+                    "automatic budget allows; only exact rewrites are kept (--measure-budget S measures anyway, "
+                    "--no-measure keeps every validated rewrite)")
         if est <= CAPTURE_SHARE * self.budget:
             return ""
         return (f"not measured: capturing the regions' inputs would take about {est:.0f} s (a session of the "
                 f"model and {runs} run(s)), more than {CAPTURE_SHARE:.0%} of the {self.budget:g} s budget; only "
                 "exact rewrites are kept (raise --measure-budget to measure, or --no-measure keeps every "
                 "validated rewrite)")
+
+    def time_for_pass(self, pass_s: float) -> bool:
+        """Whether another pass (finding regions, capture and timing about as long as the last one took, and
+        a rebuild) and the rebuild of this one still end before the deadline."""
+        return time.perf_counter() + 2 * self.rebuild_s + pass_s <= self.deadline
 
     def unmeasured(self, why: str, regions: list[Region]) -> tuple[MeasureReport, Rewritten]:
         """Nothing timed: exact regions kept, the rest left as the original."""
@@ -279,17 +305,11 @@ class RegionRun:
     # ---- the whole model -------------------------------------------------------------------------------------
 
     def build(self, kept: set[Key], dropped: set[Key], deny_unmeasured: bool = True) -> Rewritten:
-        """The model with the dropped rewrites denied; with `deny_unmeasured`, a rewrite that was not measured
-        (a rule that fires only once a dropped one is gone) is denied too."""
-        deny = set(self.deny) | dropped
-        by_id = {r.id for r in self.rules}
-        for _ in range(MAX_REBUILDS if deny_unmeasured else 0):
-            state = rebuild(self.input_path, self.rules, self.base, deny)
-            new = {a.key for a in state.eng.applications if a.rule in by_id and a.key not in kept}
-            if not new:
-                return state
-            deny |= new
-        return rebuild(self.input_path, self.rules, self.base, deny)
+        """The model with the dropped rewrites denied; with `deny_unmeasured`, the kept rewrites are the only
+        rule rewrites made (one that was not measured, a rule that fires only once a dropped one is gone, is
+        left out), in one rebuild."""
+        return rebuild(self.input_path, self.rules, self.base, set(self.deny) | dropped,
+                       allow=set(kept) if deny_unmeasured else None)
 
     def fingerprint(self, original: Model) -> str:
         h = hashlib.sha256()

@@ -40,12 +40,13 @@ MAX_PASSES = 3  # rounds of region finding: the rewrites of the full run, then t
 
 def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions,
                      deny: set[Key], state: Rewritten, validator: Validator,
-                     cache: DecisionCache, spent_s: float = 0.0,
+                     cache: DecisionCache, spent_s: float = 0.0, rewrite_s: float = 0.0,
                      progress: Phase = quiet) -> tuple[MeasureReport, Rewritten]:
     """Keep the region classes that are faster (timed, or decided before), confirm on the whole model, and
     return the report and the rewritten model to write. `spent_s`: what optimize took before measuring;
-    `progress("measure: <step>", budget_s)` as each step starts."""
-    run = RegionRun(input_path, rules, opts, base, deny, state, validator, cache, spent_s)
+    `rewrite_s`: what rewriting took (a rebuild costs about as much); `progress("measure: <step>", budget_s)` as
+    each step starts."""
+    run = RegionRun(input_path, rules, opts, base, deny, state, validator, cache, spent_s, rewrite_s)
     report = run.report
     phase = Phases(report.phases, report.phase_peaks, lambda name: progress(f"measure: {name}", run.budget))
     rule_ids = {r.id for r in rules}
@@ -65,20 +66,22 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     current, apps = state, state.eng.applications
     for pass_no in range(MAX_PASSES):
         # later passes: rules that fire only once a dropped rewrite is gone (a MultiHeadAttention, then a
-        # FusedMatMul, inside an Attention that did not pay) are measured too; after the last pass they are
-        # left out
+        # FusedMatMul, inside an Attention that did not pay) are measured too; after the last pass, or when
+        # another would not fit the budget, they are left out
+        pass_t0 = time.perf_counter()
         with phase("regions"):
             original, _ = load_model(input_path)
             fingerprint = run.fingerprint(original)
             regions = find_regions(original, current.model, apps, rule_ids)
             timeable = [r for r in regions if not r.untimeable]
-        if pass_no == 0 and (why := run.capture_too_costly(timeable)):
+        if pass_no == 0 and (why := run.plan(timeable, time.perf_counter() - pass_t0)):
             return run.validated(run.unmeasured(why, regions)[1], phase)
         with phase("capture"):
             classes = run.capture(original, timeable) if timeable else []
             del original
         if pass_no == 0:  # keep time for the confirmation: three sessions of the model and its minimum runs
-            reserve = 3 * run.session_s + 3 * (MIN_RUNS_FLOOR + 1) * run.latency_s * len(run.profiles)
+            reserve = 3 * run.session_s + 3 * (MIN_RUNS_FLOOR + 1) * run.latency_s * len(run.profiles) \
+                + run.rebuild_s
             region_deadline = max(run.deadline - reserve, time.perf_counter() + 0.3 * run.budget)
         with phase("time regions"):
             run.decide(classes, region_deadline)
@@ -95,12 +98,15 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
         if not dropped:
             candidate = current
             break
+        last = pass_no == MAX_PASSES - 1 or not run.time_for_pass(time.perf_counter() - pass_t0)
         with phase("rebuild"):
             current = None  # a candidate of the previous pass is not needed any more
             state.__dict__.pop("proto", None)  # nor the full rewrite's export (re-made if it is written)
-            candidate = run.build(kept, dropped, deny_unmeasured=pass_no == MAX_PASSES - 1)
+            t = time.perf_counter()
+            candidate = run.build(kept, dropped, deny_unmeasured=last)
+            run.rebuild_s = time.perf_counter() - t
         new = {a.key for a in candidate.eng.applications if a.rule in rule_ids} - kept
-        if not new:
+        if not new or last:
             break
         current, apps = candidate, [a for a in candidate.eng.applications if a.key in new]
     report.groups = [c.decision for c in all_classes if c.decision is not None] + _untimed_rows(all_regions)
