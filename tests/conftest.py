@@ -82,3 +82,15 @@ def cli(capsys):
         return code, captured.out, captured.err
 
     return run
+
+
+def stepping_clock(step=0.4):
+    """A clock that advances `step` seconds per reading (for time.perf_counter): a budget of 4 s runs out
+    after a few steps."""
+    t = [0.0]
+
+    def now():
+        t[0] += step
+        return t[0]
+
+    return now

@@ -60,6 +60,8 @@ CASES = [
      "unknown key 'foo' for target 'cuda' (hint: a target takes: require)"),
     ("misspelt target key", GOOD + "  targets: {cuda: {requre: []}}\n", 11, 20, "did you mean 'require'?"),
     ("unknown stage", GOOD + "  stage: late\n", 11, 10, "unknown stage 'late' (hint: stages are: early, main)"),
+    ("unknown measure", GOOD + "  measure: whole\n", 11, 12,
+     "unknown measure 'whole' (hint: measure is one of: region, model)"),
     ("unknown value field", GOOD + "  require: ['X.shapes[0] > 1']\n", 11, 14,
      "values have no field 'shapes' (hint: fields: value, shape, dims, rank, dtype, size)"),
 ]

@@ -65,6 +65,7 @@ def test_schema_is_generated_from_the_tables():
             assert prop["description"] == table[name].doc and prop["examples"] == [table[name].example_value()]
     assert defs["constraint"]["properties"]["dtype"]["oneOf"][0]["enum"] == list(spec.DTYPES)
     assert defs["rule"]["properties"]["stage"]["enum"] == list(spec.STAGES)
+    assert defs["rule"]["properties"]["measure"]["enum"] == list(spec.MEASURES) == ["region", "model"]
 
 
 # ----- doc lines and examples ------------------------------------------------------------------------------
@@ -206,3 +207,11 @@ def test_pattern_domains_and_dtypes_are_one_list():
     assert yaml_nodes.PATTERN_DOMAINS == ("", "com.microsoft")
     assert not hasattr(parser, "KNOWN_DOMAINS") and not hasattr(spec, "_DTYPES")
     assert parse_match.DTYPES is spec.DTYPES
+
+
+def test_measure_says_how_measured_selection_decides_a_rule():
+    """`measure: model` (a rewrite whose benefit is non-local) parses onto the rule; the default is region."""
+    text = ("rules:\n- id: r\n  match:\n    r: Relu(X)\n    Y: Relu(r)\n  rewrite:\n    Y: Relu(X)\n")
+    assert parse_text(text, "p.yaml")[0].measure == "region"
+    assert parse_text(text + "  measure: model\n", "p.yaml")[0].measure == "model"
+    assert parse_text(text + "  measure: region\n", "p.yaml")[0].measure == "region"

@@ -9,7 +9,7 @@ import onnx
 import onnx.helper as oh
 import onnxruntime as ort
 import pytest
-from conftest import MODELS, make_model
+from conftest import MODELS, make_model, stepping_clock
 
 from onnxfuse import OptimizeOptions, find_inputs, optimize
 from onnxfuse.load.loader import load_model
@@ -223,7 +223,7 @@ def test_decisions_are_cached_and_a_second_run_writes_the_same_bytes(tmp_path, m
 def test_a_budget_too_small_leaves_the_unreached_regions_as_the_original(tmp_path, monkeypatch):
     monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(rr, "interleaved", _fake_interleaved(0.5))
-    monkeypatch.setattr(rs.time, "perf_counter", _clock())
+    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock())
     r, out = _optimize(tmp_path, "o.onnx", measure_budget_s=4.0)
     sources = [g.source for g in r.measure.groups]
     assert "budget" in sources and r.measure.undecided == sources.count("budget")
@@ -234,20 +234,9 @@ def test_a_budget_too_small_leaves_the_unreached_regions_as_the_original(tmp_pat
     assert [g.source for g in r2.measure.groups].count("budget") == r.measure.undecided
     assert out.read_bytes() == out2.read_bytes()
     # a larger budget times what the smaller one did not reach
-    monkeypatch.setattr(rs.time, "perf_counter", _clock(step=1e-4))
+    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(step=1e-4))
     r3, _ = _optimize(tmp_path, "o3.onnx", measure_budget_s=100.0)
     assert "budget" not in [g.source for g in r3.measure.groups]
-
-
-def _clock(step=0.4):
-    """A clock that advances `step` seconds per reading: a budget of 4 s runs out after a few steps."""
-    t = [0.0]
-
-    def now():
-        t[0] += step
-        return t[0]
-
-    return now
 
 
 def test_cache_survives_a_broken_file_and_is_cleared(tmp_path):
@@ -311,7 +300,7 @@ def test_rules_shadowed_by_a_dropped_region_are_timed_in_a_second_pass(tmp_path,
 
 
 def test_a_budget_that_cannot_even_capture_measures_nothing_and_keeps_only_exact_rewrites(tmp_path, monkeypatch):
-    monkeypatch.setattr(rs.time, "perf_counter", _clock())  # every session and run seems to take 0.4 s
+    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock())  # every session and run seems to take 0.4 s
     r, out = _optimize(tmp_path, "o.onnx", cache=False, measure_budget_s=0.5)
     assert r.measure.note.startswith("not measured: capturing the regions' inputs would take about")
     assert "--measure-budget" in r.measure.note
@@ -365,6 +354,7 @@ def _plan_run(budget, automatic, session_s, run_s, rebuild_s, weights=10**8):
     run_.profiles = [(1.0, {})]
     run_.t0, run_.budget, run_.automatic = 0.0, budget, automatic
     run_.deadline, run_.rebuild_s, run_.weights = budget, rebuild_s, weights
+    run_.session_s = run_.latency_s = 0.0  # nothing captured yet
     return run_
 
 
@@ -381,6 +371,11 @@ def test_the_automatic_budget_makes_room_for_the_steps_around_timing():
     far = _plan_run(4.0, True, session_s=30.0, run_s=5.0, rebuild_s=20.0)
     why = far.plan(_regions_reading(10), regions_s=1.0)
     assert why.startswith("not measured:") and "--measure-budget" in why and far.budget == 4.0
+    # two groups of rewrites decided on the whole model: a rebuild (3 s) and a comparison (three sessions and
+    # a warm-up round: 3 x 2 + 3 x 0.5 s) each, on top
+    two = _plan_run(4.0, True, session_s=2.0, run_s=0.5, rebuild_s=3.0)
+    assert two.plan(_regions_reading(10), regions_s=1.0, on_model=2) == ""
+    assert two.budget == pytest.approx(1.0 + 2.5 + 3.0 + 2 * (3.0 + 7.5) + rr.AUTO_MIN_S)
 
 
 def test_a_given_budget_is_not_raised():

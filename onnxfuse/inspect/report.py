@@ -109,7 +109,8 @@ def print_measure(m, console: Console) -> None:
     for g in m.groups:
         gain = "" if g.gain is None else f"{g.gain * 100:+.1f}%"
         how = {"timed": "timed", "cached": "[cyan]cached[/cyan]", "exact": "exact, not timed",
-               "budget": "[yellow]budget ran out[/yellow]"}.get(g.source, g.why or g.source)
+               "budget": "[yellow]budget ran out[/yellow]" + (f" ({g.why})" if g.why.startswith("whole") else ""),
+               "model": "whole model" + (f", [cyan]{g.why}[/cyan]" if g.why else "")}.get(g.source, g.why or g.source)
         row = [g.group, ", ".join(g.rules), str(g.rewrites)] + ([str(g.instances)] if regions else []) + [
             gain, str(g.effect or ""), "[green]kept[/green]" if g.kept else "[red]dropped[/red]", how]
         t.add_row(*row)
@@ -117,7 +118,7 @@ def print_measure(m, console: Console) -> None:
     if regions:
         phases = ", ".join(f"{k} {v:.1f} s" for k, v in m.phases.items())
         console.print(f"measure: {m.seconds:.1f} s of a {m.budget_s:.0f} s budget ({phases})"
-                      + (f"; {m.undecided} region class(es) not reached: left as the original" if m.undecided
+                      + (f"; {m.undecided} decision(s) not reached: left as the original" if m.undecided
                          else "") + f"; whole-model confirmation: {m.confirmed or 'not needed'}")
     _print_final(m, console)
     _print_threads(m, console)

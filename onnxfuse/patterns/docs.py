@@ -165,7 +165,8 @@ def markdown() -> str:
         "### Values of keys", "",
         f"- dtypes (`dtype`): {', '.join(f'`{d}`' for d in spec.DTYPES)}",
         f"- targets (`targets`): {', '.join(f'`{t}`' for t in spec.TARGETS)}",
-        f"- stages (`stage`): {', '.join(f'`{s}`' for s in spec.STAGES)}", "",
+        f"- stages (`stage`): {', '.join(f'`{s}`' for s in spec.STAGES)}",
+        f"- measuring (`measure`): {', '.join(f'`{m}`' for m in spec.MEASURES)}", "",
         "## Expressions", "", EXPRESSIONS,
     ]
     for table in spec.FIELD_TABLES:

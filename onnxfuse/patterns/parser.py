@@ -33,6 +33,7 @@ from .yaml_nodes import (
     CONDITIONS_SCHEMA,
     EXPR_SCHEMA,
     ID_PATTERN,
+    MEASURES,
     STAGES,
     Collector,
     mapping,
@@ -175,6 +176,7 @@ class _RuleDraft:
     conditions: dict[str, Require] = field(default_factory=dict)
     early: bool = False
     opset: tuple[int, int] = (1, 10_000)
+    measure: str = "region"
 
 
 def _parse_rule(node: yaml.Node, c: Collector, builtin: bool, order: int) -> Rule | None:
@@ -204,6 +206,7 @@ def _parse_rule(node: yaml.Node, c: Collector, builtin: bool, order: int) -> Rul
         conditions={t: [e for e, _ in conds] for t, conds in r.conditions.items()}, opset_min=r.opset[0],
         opset_max=r.opset[1], order=order, builtin=builtin, require=[e for e, _ in r.require],
         example=r.example, example_attrs=r.example_attrs, outputs_of=r.outputs_of, early=r.early,
+        measure=r.measure,
     )
     rule_require_spans = [sp for _, sp in r.require]
     condition_spans = [(expr, sp, f"the {t} condition") for t, conds in r.conditions.items() for (expr, _), sp in conds]
@@ -277,6 +280,14 @@ def _parse_stage(node: yaml.Node, r: _RuleDraft) -> None:
 
 def _parse_opset_key(node: yaml.Node, r: _RuleDraft) -> None:
     r.opset = parse_opset(node, r.c)
+
+
+def _parse_measure(node: yaml.Node, r: _RuleDraft) -> None:
+    how = plain(node)
+    if how not in MEASURES:
+        r.c.error(r.c.span(node), f"unknown measure {how!r}", f"measure is one of: {', '.join(MEASURES)}")
+        return
+    r.measure = str(how)
 
 
 FILE_KEYS: Table[Key] = Table(
@@ -356,4 +367,9 @@ RULE_KEYS: Table[Key] = Table(
             {"type": "object", "properties": {"min": {"type": "integer"}, "max": {"type": "integer"}},
              "additionalProperties": False},
             "Model opset range where the rule applies, both ends included.", "opset: {min: 9}"),
+        Key("measure", _parse_measure, {"enum": list(MEASURES)},
+            "How measured selection by region decides the rule's rewrites: region (default), each region timed "
+            "alone; model, on the whole model, with them against without them, after the region decisions: for "
+            "a rewrite whose benefit is non-local (it pays through its neighbours, e.g. keeping onnxruntime's "
+            "NCHWc layout across a chain of convolutions, and costs alone).", "measure: model"),
     ], unknown="unknown key {key!r} in rule", missing="rule is missing {key!r}")

@@ -88,6 +88,7 @@ class Rule:
     targets: tuple[str, ...] = TARGETS
     conditions: dict[str, list[tuple[CompiledExpr, str]]] = field(default_factory=dict)  # target -> extra require
     early: bool = False  # stage: early (canonicalisation before the fusion rules)
+    measure: str = "region"  # measure: model (its benefit is non-local: decided on the whole model)
     opset_min: int = 1
     opset_max: int = 10_000
     order: int = 0

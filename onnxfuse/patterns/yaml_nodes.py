@@ -15,6 +15,8 @@ ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
 # Operator domains a pattern line may name ('' is the ONNX domain): not the domains a model may use.
 PATTERN_DOMAINS = ("", "com.microsoft")
 STAGES = ("early", "main")
+# How measured selection by region decides a rule's rewrites: each region timed alone, or on the whole model.
+MEASURES = ("region", "model")
 
 
 

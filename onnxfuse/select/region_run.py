@@ -30,7 +30,7 @@ from .regions import Region, region_model, signature
 from .rounds import GroupEffect, Key, MeasureReport
 from .timing import Ratio, paired_ratio
 
-__all__ = ["Phases", "RegionClass", "RegionRun", "automatic_budget"]
+__all__ = ["Comparison", "Phases", "RegionClass", "RegionRun", "automatic_budget"]
 
 CAPTURE_CHUNK = 32  # region inputs fetched per run of the original (bounds the memory they take)
 CONFIRM_RUNS = 20  # whole-model confirmation, budget permitting
@@ -155,7 +155,8 @@ class RegionRun:
             r.groups.append(GroupEffect(g["group"], g["rules"], g["rewrites"], g["kept"],
                                         Ratio(e["median"], e["low"], e["high"]) if e else None,
                                         source="cached" if g["source"] in ("timed", "cached") else g["source"],
-                                        instances=g["instances"], floor=g["noise_floor"], why=g["why"]))
+                                        instances=g["instances"], floor=g["noise_floor"],
+                                        why="cached" if g["source"] == "model" else g["why"]))
         fr = old["final_ratio"]
         r.final = Ratio(fr["median"], fr["low"], fr["high"]) if fr else None
         r.floor, r.undecided, r.dropped_everything = old["noise_floor"], old["undecided"], hit["dropped_everything"]
@@ -182,14 +183,16 @@ class RegionRun:
         runs = -(-values // CAPTURE_CHUNK) * len(self.profiles)
         return self.validator.session_s + runs * self.validator.run_s, runs
 
-    def plan(self, regions: list[Region], regions_s: float) -> str:
+    def plan(self, regions: list[Region], regions_s: float, on_model: int = 0) -> str:
         """Fit the budget to the steps around timing, once the regions are found (`regions_s` seconds): capture
-        (estimated), one rebuild (what rewriting took) and the confirmation's reserve come on top of at least
-        AUTO_MIN_S of timing in the automatic budget, up to AUTO_MAX_S (per GiB past 1 GiB). Why nothing can be
-        timed ("" when something can): capture past CAPTURE_SHARE of a given budget, or those steps past the
-        automatic budget's ceiling."""
+        (estimated), one rebuild (what rewriting took), and a rebuild and a whole-model comparison per group of
+        rewrites decided on the whole model (`on_model` groups), come on top of at least AUTO_MIN_S of timing in
+        the automatic budget, up to AUTO_MAX_S (per GiB past 1 GiB). Why nothing can be timed ("" when something
+        can): capture past CAPTURE_SHARE of a given budget, or those steps past the automatic budget's ceiling."""
         est, runs = self.capture_estimate(regions)
         steps = regions_s + est + self.rebuild_s
+        if on_model:
+            steps += on_model * (self.rebuild_s + self.comparison_s())
         if self.automatic:
             ceiling = AUTO_MAX_S * max(1.0, self.weights / 2**30)
             if steps + AUTO_MIN_S <= ceiling:
@@ -321,64 +324,93 @@ class RegionRun:
             h.update(repr(sorted((k, v.dtype.str, v.shape) for k, v in feeds.items())).encode())
         return h.hexdigest()
 
-    def confirm(self, candidate: Rewritten, key: str) -> Ratio | None:
-        """Candidate against original on the whole model, interleaved (two sessions of the candidate give the
-        noise floor). None when the budget or memory does not allow it (that, too, is recorded: a run with the
-        same budget then makes the same choice)."""
-        tag = {**self.tag, "rules": sorted({a.rule for a in candidate.eng.applications} - set(CLEANUP_STEPS))}
+    def comparison_s(self) -> float:
+        """About what one whole-model comparison takes before its runs: three sessions and a warm-up round of
+        each (from the capture run; the validator's where nothing was captured)."""
+        session_s = self.session_s or self.validator.session_s
+        latency_s = self.latency_s or self.validator.run_s
+        return 3 * session_s + 3 * latency_s * len(self.profiles)
+
+    def compared(self, key: str) -> Comparison | None:
+        """A whole-model comparison decided by an earlier run (see _cached)."""
         hit = self._cached(key)
-        if hit is not None:
-            self.report.confirmed = "cached" if hit.get("source") != "budget" else hit.get("why", "skipped")
-            self.report.floor = hit.get("floor", 0.0)
-            self.report.profiles = [(n, w, Ratio(*r)) for n, w, r in hit.get("profiles", [])]
-            return Ratio(*hit["ratio"]) if hit.get("ratio") else None
+        if hit is None:
+            return None
+        timed = hit.get("source") != "budget"
+        return Comparison(Ratio(*hit["ratio"]) if hit.get("ratio") else None, hit.get("floor", 0.0),
+                          [(n, w, Ratio(*r)) for n, w, r in hit.get("profiles", [])],
+                          "cached" if timed else hit.get("why", "skipped"))
+
+    def compare(self, base: str | Rewritten, candidate: Rewritten, key: str, kind: str, tag: dict,
+                deadline: float | None = None, runs: int = CONFIRM_RUNS) -> Comparison:
+        """Candidate against `base` (the input model's path, or a rebuilt selection) on the whole model,
+        interleaved, two sessions of the candidate giving the noise floor; up to `runs` runs while `deadline`
+        (default: the budget's) allows. Skipped (ratio None, status "skipped: why") when the budget
+        or memory does not allow it; that, too, is cached under `key`, so that a run with the same budget makes
+        the same choice."""
         weights = candidate.info.size_bytes + candidate.info.external_bytes
         why = ""
         # the sessions and one warm-up round must fit; whether MIN_RUNS_FLOOR runs do is decided after the warm-up
         # on the real (ORT_ENABLE_ALL) run times (interleaved), not on the capture's unoptimized ones
-        cost = 3 * self.session_s + 3 * self.latency_s * len(self.profiles)
+        cost = self.comparison_s()
         if 3 * weights > default_budget_bytes():
             why = "skipped: three sessions of the model would not fit the memory budget"
         elif time.perf_counter() + cost > self.deadline:
             why = f"skipped: it would take about {cost:.1f} s, past the budget"
         if why:
-            self.report.confirmed = why
-            self.cache.put(key, {"kind": "model", "source": "budget", "budget": self.budget, "why": why,
-                                 **tag})
-            return None
-        cand = Candidate(candidate.proto, candidate.info)  # a file onnxruntime maps: no copy held here
-        try:
+            self.cache.put(key, {"kind": kind, "source": "budget", "budget": self.budget, "why": why, **tag})
+            return Comparison(None, status=why)
+        cands = [Candidate(m.proto, m.info) for m in (candidate, base) if isinstance(m, Rewritten)]
+        try:  # files onnxruntime maps: no copy held here
             threads = self.opts.measure_threads
-            sessions = {"o": make_session(self.input_path, "all", self.provider, threads),
-                        "c": make_session(cand.source, "all", self.provider, threads),
-                        "c2": make_session(cand.source, "all", self.provider, threads)}
+            sessions = {"o": make_session(base if isinstance(base, str) else cands[1].source, "all", self.provider,
+                                          threads),
+                        "c": make_session(cands[0].source, "all", self.provider, threads),
+                        "c2": make_session(cands[0].source, "all", self.provider, threads)}
             per_profile: dict[tuple[str, int], list[float]] = {}
-            times = interleaved(sessions, self.profiles, CONFIRM_RUNS, self.deadline, self.deadline, per_profile)
+            times = interleaved(sessions, self.profiles, runs, deadline or self.deadline, self.deadline, per_profile)
             del sessions
         except OutOfBudget:
             why = "skipped: its runs would end past the budget"
-            self.report.confirmed = why
-            self.cache.put(key, {"kind": "model", "source": "budget", "budget": self.budget, "why": why,
-                                 **tag})
-            return None
+            self.cache.put(key, {"kind": kind, "source": "budget", "budget": self.budget, "why": why, **tag})
+            return Comparison(None, status=why)
         finally:
-            cand.close()
+            for c in cands:
+                c.close()
             release_memory()
         self.report.rounds += 1
         ref = [(x + y) / 2 for x, y in zip(times["c"], times["c2"], strict=True)]
-        floor = abs(paired_ratio(times["c2"], times["c"]).median - 1)
-        ratio = paired_ratio(ref, times["o"])
-        self.report.floor = floor
-        self.report.confirmed = "timed"
+        out = Comparison(paired_ratio(ref, times["o"]), abs(paired_ratio(times["c2"], times["c"]).median - 1))
         if len(self.profiles) > 1:  # prefill and decode each, not only their weighted total
             for p, (weight, _) in enumerate(self.profiles):
                 cand_p = [(x + y) / 2 for x, y in zip(per_profile["c", p], per_profile["c2", p], strict=True)]
                 name = self.profile_names[p] if p < len(self.profile_names) else f"profile {p + 1}"
-                self.report.profiles.append((name, weight, paired_ratio(cand_p, per_profile["o", p])))
-        self.cache.put(key, {"kind": "model", "source": "timed", "ratio": [ratio.median, ratio.low, ratio.high],
-                             **tag, "floor": floor, "profiles": [[n, w, [r.median, r.low, r.high]]
-                                                          for n, w, r in self.report.profiles]})
-        return ratio
+                out.profiles.append((name, weight, paired_ratio(cand_p, per_profile["o", p])))
+        r = out.ratio
+        assert r is not None
+        self.cache.put(key, {"kind": kind, "source": "timed", "ratio": [r.median, r.low, r.high], **tag,
+                             "floor": out.floor, "profiles": [[n, w, [x.median, x.low, x.high]]
+                                                              for n, w, x in out.profiles]})
+        return out
+
+    def confirm(self, candidate: Rewritten, key: str) -> Ratio | None:
+        """Candidate against the original on the whole model (compare); the report gets its ratio, noise floor
+        and per-profile ratios. None when it was skipped."""
+        tag = {**self.tag, "rules": sorted({a.rule for a in candidate.eng.applications} - set(CLEANUP_STEPS))}
+        c = self.compared(key) or self.compare(self.input_path, candidate, key, "model", tag)
+        self.report.confirmed, self.report.floor, self.report.profiles = c.status, c.floor, c.profiles
+        return c.ratio
+
+
+@dataclass
+class Comparison:
+    """A candidate against a base on the whole model: candidate / base, the noise floor (two sessions of the
+    candidate), per shape profile where there are several; status: timed, cached, or skipped: why."""
+
+    ratio: Ratio | None
+    floor: float = 0.0
+    profiles: list[tuple[str, float, Ratio]] = field(default_factory=list)
+    status: str = "timed"
 
 
 def automatic_budget(weights: int, spent_s: float) -> float:

@@ -28,6 +28,7 @@ from ..tensors import all_tensors
 from ..validate.runtime import release_memory
 from ..validate.validate import Validator
 from .decision_cache import DecisionCache, digest
+from .on_model import decide_on_model, groups_on_model, split_on_model
 from .region_run import Phases, RegionClass, RegionRun, automatic_budget
 from .region_timing import MIN_RUNS_FLOOR
 from .regions import Region, find_regions
@@ -50,6 +51,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     report = run.report
     phase = Phases(report.phases, report.phase_peaks, lambda name: progress(f"measure: {name}", run.budget))
     rule_ids = {r.id for r in rules}
+    on_model_ids = {r.id for r in rules if r.measure == "model"}  # decided on the whole model (on_model.py)
     selection_key = digest("selection", _file_digest(input_path, state.info.external_data), repr(sorted(a.key for a in state.eng.applications)),
                            repr([sorted((k, v.dtype.str, v.shape) for k, v in f.items()) for _, f in run.profiles]),
                            run.env)
@@ -63,6 +65,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     dropped: set[Key] = set()
     all_regions: list[Region] = []
     all_classes: list[RegionClass] = []
+    on_model: list[Region] = []
     current, apps = state, state.eng.applications
     for pass_no in range(MAX_PASSES):
         # later passes: rules that fire only once a dropped rewrite is gone (a MultiHeadAttention, then a
@@ -72,17 +75,20 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
         with phase("regions"):
             original, _ = load_model(input_path)
             fingerprint = run.fingerprint(original)
-            regions = find_regions(original, current.model, apps, rule_ids)
+            regions, whole = split_on_model(find_regions(original, current.model, apps, rule_ids), on_model_ids)
             timeable = [r for r in regions if not r.untimeable]
-        if pass_no == 0 and (why := run.plan(timeable, time.perf_counter() - pass_t0)):
-            return run.validated(run.unmeasured(why, regions)[1], phase)
+        on_model += whole
+        if pass_no == 0 and (why := run.plan(timeable, time.perf_counter() - pass_t0,
+                                             len(groups_on_model(whole)))):
+            return run.validated(run.unmeasured(why, regions + whole)[1], phase)
         with phase("capture"):
             classes = run.capture(original, timeable) if timeable else []
             del original
-        if pass_no == 0:  # keep time for the confirmation: three sessions of the model and its minimum runs
-            reserve = 3 * run.session_s + 3 * (MIN_RUNS_FLOOR + 1) * run.latency_s * len(run.profiles) \
-                + run.rebuild_s
-            region_deadline = max(run.deadline - reserve, time.perf_counter() + 0.3 * run.budget)
+        if pass_no == 0:  # keep time for the confirmation (three sessions of the model and its minimum runs),
+            # and as much again, with a rebuild, for each group of rewrites decided on the whole model
+            reserve = run.comparison_s() + 3 * MIN_RUNS_FLOOR * run.latency_s * len(run.profiles) + run.rebuild_s
+            region_deadline = max(run.deadline - reserve * (1 + len(groups_on_model(whole))),
+                                  time.perf_counter() + 0.3 * run.budget)
         with phase("time regions"):
             run.decide(classes, region_deadline)
         for r in regions:  # decided: what timing needed (constants of the models, captured inputs) goes
@@ -95,6 +101,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
         kept |= {k for c in classes if c.decision and c.decision.kept for k in c.keys}
         kept |= {k for r in regions if r.untimeable.endswith("(exact)") for k in r.keys}
         dropped |= {k for r in regions for k in r.keys} - kept
+        dropped |= {k for r in whole for k in r.keys}  # left out until decided on the whole model, below
         if not dropped:
             candidate = current
             break
@@ -110,11 +117,15 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
             break
         current, apps = candidate, [a for a in candidate.eng.applications if a.key in new]
     report.groups = [c.decision for c in all_classes if c.decision is not None] + _untimed_rows(all_regions)
-    regions, classes = all_regions, all_classes
+    if on_model:
+        with phase("on model"):
+            candidate, rows = decide_on_model(run, on_model, kept, dropped, candidate, rule_ids, fingerprint,
+                                              reserve)
+        report.groups += rows
+    regions = all_regions + on_model
     applied = {a.key for a in candidate.eng.applications if a.rule in rule_ids}
-    report.undecided = sum(1 for c in classes if c.decision and c.decision.source == "budget")
-    timed_kept = any(c.decision is not None and c.decision.kept and c.decision.source in ("timed", "cached")
-                     for c in classes)
+    report.undecided = sum(1 for g in report.groups if g.source == "budget")
+    timed_kept = any(g.kept and g.source in ("timed", "cached", "model") for g in report.groups)
     if applied and not timed_kept:  # removing nodes and shape arithmetic cannot make it slower: not timed
         report.confirmed = "not needed: only exact rewrites kept"
     elif applied:

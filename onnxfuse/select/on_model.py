@@ -1,0 +1,82 @@
+"""Rewrites decided on the whole model: those of rules that declare `measure: model`, whose benefit is non-local.
+A gate broadcast that keeps onnxruntime's NCHWc layout across the convolutions around it is pure cost in its
+region alone, and pays only through its neighbours; no region context short of the whole model shows that.
+
+Region selection (region_select.py) does not time their regions. Once the region decisions are made and the
+kept selection rebuilt without them, each group of them (regions alike by rules and fused ops) is timed on the
+whole model: the selection with the group against without it, interleaved, two sessions of the "with" version
+giving the noise floor (RegionRun.compare, as the confirmation does). A group is kept if it is faster beyond
+SIGNIFICANT plus that floor, and the next group is timed on top of what is kept. One report row per group
+(source "model": how "whole model"); decisions are cached like the confirmation's, so a rerun writes the same
+bytes. A group the budget does not reach (its rebuild and comparison, with the confirmation's reserve after
+it) is left out, and its row says so.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..rewrite.rebuild import Rewritten
+from .decision_cache import digest
+from .region_run import RegionRun
+from .regions import Region
+from .rounds import GroupEffect, Key
+
+__all__ = ["decide_on_model", "groups_on_model", "split_on_model"]
+
+RUNS = 60  # interleaved runs per comparison, budget permitting: what these rewrites save is a few percent
+
+
+def split_on_model(regions: list[Region], on_model: set[str]) -> tuple[list[Region], list[Region]]:
+    """(regions timed alone, regions holding a rewrite of a `measure: model` rule)."""
+    whole = [r for r in regions if on_model & set(r.rules)]
+    return [r for r in regions if not on_model & set(r.rules)], whole
+
+
+def groups_on_model(regions: list[Region]) -> dict[tuple[str, tuple[str, ...]], list[Region]]:
+    """The regions decided together on the whole model: alike by fused ops and rules."""
+    groups: dict[tuple[str, tuple[str, ...]], list[Region]] = {}
+    for r in regions:
+        groups.setdefault((r.label, tuple(r.rules)), []).append(r)
+    return groups
+
+
+def decide_on_model(run: RegionRun, regions: list[Region], kept: set[Key], dropped: set[Key],
+                    without: Rewritten, rule_ids: set[str], fingerprint: str,
+                    reserve_s: float) -> tuple[Rewritten, list[GroupEffect]]:
+    """Time each group of `regions` on the whole model on top of `without` (the kept selection, rebuilt without
+    them), in order; `kept` and `dropped` are updated in place. `reserve_s`: time left for the confirmation
+    after the last group. Returns the selection to write and one row per group."""
+    rows = []
+    current = without
+    groups = list(groups_on_model(regions).items())
+    for i, ((label, rules), rs) in enumerate(groups):
+        keys = {k for r in rs for k in r.keys}
+        row = GroupEffect(label, list(rules), len(keys), False, None, source="model", instances=len(rs))
+        rows.append(row)
+        applied = sorted(a.key for a in current.eng.applications if a.rule in rule_ids)
+        key = digest("on model", fingerprint, repr(applied), repr(sorted(keys)), run.env)
+        c = run.compared(key)
+        now = time.perf_counter()
+        deadline = now + (run.deadline - reserve_s - now) / (len(groups) - i)  # this group's share
+        if c is None and now + run.rebuild_s + run.comparison_s() > deadline:
+            row.source, row.why = "budget", f"whole model: not reached within {run.budget:g} s"
+            run.cache.put(key, {"kind": "on model", "source": "budget", "budget": run.budget, "why": row.why,
+                                **run.tag, "rules": list(rules)})
+            continue
+        with_group = None
+        if c is None:
+            with_group = run.build(kept | keys, dropped - keys)
+            c = run.compare(current, with_group, key, "on model", {**run.tag, "rules": list(rules)}, deadline, RUNS)
+        else:
+            row.why = "cached"
+        if c.ratio is None:
+            row.source, row.why = "budget", f"whole model: {c.status}"
+            continue
+        row.effect, row.floor = c.ratio, c.floor
+        row.kept = c.ratio.verdict_beyond(c.floor) == "faster"
+        if row.kept:
+            kept |= keys
+            dropped -= keys
+            current = with_group or run.build(kept, dropped)
+    return current, rows

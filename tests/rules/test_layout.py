@@ -1,0 +1,143 @@
+"""patterns/layout.yaml: rewrites that keep onnxruntime's CPU convolutions in the blocked NCHWc layout (the
+squeeze-excitation gate broadcast)."""
+
+import os
+import tempfile
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+
+from .conftest import check_fires, check_misses, fuse, make_model, rand_feeds
+
+RNG = np.random.default_rng(0)
+C, R = 32, 8
+
+
+def _w(*shape):
+    return (RNG.standard_normal(shape) * 0.3).astype(np.float32)
+
+
+INITS = {"w0": _w(C, C, 3, 3), "b0": _w(C), "w1": _w(R, C, 1, 1), "b1": _w(R), "w2": _w(C, R, 1, 1), "b2": _w(C)}
+GATES = {  # the gate activations exporters write after the expanding 1x1 Conv, as (nodes, extra initializers)
+    "sigmoid": ([oh.make_node("Sigmoid", ["e"], ["g"])], {}),
+    "hardsigmoid": ([oh.make_node("HardSigmoid", ["e"], ["g"], alpha=1 / 6, beta=0.5)], {}),
+    "clip-div": ([oh.make_node("Add", ["e", "three"], ["a3"]), oh.make_node("Clip", ["a3", "zero", "six"], ["cl"]),
+                  oh.make_node("Div", ["cl", "six"], ["g"])],
+                 {"three": np.float32(3), "zero": np.float32(0), "six": np.float32(6)}),
+}
+
+
+def _se(gate="sigmoid", hw=(8, 8), batch=1, gate_batch=None, opset=17, dynamic=False, tail=False):
+    """x -> Conv (pads 1) = c; GlobalAveragePool -> Conv -> Relu -> Conv = e -> gate activation = g; y = c * g
+    (`tail`: y = Conv(c * g), the SE block inside a chain of convolutions)."""
+    h, w = hw
+    gnodes, ginits = GATES[gate]
+    nodes = [oh.make_node("Conv", ["x", "w0", "b0"], ["c"], pads=[1, 1, 1, 1]),
+             oh.make_node("GlobalAveragePool", ["c"], ["p"]),
+             oh.make_node("Conv", ["p", "w1", "b1"], ["r"]), oh.make_node("Relu", ["r"], ["rr"]),
+             oh.make_node("Conv", ["rr", "w2", "b2"], ["e"]), *gnodes]
+    if gate_batch is not None:  # a gate of another batch size than x (broadcast over the batch too)
+        nodes.append(oh.make_node("Slice", ["g", "s0", "s1", "s2"], ["gs"]))
+        ginits = {**ginits, "s0": np.array([0], np.int64), "s1": np.array([gate_batch], np.int64),
+                  "s2": np.array([0], np.int64)}
+    nodes.append(oh.make_node("Mul", ["c", "gs" if gate_batch is not None else "g"], ["m" if tail else "y"]))
+    if tail:
+        nodes.append(oh.make_node("Conv", ["m", "w0", "b0"], ["y"], pads=[1, 1, 1, 1]))
+    shape = [batch, C, "h", "w"] if dynamic else [batch, C, h, w]
+    return make_model(nodes, [("x", shape)], [("y", shape)], {**INITS, **ginits}, opset=opset)
+
+
+def _gate_ops(gate):
+    return [n.op_type for n in GATES[gate][0]]
+
+
+def test_se_gate_broadcast_fires_with_constant_scales_and_exact_numbers():
+    got = check_fires(_se(), "se-gate-broadcast",
+                      ["Conv", "GlobalAveragePool", "Conv", "Relu", "Conv", "Sigmoid", "Resize", "Mul"],
+                      rtol=0, atol=0)
+    resize = next(n for n in got.graph.node if n.op_type == "Resize")
+    attrs = {a.name: oh.get_attribute_value(a) for a in resize.attribute}
+    assert attrs == {"mode": b"nearest", "coordinate_transformation_mode": b"asymmetric", "nearest_mode": b"floor"}
+    inits = {t.name: numpy_helper.to_array(t) for t in got.graph.initializer}
+    assert resize.input[0] == "g" and inits[resize.input[1]].size == 0
+    np.testing.assert_array_equal(inits[resize.input[2]], np.array([1, 1, 8, 8], np.float32))
+    assert inits[resize.input[2]].dtype == np.float32
+    mul = got.graph.node[-1]
+    assert sorted(mul.input) == sorted(["c", resize.output[0]])
+
+
+@pytest.mark.parametrize("gate", sorted(GATES))
+def test_se_gate_broadcast_takes_each_gate_spelling(gate):
+    check_fires(_se(gate), "se-gate-broadcast",
+                ["Conv", "GlobalAveragePool", "Conv", "Relu", "Conv", *_gate_ops(gate), "Resize", "Mul"],
+                rtol=0, atol=0)
+
+
+def test_se_gate_broadcast_after_the_gate_fusions():
+    # Clip/Div gate -> HardSigmoid -> FusedConv(HardSigmoid): the broadcast reads the fused gate
+    got = check_fires(_se("clip-div"), ["hardsigmoid-decomposed", "conv-hardsigmoid", "se-gate-broadcast"],
+                      ["Conv", "GlobalAveragePool", "Conv", "Relu", "com.microsoft.FusedConv", "Resize", "Mul"],
+                      fired={"hardsigmoid-decomposed": 1, "conv-hardsigmoid": 1, "se-gate-broadcast": 1},
+                      rtol=1e-6, atol=1e-6)
+    assert got.graph.node[-2].input[0] == got.graph.node[-3].output[0]
+
+
+@pytest.mark.parametrize("kw", [{"hw": (7, 5), "batch": 2}, {"hw": (1, 9)}, {"opset": 11}],
+                         ids=["batch2-odd", "one-row", "opset11"])
+def test_se_gate_broadcast_shapes_and_opsets(kw):
+    m = _se(**kw)
+    check_fires(m, "se-gate-broadcast",
+                ["Conv", "GlobalAveragePool", "Conv", "Relu", "Conv", "Sigmoid", "Resize", "Mul"],
+                feeds=rand_feeds(m), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kw, reason", [
+    ({"dynamic": True}, "X.dims[2] > 0"),      # scales cannot be constants
+    ({"hw": (1, 1)}, "X.dims[2] * X.dims[3] > 1"),  # nothing to broadcast
+    ({"batch": 2, "gate_batch": 1}, "shape"),  # the gate broadcasts over the batch too
+    ({"opset": 10}, None),                     # Resize-10 has no coordinate_transformation_mode
+], ids=["dynamic-hw", "1x1", "gate-batch-1", "opset10"])
+def test_se_gate_broadcast_near_misses(kw, reason):
+    check_misses(_se(**kw), "se-gate-broadcast", reason)
+
+
+def test_se_gate_broadcast_leaves_a_constant_scale_alone():
+    m = make_model([oh.make_node("Mul", ["x", "s"], ["y"])], [("x", [1, C, 8, 8])], [("y", [1, C, 8, 8])],
+                   {"s": _w(1, C, 1, 1)})
+    check_misses(m, "se-gate-broadcast")
+
+
+def test_se_gate_broadcast_is_cpu_only():
+    r, _ = fuse(_se(), "se-gate-broadcast", target="cuda")
+    assert [(s.rule, s.reason) for s in r.skipped] == [("se-gate-broadcast", "declared for cpu only")]
+
+
+def _ort_reorders(model: onnx.ModelProto) -> Counter:
+    with tempfile.TemporaryDirectory() as d:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.optimized_model_filepath = os.path.join(d, "o.onnx")
+        so.log_severity_level = 3
+        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        ops = Counter(n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node)
+    return Counter({k: v for k, v in ops.items() if k.startswith("Reorder")})
+
+
+def test_se_gate_broadcast_keeps_onnxruntime_in_nchwc():
+    """The point of the rule: onnxruntime's NCHWc chain no longer breaks at the SE Mul (the channel-broadcasting
+    Mul needed a ReorderOutput for each input and a ReorderInput after it)."""
+    m = _se(hw=(16, 16), tail=True)
+    before = _ort_reorders(m)
+    if not before:
+        pytest.skip("onnxruntime runs no NCHWc convolutions on this machine")
+    _, got = fuse(m, "se-gate-broadcast")
+    after = _ort_reorders(got)
+    # gone: the ReorderOutput of each of the Mul's inputs and the ReorderInput of its output (x in and y out stay)
+    assert (after["ReorderOutput"], after["ReorderInput"]) == (before["ReorderOutput"] - 2,
+                                                               before["ReorderInput"] - 1), (before, after)
+    assert after["ReorderInput"] == 1
