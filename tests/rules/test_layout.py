@@ -1,5 +1,5 @@
 """patterns/layout.yaml: rewrites that keep onnxruntime's CPU convolutions in the blocked NCHWc layout (the
-squeeze-excitation gate broadcast)."""
+squeeze-excitation gate broadcast, constant affines as depthwise convolutions)."""
 
 import os
 import tempfile
@@ -141,3 +141,77 @@ def test_se_gate_broadcast_keeps_onnxruntime_in_nchwc():
     assert (after["ReorderOutput"], after["ReorderInput"]) == (before["ReorderOutput"] - 2,
                                                                before["ReorderInput"] - 1), (before, after)
     assert after["ReorderInput"] == 1
+
+
+def _affine(a_shape=(1,), b_shape=(1,), hw=(8, 8), dynamic=False, channels=C, order=("h", "a")):
+    """x -> Conv (pads 1) -> HardSwish = h; y = Conv(h * A + B) (PP-LCNetV3's learnable affine block between two
+    convolutions); `order` gives Mul's and Add's operand order."""
+    inits = {"w0": _w(channels, channels, 3, 3), "b0": _w(channels), "w1": _w(channels, channels, 1, 1),
+             "A": (1 + _w(*a_shape)).astype(np.float32), "B": _w(*b_shape)}
+    mul_in = ["h", "A"] if order[1] == "a" else ["A", "h"]
+    nodes = [oh.make_node("Conv", ["x", "w0", "b0"], ["c"], pads=[1, 1, 1, 1]),
+             oh.make_node("HardSwish", ["c"], ["h"]),
+             oh.make_node("Mul", mul_in, ["m"]), oh.make_node("Add", ["B", "m"] if order[0] == "b" else ["m", "B"],
+                                                               ["t"]),
+             oh.make_node("Conv", ["t", "w1"], ["y"])]
+    shape = [1, channels, "h", "w"] if dynamic else [1, channels, *hw]
+    return make_model(nodes, [("x", shape)], [("y", shape)], inits)
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [((1,), (1,)), ((), ()), ((1, C, 1, 1), (C, 1, 1)), ((C, 1, 1), (1,))],
+                         ids=["scalars-1", "scalars-0d", "per-channel", "mixed"])
+def test_affine_as_depthwise_conv_takes_scalar_and_channel_constants(a_shape, b_shape):
+    m = _affine(a_shape, b_shape)
+    got = check_fires(m, "affine-as-depthwise-conv", ["Conv", "HardSwish", "Conv", "Conv"], rtol=1e-6, atol=1e-6)
+    dw = got.graph.node[2]
+    attrs = {a.name: oh.get_attribute_value(a) for a in dw.attribute}
+    assert attrs == {"group": C, "kernel_shape": [1, 1]} and dw.input[0] == "h"
+    inits = {t.name: numpy_helper.to_array(t) for t in got.graph.initializer}
+    src = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    w, b = inits[dw.input[1]], inits[dw.input[2]]
+    assert w.shape == (C, 1, 1, 1) and b.shape == (C,) and w.dtype == b.dtype == np.float32
+    np.testing.assert_array_equal(w.reshape(-1), np.broadcast_to(src["A"].reshape(-1), (C,)))
+    np.testing.assert_array_equal(b, np.broadcast_to(src["B"].reshape(-1), (C,)))
+
+
+@pytest.mark.parametrize("order", [("b", "a"), ("h", "x")], ids=["add-swapped", "mul-swapped"])
+def test_affine_as_depthwise_conv_takes_either_operand_order(order):
+    check_fires(_affine(order=order), "affine-as-depthwise-conv", ["Conv", "HardSwish", "Conv", "Conv"],
+                rtol=1e-6, atol=1e-6)
+
+
+def test_affine_as_depthwise_conv_keeps_dynamic_spatial_dims():
+    m = _affine(dynamic=True)
+    got = check_fires(m, "affine-as-depthwise-conv", ["Conv", "HardSwish", "Conv", "Conv"], feeds=False)
+    feeds = {"x": RNG.standard_normal((1, C, 12, 20)).astype(np.float32)}
+    assert_same_at(m, got, feeds)
+
+
+def test_affine_as_depthwise_conv_near_misses():
+    check_misses(_affine(a_shape=(1, 1, 8, 1)), "affine-as-depthwise-conv")  # varies over rows: not per channel
+    x = make_model([oh.make_node("Mul", ["x", "a"], ["m"]), oh.make_node("Add", ["m", "b"], ["y"])],
+                   [("x", [1, "c", 8, 8])], [("y", [1, "c", 8, 8])], {"a": _w(1), "b": _w(1)})
+    check_misses(x, "affine-as-depthwise-conv", "shape [-1]")  # the group needs the channel count
+    r, _ = fuse(_affine(), "affine-as-depthwise-conv", target="cuda")
+    assert [(s.rule, s.reason) for s in r.skipped] == [("affine-as-depthwise-conv", "declared for cpu only")]
+
+
+def test_affine_as_depthwise_conv_keeps_onnxruntime_in_nchwc():
+    m = _affine(hw=(16, 16))
+    before = _ort_reorders(m)
+    if not before:
+        pytest.skip("onnxruntime runs no NCHWc convolutions on this machine")
+    _, got = fuse(m, "affine-as-depthwise-conv")
+    after = _ort_reorders(got)
+    # the affine broke the chain between the two convolutions: one ReorderOutput and one ReorderInput fewer
+    assert (after["ReorderOutput"], after["ReorderInput"]) == (before["ReorderOutput"] - 1,
+                                                               before["ReorderInput"] - 1), (before, after)
+
+
+def assert_same_at(model, got, feeds):
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    want = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    have = ort.InferenceSession(got.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    for a, b in zip(want, have, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
