@@ -772,10 +772,12 @@ def test_softmax_axis_3_is_the_last_axis():
 P = 16  # the buffer's max positions
 
 
-def _causal(tril=None, neg=-10000.0, row_start="t-s", merge=False, squeezed_end=False, opset=13, k_0231=False):
+def _causal(tril=None, neg=-10000.0, row_start="t-s", merge=False, squeezed_end=False, opset=13, k_0231=False,
+            s="s"):
     """Scores Div(MatMul(q, kt), 4), mask tril[:, :, T-S:T, :T] (S, T from Shape of the scores, Slice+Squeeze
     as older torch exporters write w.size(-2)), Where(mask, scores, neg), Softmax, ·v. q [b, N, s, D],
-    kt [b, N, D, t] (k transposed when `merge`: then a head merge follows, for attention-heads-split)."""
+    kt [b, N, D, t] (k transposed when `merge`: then a head merge follows, for attention-heads-split); `s` the
+    query length (a number: a decoder exported for one new token)."""
     tril = np.tril(np.ones((1, 1, P, P))).astype(np.uint8) if tril is None else tril
     inits = {"tril": tril, "neg": np.array(neg, np.float32), "cd": np.array(4.0, np.float32),
              "m2": _i64(-2), "m1": _i64(-1), "big": _i64(2**62), "ax0": _i64(0), "z": _i64(0), "ax2": _i64(2),
@@ -807,12 +809,12 @@ def _causal(tril=None, neg=-10000.0, row_start="t-s", merge=False, squeezed_end=
     if merge:
         nodes += [oh.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3], name="merge_t"),
                   oh.make_node("Reshape", ["ot", "os"], ["y"], name="merge")]
-        ins = [("q", ["b", N, "s", D]), ("k", ["b", "t", N, D] if k_0231 else ["b", N, "t", D]),
+        ins = [("q", ["b", N, s, D]), ("k", ["b", "t", N, D] if k_0231 else ["b", N, "t", D]),
                ("v", ["b", N, "t", D])]
-        outs = [("y", ["b", "s", H])]
+        outs = [("y", ["b", s, H])]
     else:
-        ins = [("q", ["b", N, "s", D]), ("kt", ["b", N, D, "t"]), ("v", ["b", N, "t", D])]
-        outs = [("y", ["b", N, "s", D])]
+        ins = [("q", ["b", N, s, D]), ("kt", ["b", N, D, "t"]), ("v", ["b", N, "t", D])]
+        outs = [("y", ["b", N, s, D])]
     return make_model(nodes, ins, outs, inits, opset=opset)
 
 
@@ -820,7 +822,8 @@ def _causal_feeds(m, s, t):
     return rand_feeds(m, dims={"b": 2, "s": s, "t": t}, seed=s * 31 + t)
 
 
-CAUSAL_OPS = ["MatMul", "Div", "Shape", "Slice", "Shape", "Slice", "Sub", "Slice", "Slice", "Add", "Softmax", "MatMul"]
+CAUSAL_OPS = ["MatMul", "Div", "Shape", "Slice", "Shape", "Slice", "Sub", "Slice", "Slice", "Concat", "Reshape", "Add",
+              "Softmax", "MatMul"]
 
 
 @pytest.mark.parametrize("neg", [-10000.0, float(np.finfo(np.float32).min)])
@@ -857,6 +860,23 @@ def test_attention_causal_tril_then_heads_split():
         np.testing.assert_allclose(have[0], want[0], rtol=1e-5, atol=1e-5)
 
 
+def test_attention_causal_tril_mask_has_the_dims_it_is_made_of():
+    """The additive mask's Slice bounds are run-time values, so shape inference gives its Slices fresh dims
+    (unk__N), which no rule can match to the scores' dims; the Reshape to [1, 1, S, T] it ends with (S, T read
+    from the query and value shapes) names them, and what reads the mask gets them too. With the query length a
+    number (one new token) the attention rule needs s = 1 of the mask, which a fresh symbol never equals. (The
+    masked scores' type is recorded as TorchScript exports record it: inferred, its dim 2 would be the
+    broadcast of 1 with the buffer slice's unknown rows.)"""
+    m = _causal(merge=True, squeezed_end=True, s=1)
+    m.graph.value_info.append(oh.make_tensor_value_info("wm", TensorProto.FLOAT, ["b", N, 1, "t"]))
+    r, got = fuse(m, "attention-causal-tril", "attention-heads-split")
+    assert r.fired == {"attention-causal-tril": 1, "attention-heads-split": 1}, r.fired
+    assert "MultiHeadAttention" in [n.op_type for n in got.graph.node]
+    for t in (1, 9):
+        feeds = _causal_feeds(m, 1, t)
+        np.testing.assert_allclose(ort_run(got, feeds)[0], ort_run(m, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("kw", [
     {"tril": np.triu(np.ones((1, 1, P, P))).astype(np.uint8)},          # not lower-triangular
     {"tril": np.tril(np.ones((1, 1, P, P)), 1).astype(np.uint8)},       # one diagonal too many
@@ -869,7 +889,8 @@ def test_attention_causal_tril_near_misses(kw):
 
 
 def _key_split(perm=(0, 2, 3, 1), sliced_mask=True):
-    """Div(MatMul(q, Transpose(k, perm)), 4) + a mask: Slice(Slice(bias)) of a constant, or an input."""
+    """Div(MatMul(q, Transpose(k, perm)), 4) + a mask: Reshape(Slice(Slice(bias))) of a constant (the form
+    attention-causal-tril writes), or an input."""
     k_shape = {(0, 2, 3, 1): [B, S, N, D], (0, 2, 1, 3): [B, D, N, S]}[tuple(perm)]
     nodes = [oh.make_node("Transpose", ["k"], ["kt"], perm=list(perm), name="kt"),
              oh.make_node("MatMul", ["q", "kt"], ["mm"], name="qk"),
@@ -878,9 +899,10 @@ def _key_split(perm=(0, 2, 3, 1), sliced_mask=True):
     ins = [("q", [B, N, S, D]), ("k", k_shape)]
     if sliced_mask:
         bias = np.where(np.tril(np.ones((1, 1, P, P))) > 0, 0.0, -10000.0).astype(np.float32)
-        inits.update(bias=bias, en=_i64(S), ax2=_i64(2), ax3=_i64(3), z=_i64(0))
+        inits.update(bias=bias, en=_i64(S), ax2=_i64(2), ax3=_i64(3), z=_i64(0), ms=_i64(1, 1, S, S))
         nodes += [oh.make_node("Slice", ["bias", "z", "en", "ax2"], ["r"], name="rows"),
-                  oh.make_node("Slice", ["r", "z", "en", "ax3"], ["mask"], name="cols")]
+                  oh.make_node("Slice", ["r", "z", "en", "ax3"], ["c"], name="cols"),
+                  oh.make_node("Reshape", ["c", "ms"], ["mask"], name="mask")]
     else:
         ins.append(("mask", [1, 1, S, S]))
     nodes.append(oh.make_node("Add", ["sc", "mask"], ["y"], name="add"))
@@ -889,7 +911,7 @@ def _key_split(perm=(0, 2, 3, 1), sliced_mask=True):
 
 def test_attention_key_transpose_split_fires():
     got = check_fires(_key_split(), "attention-key-transpose-split",
-                      ["Slice", "Slice", "Transpose", "Transpose", "MatMul", "Div", "Add"], fold=False)
+                      ["Slice", "Slice", "Reshape", "Transpose", "Transpose", "MatMul", "Div", "Add"], fold=False)
     assert [_attrs(n).get("perm") for n in got.graph.node if n.op_type == "Transpose"] == [[0, 2, 1, 3],
                                                                                           [0, 1, 3, 2]]
 
