@@ -945,10 +945,10 @@ def test_attention_key_transpose_split_fires():
 def test_gpt2_key_cache_transposed_then_heads_split():
     """GPT-2 with past as older HF exports it: the past keys transposed [0, 1, 3, 2] and concatenated with the new
     keys permuted [0, 2, 3, 1] on the last axis, the present key that concatenation transposed back.
-    attention-key-cache-transposed makes it one key transpose of the concatenated heads, which cancels with the
-    present key's (transpose-cancel, early); attention-heads-split then takes the block."""
+    attention-key-cache-transposed makes the present key the concatenated heads and the scores' keys their
+    transpose; attention-heads-split then takes the block."""
     m = _causal(merge=True, squeezed_end=True, k_0231=True, cache_t=True)
-    ids = ("attention-causal-tril", "attention-key-cache-transposed", "transpose-cancel", "attention-heads-split")
+    ids = ("attention-causal-tril", "attention-key-cache-transposed", "attention-heads-split")
     r, got = fuse(m, *ids)
     assert r.fired == dict.fromkeys(ids, 1), r.fired
     assert "MultiHeadAttention" in [n.op_type for n in got.graph.node]
@@ -962,16 +962,18 @@ def test_gpt2_key_cache_transposed_then_heads_split():
 def _key_cache(axis=-1, past_perm=(0, 1, 3, 2)):
     nodes = [oh.make_node("Transpose", ["pk"], ["a"], perm=list(past_perm), name="pkt"),
              oh.make_node("Transpose", ["k"], ["c"], perm=[0, 2, 3, 1], name="kt"),
-             oh.make_node("Concat", ["a", "c"], ["y"], axis=axis, name="cat")]
+             oh.make_node("Concat", ["a", "c"], ["kt"], axis=axis, name="cat"),
+             oh.make_node("Transpose", ["kt"], ["y"], perm=[0, 1, 3, 2], name="present")]
     return make_model(nodes, [("pk", [B, N, S, D] if past_perm == (0, 1, 3, 2) else [B, D, S, N]),
-                              ("k", [B, S, N, D])], [("y", None)])
+                              ("k", [B, S, N, D])], [("y", None), ("kt", None)])
 
 
 def test_attention_key_cache_transposed_fires():
     for axis in (-1, 3):
         got = check_fires(_key_cache(axis), "attention-key-cache-transposed", ["Transpose", "Concat", "Transpose"])
     assert [_attrs(n) for n in got.graph.node] == [{"perm": [0, 2, 1, 3]}, {"axis": 2}, {"perm": [0, 1, 3, 2]}]
-    assert got.graph.node[1].input[0] == "pk"
+    assert list(got.graph.node[1].input) == ["pk", got.graph.node[0].output[0]] and got.graph.node[1].output == ["y"]
+    assert list(got.graph.node[2].input) == ["y"] and got.graph.node[2].output == ["kt"]
 
 
 @pytest.mark.parametrize("kw", [{"axis": 2}, {"past_perm": (0, 3, 1, 2)}])   # another axis; another past layout
