@@ -34,11 +34,6 @@ class TensorType:
         return dtype_name(self.elem_type)
 
 
-def fresh_dim(d: object) -> bool:
-    """A dim onnx's shape inference invented (unk__N): a run-time size it could not relate to any other."""
-    return isinstance(d, str) and d.startswith("unk__")
-
-
 def iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
     """Every node of a GraphProto, subgraphs (If/Loop/Scan bodies) included."""
     for node in graph.node:

@@ -10,12 +10,12 @@ import onnx
 from onnx import numpy_helper
 
 from ..ir import Graph, Node
+from ..load.shape_values import reshape_types, slice_types
 from ..match.matcher import ABSENT, SHAPE_ARITHMETIC, Binding
 from ..opschema import MS_DOMAIN, AttrSpec, attr_value, op_spec
 from ..patterns.compute import VALUE_FIELDS, ComputeError, Env, evaluate
 from ..patterns.rules import RewriteNode, Rule
 from ..tensors import TensorType, type_from_proto
-from .shape_values import reshape_types
 
 _A = onnx.AttributeProto
 
@@ -255,6 +255,7 @@ def _infer_temp_types(graph: Graph, protos: list[onnx.NodeProto], temps: set[str
         fixed = more
     found.update(fixed)
     graph.types.update((n, t) for n, t in found.items() if n in temps)
+    graph.types.update((n, t) for n, t in slice_types(graph, protos).items() if n in temps)
 
 
 def alias_value(graph: Graph, old: str, new: str, seq: tuple[int, ...], prefix: str, rule_id: str) -> Node | None:

@@ -13,7 +13,7 @@ from ..match.matcher import Binding, Failure, Matcher
 from ..patterns.compute import ComputeError
 from ..patterns.rules import RewriteNode, Rule
 from ..targets import kernel_issue, kernels
-from ..tensors import TensorType, fresh_dim
+from ..tensors import TensorType
 from .apply import Application, apply_match, compute_constants
 from .fold import fold
 from .if_versioning import specialize_hot_branches
@@ -177,12 +177,6 @@ def run(model: Model, rules: list[Rule], options: EngineOptions) -> EngineResult
         known = model.graph.types.get(name)
         if known is None or known.shape is None:
             model.graph.types[name] = t
-        elif t.shape is not None and len(t.shape) == len(known.shape):
-            # an invented dim (unk__N) the runs show fixed is that number (a [1, s] Slice is no batch); a varying
-            # one keeps its symbol: the runs name it by the input dim whose values it took, which may be chance
-            model.graph.types[name] = TensorType(known.elem_type, tuple(
-                o if (fresh_dim(k) or k is None) and isinstance(o, int) else k
-                for k, o in zip(known.shape, t.shape, strict=True)))
     apps: list[Application] = fold(model, options.deny) if options.fold else []
     if options.fold and options.hot:
         apps.extend(specialize_hot_branches(model, options.hot, options.deny))

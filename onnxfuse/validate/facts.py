@@ -11,21 +11,16 @@ from ..load.loader import LoadInfo, load_model
 from ..options import OptimizeOptions
 from ..rewrite.engine import EngineOptions
 from ..targets import runs_on
-from ..tensors import fresh_dim
 from .validate import Validator
 
 __all__ = ["facts", "run_facts", "unshaped"]
 
 
 def unshaped(model: Model) -> list[str]:
-    """Main-graph node outputs shape inference gave no shape, then those with a dim it invented (unk__N: the
-    rows of a Slice whose bounds are run-time values may be 1 or the batch): what Validator.observed_types looks
-    at, in that order."""
+    """Main-graph node outputs shape inference gave no shape (what Validator.observed_types looks at)."""
     g = model.graph
-    outs = [o for n in g.nodes for o in n.outputs if o]
-    return ([o for o in outs if g.types.get(o) is None or g.types[o].shape is None]
-            + [o for o in outs if g.types.get(o) is not None and g.types[o].shape is not None
-               and any(fresh_dim(d) for d in g.types[o].shape)])
+    return [o for n in g.nodes for o in n.outputs
+            if o and (g.types.get(o) is None or g.types[o].shape is None)]
 
 
 def facts(validator: Validator, model: Model, info: LoadInfo, target: str, fold: bool = True) -> EngineOptions:

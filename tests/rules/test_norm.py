@@ -311,11 +311,11 @@ def test_embed_layernorm_fires(kw):
 
 @pytest.mark.parametrize("order", ["wsp", "wps"])
 def test_embed_layernorm_either_add_order(order, tmp_path):
-    """(word + position) + token type fuses as (word + token type) + position does. The position ids (a Slice of
-    the buffer with a run-time end) have invented dims (unk__N) after shape inference, which a rule's [b, s]
-    would take for the batch: the runs validation makes show them as [1, s], so the segment Gather cannot be
-    bound to the position one (its ids must have input_ids' shape) and the kernel gets each table in its place.
-    Through optimize with validation: nothing rolled back."""
+    """(word + position) + token type fuses as (word + token type) + position does. ONNX's shape inference
+    gives the position ids (a Slice of the [1, 16] buffer with a run-time end) invented dims on both axes, which a
+    rule's [b, s] would take for the batch; the axis the Slice does not slice keeps the buffer's 1, so the
+    segment Gather cannot be bound to the position one (its ids must have input_ids' shape) and the kernel gets
+    each table in its place. Through optimize with validation: nothing rolled back."""
     from onnxfuse import OptimizeOptions, optimize
 
     m = _embeddings(order=order)

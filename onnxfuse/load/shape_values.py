@@ -1,8 +1,11 @@
-"""The values of small shape tensors a rewrite computes at run time (Shape -> Slice/Gather -> Concat chains), as
-dims: an int, a symbolic dim name read from a typed value, or None. ONNX's shape inference does not give a
-Reshape-13 output the dims such a target names (it reads only constant targets), so values a rewrite creates
-would get fresh `unk__N` dims that no rule can match against the dims they are made from. A Reshape checks its
-target at run time, so the dims it names are facts about its output wherever the model runs."""
+"""Shape facts ONNX's shape inference misses. The values of small shape tensors computed at run time (Shape ->
+Slice/Gather -> Concat chains), as dims: an int, a symbolic dim name read from a typed value, or None. ONNX's
+shape inference does not give a Reshape-13 output the dims such a target names (it reads only constant
+targets), so values a rewrite creates would get fresh `unk__N` dims that no rule can match against the dims they
+are made from; a Reshape checks its target at run time, so the dims it names are facts about its output wherever
+the model runs. And a Slice with run-time bounds gets every dim invented, the axes it does not slice included
+(BERT's position ids, buffer[:, 0:s] of a [1, 512] buffer, are [unk, unk]: a rule would take the 1 for the
+batch); those dims are its input's."""
 
 from __future__ import annotations
 
@@ -101,4 +104,33 @@ def reshape_types(graph: Graph, protos: list[onnx.NodeProto], known: dict[str, T
         if any(isinstance(d, int) and d < 0 for d in dims):
             continue
         out[p.output[0]] = TensorType(src.elem_type, tuple(dims))
+    return out
+
+
+def slice_types(graph: Graph, protos: list[onnx.NodeProto]) -> dict[str, TensorType]:
+    """The types of the Slice outputs among `protos` whose axes are constant (or absent: the first len(starts)
+    axes): the input's dims on every axis the Slice does not slice, the dims shape inference gave (or None) on
+    the others. Only outputs that gain a dim this way."""
+    out: dict[str, TensorType] = {}
+    for p in protos:
+        if p.op_type != "Slice" or p.domain not in ("", "ai.onnx") or len(p.input) < 3 or not p.output:
+            continue
+        src, have = graph.type_of(p.input[0]), graph.type_of(p.output[0])
+        if src is None or src.shape is None:
+            continue
+        rank = len(src.shape)
+        if len(p.input) > 3 and p.input[3]:
+            axes = _const(graph, p.input[3])
+        else:
+            starts = graph.const_value(p.input[1]) if p.input[1] else None
+            t = graph.type_of(p.input[1])
+            n = starts.size if starts is not None else (t.shape[0] if t is not None and t.shape else None)
+            axes = list(range(n)) if isinstance(n, int) else None
+        if axes is None or not all(-rank <= a < rank for a in axes):
+            continue
+        sliced = {a % rank for a in axes}
+        old = have.shape if have is not None and have.shape is not None and len(have.shape) == rank else (None,) * rank
+        dims = tuple(src.shape[i] if i not in sliced else old[i] for i in range(rank))
+        if dims != old:
+            out[p.output[0]] = TensorType(src.elem_type, dims)
     return out
