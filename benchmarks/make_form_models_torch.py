@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Optional: tiny random HF BERT and GPT-2 exported with the TorchScript exporter (``dynamo=False``) at opset 11
-and 14, the forms Hugging Face Optimum users get. Needs ``pip install torch==2.13.0 'transformers>=5,<6'``.
+and 14, the forms Hugging Face Optimum users get; and timm's Conv2dSame (run-time 'same' padding on a static
+input) at opset 13 and 17. Needs ``pip install torch==2.13.0 'transformers>=5,<6'``.
 
 Usage::
 
@@ -81,9 +82,63 @@ def export_all(out: Path) -> dict[str, dict]:
     return res
 
 
+def export_same_pad(out: Path) -> dict[str, dict]:
+    """timm's Conv2dSame (EfficientNet-B0 ported from TensorFlow): 'same' padding computed from x.shape at run time
+    (ceil(ih / s), the clamp at 0, the halves; Shape/Gather/.../Concat/Pad after export), five such convolutions,
+    exported with a static input shape at opset 13 and 17: every padding is a constant in fact."""
+    import torch
+    import torch.nn.functional as F
+
+    def same_padding(x, k, s, d):   # timm.layers.padding.get_same_padding, the branch tracing takes
+        return torch.clamp(((x / s).ceil() - 1) * s + (k - 1) * d + 1 - x, min=0)
+
+    class Conv2dSame(torch.nn.Conv2d):   # timm.layers.conv2d_same.Conv2dSame with pad_same
+        def forward(self, x):
+            ih, iw = x.size()[-2:]
+            ph = same_padding(ih, self.kernel_size[0], self.stride[0], self.dilation[0])
+            pw = same_padding(iw, self.kernel_size[1], self.stride[1], self.dilation[1])
+            x = F.pad(x, (pw // 2, pw - pw // 2, ph // 2, ph - ph // 2))
+            return F.conv2d(x, self.weight, self.bias, self.stride, (0, 0), self.dilation, self.groups)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = Conv2dSame(3, 16, 3, stride=2)
+            self.dw1 = Conv2dSame(16, 16, 3, groups=16)
+            self.pw1 = torch.nn.Conv2d(16, 24, 1)
+            self.dw2 = Conv2dSame(24, 24, 5, stride=2, groups=24)
+            self.dw3 = Conv2dSame(24, 24, 3, stride=2, groups=24)
+            self.dw4 = Conv2dSame(24, 24, 5, groups=24)
+
+        def forward(self, x):
+            x = torch.nn.functional.silu(self.stem(x))
+            x = self.pw1(torch.nn.functional.silu(self.dw1(x)))
+            x = torch.nn.functional.silu(self.dw2(x))
+            return self.dw4(torch.nn.functional.silu(self.dw3(x)))
+
+    res: dict[str, dict] = {}
+    torch.manual_seed(0)
+    net = Net().eval()
+    x = torch.randn(1, 3, 65, 65)
+    for opset in (13, 17):
+        name = f"same_pad_ts{opset}"
+        path = out / f"{name}.onnx"
+        try:
+            _export(net, (x,), ["pixel_values"], ["features"], None, path, opset)
+        except Exception as exc:  # noqa: BLE001 - reported, left out
+            print(f"{name}: export failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+            continue
+        res[name] = {"file": path.name, "form": f"timm Conv2dSame: run-time TF 'same' padding, static input, "
+                     f"TorchScript opset {opset}", "family": "shape", "model_type": "bert", "num_heads": 0,
+                     "hidden_size": 0, "opset": opset, "bytes": path.stat().st_size}
+        print(f"{name:28} {path.stat().st_size / 1024:7.1f} KB")
+    return res
+
+
 def main() -> int:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/forms")
     res = export_all(out)
+    res.update(export_same_pad(out))
     manifest_path = out / "forms.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"models": {}}
     manifest["models"].update(res)

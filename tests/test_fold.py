@@ -41,6 +41,59 @@ def test_shape_arithmetic_on_static_dims_folds_and_symbolic_dims_stay(tmp_path):
     np.testing.assert_array_equal(ort_run(got, {"x": x})[0], x.reshape(3, 24))
 
 
+def _conv2d_same(h, w):
+    """timm's Conv2dSame as TorchScript exports it (EfficientNet from TensorFlow): per spatial dim
+    pad = max((ceil(x / s) - 1) * s + (k - 1) + 1 - x, 0) computed from Shape(x) in float (Div, Ceil), halves by
+    integer division, Concat into Pad's pads, then a Conv without padding (k 3, stride 2)."""
+    T = onnx.TensorProto
+    c = {"one_f": np.array(1.0, np.float32), "s_f": np.array(2.0, np.float32), "kd_f": np.array(3.0, np.float32),
+         "zero_f": np.array(0.0, np.float32), "two": np.array(2, np.int64), "z2": np.zeros(2, np.int64),
+         "ax0": np.array([0], np.int64), "val": np.array(0.0, np.float32),
+         "w": np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)}
+    nodes = [oh.make_node("Shape", ["x"], ["shp"], name="shape")]
+    halves, rests = [], []
+    for i, d in ((2, "h"), (3, "w")):
+        c[f"i{d}"] = np.array(i, np.int64)
+        nodes += [oh.make_node("Gather", ["shp", f"i{d}"], [f"{d}0"], axis=0, name=f"{d}_dim"),
+                  oh.make_node("Cast", [f"{d}0"], [f"{d}f"], to=T.FLOAT, name=f"{d}_float"),
+                  oh.make_node("Div", [f"{d}f", "s_f"], [f"{d}q"], name=f"{d}_div"),
+                  oh.make_node("Ceil", [f"{d}q"], [f"{d}c"], name=f"{d}_ceil"),
+                  oh.make_node("Sub", [f"{d}c", "one_f"], [f"{d}c1"], name=f"{d}_sub1"),
+                  oh.make_node("Mul", [f"{d}c1", "s_f"], [f"{d}m"], name=f"{d}_mul"),
+                  oh.make_node("Add", [f"{d}m", "kd_f"], [f"{d}a"], name=f"{d}_add"),
+                  oh.make_node("Sub", [f"{d}a", f"{d}f"], [f"{d}p"], name=f"{d}_sub"),
+                  oh.make_node("Max", [f"{d}p", "zero_f"], [f"{d}pm"], name=f"{d}_max"),
+                  oh.make_node("Cast", [f"{d}pm"], [f"{d}pi"], to=T.INT64, name=f"{d}_int"),
+                  oh.make_node("Div", [f"{d}pi", "two"], [f"{d}half"], name=f"{d}_half"),
+                  oh.make_node("Sub", [f"{d}pi", f"{d}half"], [f"{d}rest"], name=f"{d}_rest"),
+                  oh.make_node("Unsqueeze", [f"{d}half", "ax0"], [f"{d}h1"], name=f"{d}_uh"),
+                  oh.make_node("Unsqueeze", [f"{d}rest", "ax0"], [f"{d}r1"], name=f"{d}_ur")]
+        halves.append(f"{d}h1")
+        rests.append(f"{d}r1")
+    nodes += [oh.make_node("Concat", ["z2", *halves, "z2", *rests], ["pads"], axis=0, name="pads"),
+              oh.make_node("Pad", ["x", "pads", "val"], ["xp"], mode="constant", name="pad"),
+              oh.make_node("Conv", ["xp", "w"], ["y"], strides=[2, 2], name="conv")]
+    return make_model(nodes, [("x", [1, 3, h, w])], [("y", None)], c, opset=13)
+
+
+def test_run_time_same_padding_folds_on_static_dims_and_stays_on_dynamic_ones(tmp_path):
+    """EfficientNet's Conv2dSame computes TF 'same' padding from x.shape at run time: on a static input every
+    step folds and the Pad reads constant pads ([0, 0, 1, 0, 0, 0, 1, 1] at 17 x 18: 2 rows, 1 column); with
+    dynamic height and width the chain stays and is right at other sizes."""
+    r, got = _run(tmp_path, _conv2d_same(17, 18))
+    assert sorted(op_types(got)) == ["Constant", "Conv", "Pad"], op_types(got)
+    pads = next(n for n in got.graph.node if n.op_type == "Constant")
+    assert onnx.numpy_helper.to_array(pads.attribute[0].t).tolist() == [0, 0, 1, 0, 0, 0, 1, 1]
+    x = np.random.default_rng(1).standard_normal((1, 3, 17, 18)).astype(np.float32)
+    np.testing.assert_allclose(ort_run(got, {"x": x})[0], ort_run(_conv2d_same(17, 18), {"x": x})[0], rtol=1e-6)
+    dyn = _conv2d_same("h", "w")
+    r, got = _run(tmp_path, dyn)
+    assert {"Shape", "Ceil", "Pad"} <= set(op_types(got)) and r.cleanups.get("constant-fold", 0) == 0
+    for hw in ((17, 18), (20, 7)):
+        x = np.random.default_rng(2).standard_normal((1, 3, *hw)).astype(np.float32)
+        np.testing.assert_allclose(ort_run(got, {"x": x})[0], ort_run(dyn, {"x": x})[0], rtol=1e-6)
+
+
 def _if_model(cond_value: bool, nested: bool = False):
     """y = If(c) then Add(x, one) else Identity(x)."""
     then_nodes = [oh.make_node("Add", ["x", "one"], ["t_out"], name="t_add")]

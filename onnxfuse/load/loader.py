@@ -16,6 +16,7 @@ from ..tensors import all_tensors, external_info, iter_nodes, type_from_proto
 from .lazy import lazy_weights
 from .ort_check import file_key, ort_probe
 from .repair import repair_model, unrepairable
+from .shape_values import slice_types
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ def load_model(path: str) -> tuple[Model, LoadInfo]:
     model.names.update(n.name for n in iter_nodes(proto.graph))  # node names given by a repair stay unique
     if inferred is not None:
         merge_types(model.graph, inferred.graph)
+    model.graph.types.update(slice_types(model.graph, [n.proto for n in model.graph.nodes]))
     return model, LoadInfo(path, size, ext_bytes > 0, ext_bytes, tuple(fixed.done), tuple(fixed.notes), lazy)
 
 

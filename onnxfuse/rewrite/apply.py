@@ -10,10 +10,12 @@ import onnx
 from onnx import numpy_helper
 
 from ..ir import Graph, Node
+from ..load.shape_values import reshape_types, slice_types
 from ..match.matcher import ABSENT, SHAPE_ARITHMETIC, Binding
 from ..opschema import MS_DOMAIN, AttrSpec, attr_value, op_spec
 from ..patterns.compute import VALUE_FIELDS, ComputeError, Env, evaluate
 from ..patterns.rules import RewriteNode, Rule
+from ..tensors import TensorType, type_from_proto
 
 _A = onnx.AttributeProto
 
@@ -231,19 +233,29 @@ def _infer_temp_types(graph: Graph, protos: list[onnx.NodeProto], temps: set[str
             inits.append(numpy_helper.from_array(np.asarray(value), name))
         else:
             inputs.append(onnx.helper.make_tensor_value_info(name, t.elem_type, list(t.shape)))
-    g = onnx.helper.make_graph(list(protos), "temps", inputs, [], inits)
     opsets = [onnx.helper.make_opsetid(d or "", v) for d, v in graph.model.opsets.items()]
-    try:
-        inferred = onnx.shape_inference.infer_shapes(onnx.helper.make_model(g, opset_imports=opsets))
-    except Exception:  # noqa: BLE001 - best effort: the values just stay untyped
-        return
-    from ..tensors import type_from_proto
 
-    for vi in inferred.graph.value_info:
-        if vi.name in temps:
-            t = type_from_proto(vi.type)
-            if t is not None:
-                graph.types[vi.name] = t
+    found: dict[str, TensorType] = {}
+    fixed: dict[str, TensorType] = {}
+    for _ in range(2):
+        shaped = [onnx.helper.make_tensor_value_info(n, t.elem_type, list(t.shape)) for n, t in fixed.items()
+                  if t.shape is not None]
+        g = onnx.helper.make_graph(list(protos), "temps", inputs, [], inits, value_info=shaped)
+        try:
+            inferred = onnx.shape_inference.infer_shapes(onnx.helper.make_model(g, opset_imports=opsets))
+        except Exception:  # noqa: BLE001 - best effort: the values just stay untyped
+            break
+        found = {vi.name: t for vi in inferred.graph.value_info
+                 if vi.name in temps and (t := type_from_proto(vi.type)) is not None}
+        # Reshape targets computed from dims (Shape -> Slice -> Concat): the dims they name, which Reshape-13's
+        # inference leaves unknown; a second inference gives them to what reads the Reshape
+        more = reshape_types(graph, protos, found)
+        if not more or more == fixed:
+            break
+        fixed = more
+    found.update(fixed)
+    graph.types.update((n, t) for n, t in found.items() if n in temps)
+    graph.types.update((n, t) for n, t in slice_types(graph, protos).items() if n in temps)
 
 
 def alias_value(graph: Graph, old: str, new: str, seq: tuple[int, ...], prefix: str, rule_id: str) -> Node | None:

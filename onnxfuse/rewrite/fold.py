@@ -17,6 +17,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..ir import Graph, Model, Node, export_node
+from ..load.shape_values import slice_types
 from .apply import Application, alias_value, drop_dead_producers
 
 FOLD_MAX_ELEMENTS = 1 << 16
@@ -83,7 +84,10 @@ def _retype(model: Model) -> bool:
     inferred = infer_types(model.export())
     if inferred is None:
         return False
-    return _merge_better_types(model.graph, inferred.graph)
+    gained = _merge_better_types(model.graph, inferred.graph)
+    sliced = slice_types(model.graph, [n.proto for n in model.graph.live_nodes()])
+    model.graph.types.update(sliced)
+    return gained or bool(sliced)
 
 
 def _static_dims(t: object) -> int:

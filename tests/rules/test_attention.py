@@ -772,10 +772,15 @@ def test_softmax_axis_3_is_the_last_axis():
 P = 16  # the buffer's max positions
 
 
-def _causal(tril=None, neg=-10000.0, row_start="t-s", merge=False, squeezed_end=False, opset=13, k_0231=False):
+def _causal(tril=None, neg=-10000.0, row_start="t-s", merge=False, squeezed_end=False, opset=13, k_0231=False,
+            s="s", pad=False, cache_t=False):
     """Scores Div(MatMul(q, kt), 4), mask tril[:, :, T-S:T, :T] (S, T from Shape of the scores, Slice+Squeeze
     as older torch exporters write w.size(-2)), Where(mask, scores, neg), Softmax, ·v. q [b, N, s, D],
-    kt [b, N, D, t] (k transposed when `merge`: then a head merge follows, for attention-heads-split)."""
+    kt [b, N, D, t] (k transposed when `merge`: then a head merge follows, for attention-heads-split); `s` the
+    query length (a number: a decoder exported for one new token). `pad`: a padding mask [b, 1, 1, t] (input
+    "pad") added after the Where. `cache_t` (with merge and k_0231): past keys [b, N, p, D] (input "pk")
+    transposed [0, 1, 3, 2] and concatenated with the new ones on the last axis (GPT-2's key cache layout); the
+    present key (that concatenation transposed back) is a second output."""
     tril = np.tril(np.ones((1, 1, P, P))).astype(np.uint8) if tril is None else tril
     inits = {"tril": tril, "neg": np.array(neg, np.float32), "cd": np.array(4.0, np.float32),
              "m2": _i64(-2), "m1": _i64(-1), "big": _i64(2**62), "ax0": _i64(0), "z": _i64(0), "ax2": _i64(2),
@@ -783,7 +788,11 @@ def _causal(tril=None, neg=-10000.0, row_start="t-s", merge=False, squeezed_end=
     nodes = []
     if merge:
         perm = [0, 2, 3, 1] if k_0231 else [0, 1, 3, 2]   # k [b, t, N, D] (GPT-2's k.permute(0, 2, 3, 1)) or heads
-        nodes.append(oh.make_node("Transpose", ["k"], ["kt"], perm=perm, name="kt"))
+        nodes.append(oh.make_node("Transpose", ["k"], ["kn" if cache_t else "kt"], perm=perm, name="kt"))
+        if cache_t:
+            nodes += [oh.make_node("Transpose", ["pk"], ["pkt"], perm=[0, 1, 3, 2], name="pkt"),
+                      oh.make_node("Concat", ["pkt", "kn"], ["kt"], axis=-1, name="kcat"),
+                      oh.make_node("Transpose", ["kt"], ["present"], perm=[0, 1, 3, 2], name="present")]
     nodes += [oh.make_node("MatMul", ["q", "kt"], ["mm"], name="qk"),
               oh.make_node("Div", ["mm", "cd"], ["w"], name="scale"),
               oh.make_node("Shape", ["w"], ["shp"], name="shape"),
@@ -801,26 +810,39 @@ def _causal(tril=None, neg=-10000.0, row_start="t-s", merge=False, squeezed_end=
     nodes += [oh.make_node("Slice", ["tril", start, end, "ax2", "one"], ["b1"], name="rows"),
               oh.make_node("Slice", ["b1", "z", end, "ax3", "one"], ["b2"], name="cols"),
               oh.make_node("Cast", ["b2"], ["bb"], to=TensorProto.BOOL, name="cast"),
-              oh.make_node("Where", ["bb", "w", "neg"], ["wm"], name="where"),
-              oh.make_node("Softmax", ["wm"], ["p"], axis=-1, name="softmax"),
+              oh.make_node("Where", ["bb", "w", "neg"], ["wm"], name="where")]
+    if pad:
+        nodes.append(oh.make_node("Add", ["wm", "pad"], ["wp"], name="pad_add"))
+    nodes += [oh.make_node("Softmax", ["wp" if pad else "wm"], ["p"], axis=-1, name="softmax"),
               oh.make_node("MatMul", ["p", "v"], ["o" if merge else "y"], name="pv")]
     if merge:
         nodes += [oh.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3], name="merge_t"),
                   oh.make_node("Reshape", ["ot", "os"], ["y"], name="merge")]
-        ins = [("q", ["b", N, "s", D]), ("k", ["b", "t", N, D] if k_0231 else ["b", N, "t", D]),
+        ins = [("q", ["b", N, s, D]), ("k", ["b", s if cache_t else "t", N, D] if k_0231 else ["b", N, "t", D]),
                ("v", ["b", N, "t", D])]
-        outs = [("y", ["b", "s", H])]
+        outs = [("y", ["b", s, H])]
+        if cache_t:
+            ins.append(("pk", ["b", N, "p", D]))
+            outs.append(("present", ["b", N, "t", D]))
     else:
-        ins = [("q", ["b", N, "s", D]), ("kt", ["b", N, D, "t"]), ("v", ["b", N, "t", D])]
-        outs = [("y", ["b", N, "s", D])]
+        ins = [("q", ["b", N, s, D]), ("kt", ["b", N, D, "t"]), ("v", ["b", N, "t", D])]
+        outs = [("y", ["b", N, s, D])]
+    if pad:
+        ins.append(("pad", ["b", 1, 1, "t"]))
     return make_model(nodes, ins, outs, inits, opset=opset)
 
 
 def _causal_feeds(m, s, t):
-    return rand_feeds(m, dims={"b": 2, "s": s, "t": t}, seed=s * 31 + t)
+    feeds = rand_feeds(m, dims={"b": 2, "s": s, "t": t, "p": t - s}, seed=s * 31 + t)
+    if "pad" in feeds:   # HF's (1 - mask) * -10000, the first sequence left-padded (its column 0 masked too)
+        keep = np.ones((2, t), np.float32)
+        keep[0, :2] = 0
+        feeds["pad"] = ((1.0 - keep) * -10000.0).reshape(2, 1, 1, t)
+    return feeds
 
 
-CAUSAL_OPS = ["MatMul", "Div", "Shape", "Slice", "Shape", "Slice", "Sub", "Slice", "Slice", "Add", "Softmax", "MatMul"]
+CAUSAL_OPS = ["MatMul", "Div", "Shape", "Slice", "Shape", "Slice", "Sub", "Slice", "Slice", "Concat", "Reshape", "Add",
+              "Softmax", "MatMul"]
 
 
 @pytest.mark.parametrize("neg", [-10000.0, float(np.finfo(np.float32).min)])
@@ -834,6 +856,13 @@ def test_attention_causal_tril_fires(neg, s, t, squeezed_end):
     bias = next(numpy_helper.to_array(i) for i in got.graph.initializer if i.name.endswith("/BIAS"))
     assert bias.shape == (1, 1, P, P) and bias.dtype == np.float32
     np.testing.assert_array_equal(bias[0, 0], np.where(np.tril(np.ones((P, P))) > 0, 0.0, np.float32(neg)))
+
+
+def test_attention_causal_tril_leaves_a_padding_mask_after_the_where():
+    """HF GPT-2 with attention_mask adds the padding mask after the causal Where. Left padding then masks every
+    column of a padded query row; the original spreads that row's weights by NEG + PAD (the scores do not
+    matter there), an additive causal bias would make them follow the scores: not taken."""
+    check_misses(_causal(squeezed_end=True, pad=True), "attention-causal-tril", "found Add, expected Where")
 
 
 def test_attention_causal_tril_neg_values_agree_after_softmax():
@@ -857,6 +886,23 @@ def test_attention_causal_tril_then_heads_split():
         np.testing.assert_allclose(have[0], want[0], rtol=1e-5, atol=1e-5)
 
 
+def test_attention_causal_tril_mask_has_the_dims_it_is_made_of():
+    """The additive mask's Slice bounds are run-time values, so shape inference gives its Slices fresh dims
+    (unk__N), which no rule can match to the scores' dims; the Reshape to [1, 1, S, T] it ends with (S, T read
+    from the query and value shapes) names them, and what reads the mask gets them too. With the query length a
+    number (one new token) the attention rule needs s = 1 of the mask, which a fresh symbol never equals. (The
+    masked scores' type is recorded as TorchScript exports record it: inferred, its dim 2 would be the
+    broadcast of 1 with the buffer slice's unknown rows.)"""
+    m = _causal(merge=True, squeezed_end=True, s=1)
+    m.graph.value_info.append(oh.make_tensor_value_info("wm", TensorProto.FLOAT, ["b", N, 1, "t"]))
+    r, got = fuse(m, "attention-causal-tril", "attention-heads-split")
+    assert r.fired == {"attention-causal-tril": 1, "attention-heads-split": 1}, r.fired
+    assert "MultiHeadAttention" in [n.op_type for n in got.graph.node]
+    for t in (1, 9):
+        feeds = _causal_feeds(m, 1, t)
+        np.testing.assert_allclose(ort_run(got, feeds)[0], ort_run(m, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("kw", [
     {"tril": np.triu(np.ones((1, 1, P, P))).astype(np.uint8)},          # not lower-triangular
     {"tril": np.tril(np.ones((1, 1, P, P)), 1).astype(np.uint8)},       # one diagonal too many
@@ -869,7 +915,8 @@ def test_attention_causal_tril_near_misses(kw):
 
 
 def _key_split(perm=(0, 2, 3, 1), sliced_mask=True):
-    """Div(MatMul(q, Transpose(k, perm)), 4) + a mask: Slice(Slice(bias)) of a constant, or an input."""
+    """Div(MatMul(q, Transpose(k, perm)), 4) + a mask: Reshape(Slice(Slice(bias))) of a constant (the form
+    attention-causal-tril writes), or an input."""
     k_shape = {(0, 2, 3, 1): [B, S, N, D], (0, 2, 1, 3): [B, D, N, S]}[tuple(perm)]
     nodes = [oh.make_node("Transpose", ["k"], ["kt"], perm=list(perm), name="kt"),
              oh.make_node("MatMul", ["q", "kt"], ["mm"], name="qk"),
@@ -878,9 +925,10 @@ def _key_split(perm=(0, 2, 3, 1), sliced_mask=True):
     ins = [("q", [B, N, S, D]), ("k", k_shape)]
     if sliced_mask:
         bias = np.where(np.tril(np.ones((1, 1, P, P))) > 0, 0.0, -10000.0).astype(np.float32)
-        inits.update(bias=bias, en=_i64(S), ax2=_i64(2), ax3=_i64(3), z=_i64(0))
+        inits.update(bias=bias, en=_i64(S), ax2=_i64(2), ax3=_i64(3), z=_i64(0), ms=_i64(1, 1, S, S))
         nodes += [oh.make_node("Slice", ["bias", "z", "en", "ax2"], ["r"], name="rows"),
-                  oh.make_node("Slice", ["r", "z", "en", "ax3"], ["mask"], name="cols")]
+                  oh.make_node("Slice", ["r", "z", "en", "ax3"], ["c"], name="cols"),
+                  oh.make_node("Reshape", ["c", "ms"], ["mask"], name="mask")]
     else:
         ins.append(("mask", [1, 1, S, S]))
     nodes.append(oh.make_node("Add", ["sc", "mask"], ["y"], name="add"))
@@ -889,9 +937,48 @@ def _key_split(perm=(0, 2, 3, 1), sliced_mask=True):
 
 def test_attention_key_transpose_split_fires():
     got = check_fires(_key_split(), "attention-key-transpose-split",
-                      ["Slice", "Slice", "Transpose", "Transpose", "MatMul", "Div", "Add"], fold=False)
+                      ["Slice", "Slice", "Reshape", "Transpose", "Transpose", "MatMul", "Div", "Add"], fold=False)
     assert [_attrs(n).get("perm") for n in got.graph.node if n.op_type == "Transpose"] == [[0, 2, 1, 3],
                                                                                           [0, 1, 3, 2]]
+
+
+def test_gpt2_key_cache_transposed_then_heads_split():
+    """GPT-2 with past as older HF exports it: the past keys transposed [0, 1, 3, 2] and concatenated with the new
+    keys permuted [0, 2, 3, 1] on the last axis, the present key that concatenation transposed back.
+    attention-key-cache-transposed makes the present key the concatenated heads and the scores' keys their
+    transpose; attention-heads-split then takes the block."""
+    m = _causal(merge=True, squeezed_end=True, k_0231=True, cache_t=True)
+    ids = ("attention-causal-tril", "attention-key-cache-transposed", "attention-heads-split")
+    r, got = fuse(m, *ids)
+    assert r.fired == dict.fromkeys(ids, 1), r.fired
+    assert "MultiHeadAttention" in [n.op_type for n in got.graph.node]
+    assert [n.op_type for n in got.graph.node].count("Transpose") == 2   # new key heads, query: none on present
+    for s, t in [(4, 10), (1, 7)]:
+        feeds = _causal_feeds(m, s, t)
+        for have, want in zip(ort_run(got, feeds), ort_run(m, feeds), strict=True):
+            np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-5)
+
+
+def _key_cache(axis=-1, past_perm=(0, 1, 3, 2)):
+    nodes = [oh.make_node("Transpose", ["pk"], ["a"], perm=list(past_perm), name="pkt"),
+             oh.make_node("Transpose", ["k"], ["c"], perm=[0, 2, 3, 1], name="kt"),
+             oh.make_node("Concat", ["a", "c"], ["kt"], axis=axis, name="cat"),
+             oh.make_node("Transpose", ["kt"], ["y"], perm=[0, 1, 3, 2], name="present")]
+    return make_model(nodes, [("pk", [B, N, S, D] if past_perm == (0, 1, 3, 2) else [B, D, S, N]),
+                              ("k", [B, S, N, D])], [("y", None), ("kt", None)])
+
+
+def test_attention_key_cache_transposed_fires():
+    for axis in (-1, 3):
+        got = check_fires(_key_cache(axis), "attention-key-cache-transposed", ["Transpose", "Concat", "Transpose"])
+    assert [_attrs(n) for n in got.graph.node] == [{"perm": [0, 2, 1, 3]}, {"axis": 2}, {"perm": [0, 1, 3, 2]}]
+    assert list(got.graph.node[1].input) == ["pk", got.graph.node[0].output[0]] and got.graph.node[1].output == ["y"]
+    assert list(got.graph.node[2].input) == ["y"] and got.graph.node[2].output == ["kt"]
+
+
+@pytest.mark.parametrize("kw", [{"axis": 2}, {"past_perm": (0, 3, 1, 2)}])   # another axis; another past layout
+def test_attention_key_cache_transposed_near_misses(kw):
+    check_misses(_key_cache(**kw), "attention-key-cache-transposed")
 
 
 @pytest.mark.parametrize("kw", [{"perm": (0, 2, 1, 3)}, {"sliced_mask": False}])   # another perm; a mask input

@@ -292,3 +292,30 @@ def test_conv_nhwc_near_misses():
     m1 = make_model([oh.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1], name="conv")], [("x", [1, 4, 8])],
                     [("y", [1, 6, 8])], {"w": w1})
     check_misses(m1, "conv-nhwc", "X has rank 3, rule allows 4", target="cuda")
+
+
+# ----- pad-conv ------------------------------------------------------------------------------------------------
+def _pad_conv(pads=(0, 0, 1, 0, 0, 0, 1, 1), value=0.0, mode="constant", conv_pads=(1, 1, 0, 0), auto_pad=None):
+    """x [1, 4, 9, 8] -> Pad(pads, value, mode) -> Conv(w, b, stride 2, pads conv_pads)."""
+    conv_attrs = {"auto_pad": auto_pad} if auto_pad else {"pads": list(conv_pads)}
+    nodes = [oh.make_node("Pad", ["x", "pads", "v"], ["xp"], mode=mode, name="pad"),
+             oh.make_node("Conv", ["xp", "w", "b"], ["y"], strides=[2, 2], name="conv", **conv_attrs)]
+    inits = {"pads": np.array(pads, np.int64), "v": np.array(value, np.float32), "w": W, "b": B}
+    return make_model(nodes, [("x", [1, 4, 9, 8])], [("y", None)], inits, opset=17)
+
+
+def test_pad_conv_fires():
+    """The Pad's begin / end amounts (rows 1 / 1, columns 0 / 1) join the Conv's own pads (1, 1, 0, 0)."""
+    got = check_fires(_pad_conv(), "pad-conv", ["Conv"])
+    assert _attrs(got.graph.node[0]) == {"pads": [2, 1, 1, 1], "strides": [2, 2]}
+    assert list(got.graph.node[0].input) == ["x", "w", "b"]
+
+
+@pytest.mark.parametrize("kw", [
+    {"value": 1.0},                                  # not zeros
+    {"mode": "reflect"},                             # not constant padding
+    {"pads": (1, 0, 1, 0, 0, 0, 1, 1)},              # pads the batch
+    {"auto_pad": "SAME_UPPER"},                      # the Conv pads by its own rule
+])
+def test_pad_conv_near_misses(kw):
+    check_misses(_pad_conv(**kw), "pad-conv")

@@ -3,11 +3,12 @@ Div or Reciprocal), RMSNorm (opset 23), residual Add + RMSNorm / LayerNorm -> Sk
 embeddings -> EmbedLayerNormalization."""
 
 import numpy as np
+import onnx
 import onnx.helper as oh
 import pytest
 from onnx import TensorProto, numpy_helper
 
-from .conftest import assert_same, check_fires, check_misses, fuse, make_model, op_types, rand_feeds
+from .conftest import assert_same, check_fires, check_misses, fuse, make_model, op_types, rand_feeds, save
 
 RNG = np.random.default_rng(0)
 K = 8
@@ -261,8 +262,9 @@ def test_skip_layernorm_bias_needs_a_constant_bias():
 
 
 def _embeddings(pbuf=None, start=0, rank1_buffer=False, axes=True, steps=True, ids_type=TensorProto.INT64,
-                pos_rows=16):
-    """HF BERT embeddings as exported: word[ids] + token_type[tt] + position[buffer[:, 0:s]], LayerNorm."""
+                pos_rows=16, order="wsp"):
+    """HF BERT embeddings as exported: word[ids] + token_type[tt] + position[buffer[:, 0:s]], LayerNorm (`order`
+    "wps": the position added first, then the token type)."""
     h = 8
     pbuf = np.arange(16, dtype=np.int64) if pbuf is None else np.asarray(pbuf, np.int64)
     if not rank1_buffer:
@@ -274,9 +276,9 @@ def _embeddings(pbuf=None, start=0, rank1_buffer=False, axes=True, steps=True, i
                           + (["steps"] if steps else []), ["pid"], name="pos_slice"),
              oh.make_node("Gather", ["word", "ids"], ["we"], axis=0, name="word"),
              oh.make_node("Gather", ["seg", "tt"], ["te"], axis=0, name="token_type"),
-             oh.make_node("Add", ["we", "te"], ["e1"], name="add1"),
+             oh.make_node("Add", ["we", "te" if order == "wsp" else "pe"], ["e1"], name="add1"),
              oh.make_node("Gather", ["pos", "pid"], ["pe"], axis=0, name="position"),
-             oh.make_node("Add", ["e1", "pe"], ["e"], name="add2"),
+             oh.make_node("Add", ["e1", "pe" if order == "wsp" else "te"], ["e"], name="add2"),
              oh.make_node("LayerNormalization", ["e", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-12, name="ln")]
     inits = {"one": np.array(1, np.int64), "zero_ax": np.array([0], np.int64), "pbuf": pbuf,
              "start": np.array([start], np.int64), "axes": np.array([pbuf.ndim - 1], np.int64),
@@ -305,6 +307,28 @@ def test_embed_layernorm_fires(kw):
                       feeds=_embed_feeds(m, dtype), rtol=1e-4, atol=1e-4)
     emb = got.graph.node[2]
     assert list(emb.input)[2:] == ["word", "pos", "seg", "gamma", "beta"]
+
+
+@pytest.mark.parametrize("order", ["wsp", "wps"])
+def test_embed_layernorm_either_add_order(order, tmp_path):
+    """(word + position) + token type fuses as (word + token type) + position does. ONNX's shape inference
+    gives the position ids (a Slice of the [1, 16] buffer with a run-time end) invented dims on both axes, which a
+    rule's [b, s] would take for the batch; the axis the Slice does not slice keeps the buffer's 1, so the
+    segment Gather cannot be bound to the position one (its ids must have input_ids' shape) and the kernel gets
+    each table in its place. Through optimize with validation: nothing rolled back."""
+    from onnxfuse import OptimizeOptions, optimize
+
+    m = _embeddings(order=order)
+    ops = [n.op_type for n in m.graph.node]
+    order_of = [n.input[1] for n in m.graph.node if n.op_type == "Add"]
+    assert order_of == (["te", "pe"] if order == "wsp" else ["pe", "te"]) and ops.count("Add") == 2
+    r = optimize(save(m, tmp_path / "m.onnx"), tmp_path / "o.onnx", OptimizeOptions(measure=False))
+    assert r.validation == "passed" and r.fired.get("embed-layernorm") == 1, (r.validation, r.fired)
+    got = onnx.load(str(tmp_path / "o.onnx"))
+    (emb,) = [n for n in got.graph.node if n.op_type == "EmbedLayerNormalization"]
+    casts = {n.output[0]: n.input[0] for n in got.graph.node if n.op_type == "Cast"}
+    assert [casts.get(i, i) for i in emb.input[:5]] == ["ids", "tt", "word", "pos", "seg"]
+    assert_same(m, got, _embed_feeds(m), 1e-4, 1e-4)
 
 
 def test_embed_layernorm_near_miss_permuted_buffer():
