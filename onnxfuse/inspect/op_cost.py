@@ -42,7 +42,8 @@ LOOKUP_WEIGHT_OPS = MATMUL_OPS | GEMM_OPS | {"Attention"}  # whole I/O, and weig
 WHOLE_IO_OPS = {
     "Abs", "Add", "Sub", "Mul", "Div", "Neg", "Sqrt", "Exp", "Erf", "Relu", "LeakyRelu", "Sigmoid", "Tanh",
     "HardSigmoid", "HardSwish", "Gelu", "BiasGelu", "FastGelu", "QuickGelu", "IsNaN", "Where", "Cast", "Expand",
-    "Concat", "Split", "Transpose", "Pad", "Resize", "ReduceMean", "ReduceSum", "Softmax", "LayerNormalization",
+    "Concat", "Split", "Transpose", "Pad", "Resize", "ReduceMean", "ReduceSum", "GlobalAveragePool", "Softmax",
+    "LayerNormalization",
     "BatchNormalization", "InstanceNormalization", "RMSNormalization", "SkipLayerNormalization",
     "SkipSimplifiedLayerNormalization", "Conv", "FusedConv", "NhwcConv", "MultiHeadAttention",
     "Range",  # reads three scalars, writes its output (rotary-embedding-batch: the position ids)

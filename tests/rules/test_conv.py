@@ -319,3 +319,41 @@ def test_pad_conv_fires():
 ])
 def test_pad_conv_near_misses(kw):
     check_misses(_pad_conv(**kw), "pad-conv")
+
+
+# ----- pad-fusedconv-fold --------------------------------------------------------------------------------------
+def _pad_fusedconv(pads=(0, 0, 0, 1, 0, 0, 1, 2), conv_pads=None, value=None, mode=None, x_shape=(1, 8, 9, 9)):
+    rng = np.random.default_rng(0)
+    c = x_shape[1]
+    inits = {"pads": np.array(pads, np.int64), "w": rng.standard_normal((c, 1, 3, 3)).astype(np.float32),
+             "b": rng.standard_normal(c).astype(np.float32)}
+    pad_in = ["x", "pads"]
+    if value is not None:
+        inits["v"] = np.array(value, np.float32)
+        pad_in.append("v")
+    conv_kw = {"group": c, "strides": [2, 2], "activation": "Relu"}
+    if conv_pads is not None:
+        conv_kw["pads"] = list(conv_pads)
+    nodes = [oh.make_node("Pad", pad_in, ["p"], name="pad", **({"mode": mode} if mode else {})),
+             oh.make_node("FusedConv", ["p", "w", "b"], ["y"], domain="com.microsoft", name="conv", **conv_kw)]
+    m = make_model(nodes, [("x", list(x_shape))], [("y", None)], inits)
+    m.opset_import.append(oh.make_opsetid("com.microsoft", 1))
+    return m
+
+
+@pytest.mark.parametrize(("pads", "conv_pads", "want"),
+                         [((0, 0, 0, 1, 0, 0, 1, 2), None, [0, 1, 1, 2]),
+                          ((0, 0, 1, 1, 0, 0, 2, 2), (1, 0, 0, 1), [2, 1, 2, 3])], ids=str)
+def test_pad_fusedconv_fold_fires(pads, conv_pads, want):
+    got = check_fires(_pad_fusedconv(pads, conv_pads, value=0.0), "pad-fusedconv-fold", ["com.microsoft.FusedConv"])
+    node = got.graph.node[0]
+    assert list(node.input[:1]) == ["x"] and _attrs(node)["pads"] == want
+    assert _attrs(node)["activation"] == b"Relu" and _attrs(node)["group"] == 8
+
+
+def test_pad_fusedconv_fold_near_misses():
+    # a non-zero pad value, a reflect pad, or a pad of the channel axis cannot be a conv pad
+    check_misses(_pad_fusedconv(value=1.0), "pad-fusedconv-fold", None)
+    check_misses(_pad_fusedconv(mode="reflect"), "pad-fusedconv-fold", 'require failed: default(p.mode, "constant")')
+    check_misses(_pad_fusedconv(pads=(0, 1, 0, 1, 0, 0, 1, 2)), "pad-fusedconv-fold",
+                 "require failed: all(take(PADS")

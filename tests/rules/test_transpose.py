@@ -168,11 +168,50 @@ def test_transpose_below_commutative_const_either_side(op):
 
 
 @pytest.mark.parametrize("op", list(BINARY))
+@pytest.mark.parametrize("c_shape", [(3,), (2, 1), (2, 3)], ids=str)
+def test_transpose_below_binary_broadcast_const_fires(op, c_shape):
+    # tf2onnx's per-channel [C] after an NHWC Transpose: made full rank with leading 1s, then laid out
+    m = _with_const(op, c_shape)
+    got = check_fires(m, BINARY[op][1], [op, "Transpose"], feeds=rand_feeds(m, positive=True))
+    c = numpy_helper.to_array(m.graph.initializer[0])
+    want = c.reshape((1,) * (3 - c.ndim) + c.shape).transpose(np.argsort(P3))
+    np.testing.assert_array_equal(_inits(got)[got.graph.node[0].input[1]], want)
+
+
+@pytest.mark.parametrize("op", list(BINARY))
 def test_transpose_below_binary_const_near_misses(op):
-    # a constant broadcast along the last axis would need its own re-layout: not handled
-    check_misses(_with_const(op, (3,)), BINARY[op][1], None)
+    # a constant of higher rank than the Transpose's output would change the output rank
+    check_misses(_with_const(op, (1,) + tuple(T3)), BINARY[op][1], None)
     if op in ("Sub", "Div"):  # c - t, c / t: the Transpose is not the first operand
         check_misses(_with_const(op, T3, swap=True), BINARY[op][1], None)
+
+
+def _gated(act, perm=(0, 2, 3, 1), extra_reader=False):
+    kw = {"alpha": 0.25, "beta": 0.5} if act == "HardSigmoid" else {}
+    nodes = [oh.make_node("Transpose", ["a"], ["t"], perm=list(perm), name="tr"),
+             oh.make_node(act, ["t"], ["h"], name="act", **kw),
+             oh.make_node("Mul", ["t", "h"], ["y"], name="mul")]
+    outputs = [("y", None)]
+    if extra_reader:
+        _probe(nodes, outputs, "t")
+    return make_model(nodes, [("a", [1, 4, 3, 5])], outputs)
+
+
+GATED = {"HardSigmoid": "transpose-below-hardswish", "Sigmoid": "transpose-below-swish"}
+
+
+@pytest.mark.parametrize("act", list(GATED))
+def test_transpose_below_gated_activation_fires(act):
+    got = check_fires(_gated(act), GATED[act], [act, "Mul", "Transpose"])
+    assert list(got.graph.node[0].input) == ["a"]
+    assert _attrs(got.graph.node[2]) == {"perm": [0, 2, 3, 1]}
+    if act == "HardSigmoid":
+        assert _attrs(got.graph.node[0]) == {"alpha": 0.25, "beta": 0.5}
+
+
+@pytest.mark.parametrize("act", list(GATED))
+def test_transpose_below_gated_activation_near_miss(act):
+    check_misses(_gated(act, extra_reader=True), GATED[act], "consumer(s) outside the match")
 
 
 # ----- ops with axes -------------------------------------------------------------------------------------------
@@ -283,6 +322,28 @@ def test_transpose_below_reduce_near_misses(op):
 def test_transpose_below_reducemean_needs_axes_as_input():
     r, _ = fuse(_reduce("ReduceMean", opset=17), "transpose-below-reducemean")
     assert r.fired == {} and "outside the rule's range 18.." in r.skipped[0].reason
+
+
+@pytest.mark.parametrize(("axes", "mapped"), [((1,), [0]), ((-1,), [1]), ((0, 2), [2, 1])])
+def test_transpose_below_reducemean_attr_fires(axes, mapped):
+    got = check_fires(_reduce("ReduceMean", axes, opset=17), "transpose-below-reducemean-attr",
+                      ["ReduceMean", "Transpose"])
+    assert _attrs(got.graph.node[0]) == {"axes": mapped, "keepdims": 1}
+
+
+def test_transpose_below_reducemean_attr_keeps_a_transpose_others_read():
+    # tf2onnx's squeeze-excite: the scale Mul reads the Transpose too; it stays for that reader
+    m = _reduce("ReduceMean", (1, 2), opset=13)
+    m.graph.node.append(oh.make_node("Neg", ["t"], ["probe"], name="probe"))
+    m.graph.output.append(oh.make_tensor_value_info("probe", TensorProto.FLOAT, None))
+    check_fires(m, "transpose-below-reducemean-attr", ["Transpose", "ReduceMean", "Transpose", "Neg"])
+
+
+def test_transpose_below_reducemean_attr_near_misses():
+    check_misses(_reduce("ReduceMean", keepdims=0, opset=17), "transpose-below-reducemean-attr",
+                 "ReduceMean keepdims=0, rule needs 1")
+    r, _ = fuse(_reduce("ReduceMean", opset=18), "transpose-below-reducemean-attr")
+    assert r.fired == {} and "outside the rule's range" in r.skipped[0].reason
 
 
 def _split(n=2, axis=1, sizes=None, opset=13, num_outputs=False, first_read=False):
