@@ -63,3 +63,28 @@ def test_without_validation_nothing_is_observed(tmp_path):
     r = optimize(src, tmp_path / "o.onnx", OptimizeOptions(measure=False, validate=False))
     assert "SkipLayerNormalization" not in [n.op_type for n in onnx.load(str(tmp_path / "o.onnx")).graph.node]
     assert r.validation.startswith("skipped")
+
+
+def _strided_se() -> onnx.ModelProto:
+    """x [1, 16, h, w] -> com.microsoft.FusedConv stride 32 (onnx infers no shape past it) = c;
+    y = c * Sigmoid(GlobalAveragePool(c)): a squeeze-excitation product whose H, W follow x's by striding."""
+    c = {"w": (RNG.standard_normal((16, 16, 3, 3)) * 0.2).astype(np.float32)}
+    nodes = [oh.make_node("FusedConv", ["x", "w"], ["c"], domain="com.microsoft", strides=[32, 32], pads=[1, 1, 1, 1],
+                          activation="Relu"),
+             oh.make_node("GlobalAveragePool", ["c"], ["p"]), oh.make_node("Sigmoid", ["p"], ["g"]),
+             oh.make_node("Mul", ["c", "g"], ["y"])]
+    g = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, "h", "w"])],
+                      [oh.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                      [nh.from_array(v, k) for k, v in c.items()])
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("com.microsoft", 1)], ir_version=8)
+
+
+def test_a_dim_derived_by_striding_is_not_taken_as_fixed(tmp_path):
+    """224 and 223 both give 7 at stride 32: moving the inputs by one would make H, W look fixed, and a rule that
+    needs static H, W (se-gate-broadcast's constant scales) would write a model that fails at other sizes."""
+    src = save(_strided_se(), tmp_path / "m.onnx")
+    r = optimize(src, tmp_path / "o.onnx", OptimizeOptions(measure=False, only=["se-gate-broadcast"]))
+    assert r.fired == {}, r.fired
+    for hw in [(224, 224), (640, 320)]:
+        x = RNG.standard_normal((1, 16, *hw)).astype(np.float32)
+        assert ort_run(str(tmp_path / "o.onnx"), {"x": x})[0].shape == (1, 16, *((d - 1) // 32 + 1 for d in hw))

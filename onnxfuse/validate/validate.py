@@ -174,31 +174,38 @@ class Validator:
         """Types of main-graph values shape inference left without a shape (a Reshape target computed from Shape
         at opset 12, say), as the original computes them on the validation and timing inputs: the element type
         and rank; each dim that is the same in both runs is that number, and one that takes the values a dynamic
-        input dim takes is that dim (its name; another varying dim gets a name of its values). The second run moves
-        every dynamic input dim by one, so a rule sees what the model fixes, never a size of this run; where the
-        model refuses that run, the timing inputs are the second run, and a dim equal to a dynamic input dim's
-        value in both is taken to be that dim.
+        input dim takes is that dim (its name; another varying dim gets a name of its values). The second run
+        doubles every dynamic input dim (or, where the model refuses that, halves it), so a rule sees what the
+        model fixes, never a size of this run: a dim the model derives by striding (224 -> 7 at stride 32) moves
+        too, where a move by one (223 -> 7) would not show it. Where the model refuses both, the timing inputs
+        are the second run; a dim equal to a dynamic input dim's value in both is taken to be that dim, and, if
+        some dynamic input dim kept its size there, a dim the same in both runs is not taken as fixed.
         At most OBSERVE_MAX values, OBSERVE_CHUNK per run, and about OBSERVE_BUDGET_S seconds of runs (the values
         nearest the inputs first); {} when the original cannot be run so."""
         _ = self.runs  # settles the inputs and times the original's runs
-        runs_allowed = max(1, int(OBSERVE_BUDGET_S / max(self.run_s, 1e-3)) // 2)  # chunks of 2 runs each
+        # chunks of a run and a second run at up to twice each dim (up to 4x the work where two dims double)
+        runs_allowed = max(1, int(OBSERVE_BUDGET_S / max(self.run_s, 1e-3)) // 5)
         names = names[:min(OBSERVE_MAX, runs_allowed * OBSERVE_CHUNK)]
         if not names:
             return {}
         plan = self.runs[0].plan
-        # a second run with every dynamic dim moved by one shows what follows the inputs; where the model refuses
-        # that (dims tied: a multiple, past + new), the timing inputs (another batch) are the second run
-        moved = at_dims(self.proto, plan, lambda d: d.value - 1 if d.value > 1 else 2)
+        # a second run with every dynamic dim doubled (else halved) shows what follows the inputs; where the model
+        # refuses both (dims tied: past + new, a position table), the timing inputs (another batch) are the second
         feeds_sets = [plan.feeds]
         seen: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
         try:
             with self._with_outputs(proto, info, names) as sess:
-                try:
+                for move in (lambda d: 2 * d.value, lambda d: d.value // 2 if d.value > 1 else 2):
+                    moved = at_dims(self.proto, plan, move)
                     if moved is None:
-                        raise ValueError("no dims to move")
-                    sess.run(names[:1], moved)
+                        break
+                    try:
+                        sess.run(names[:1], moved)
+                    except Exception:  # noqa: BLE001
+                        continue
                     feeds_sets.append(moved)
-                except Exception:  # noqa: BLE001
+                    break
+                if len(feeds_sets) == 1:
                     feeds_sets += [f for _, f in self.timing_profiles()[:1]]
                 for k in range(0, len(names), OBSERVE_CHUNK):
                     chunk = names[k:k + OBSERVE_CHUNK]
@@ -210,17 +217,20 @@ class Validator:
             return {}
         # a dynamic input dim's values over the runs name every dim that takes the same values
         names_by_values: dict[tuple[int, ...], str] = {}
+        kept_size = False  # some dynamic input dim has the same size in both runs: a fixed dim proves nothing
         for i in model_inputs(self.proto):
             for axis, d in enumerate(i.shape or []):
                 if not isinstance(d, int) and all(i.name in f and f[i.name].ndim > axis for f in feeds_sets):
                     key = tuple(int(f[i.name].shape[axis]) for f in feeds_sets)
                     names_by_values.setdefault(key, d if isinstance(d, str) and d else f"{i.name}[{axis}]")
+                    kept_size |= len(set(key)) == 1
         out: dict[str, TensorType] = {}
         for v, runs in seen.items():
             elems, shapes = {e for e, _ in runs}, [s for _, s in runs]
             if len(elems) != 1 or len({len(s) for s in shapes}) != 1:
                 continue
-            dims = tuple(names_by_values.get(d, d[0] if len(set(d)) == 1 else f"?{'/'.join(map(str, d))}")
+            dims = tuple(names_by_values.get(d, d[0] if len(set(d)) == 1 and not kept_size
+                                             else f"?{'/'.join(map(str, d))}")
                          for d in zip(*shapes, strict=True))
             out[v] = TensorType(elems.pop(), dims)
         return out
