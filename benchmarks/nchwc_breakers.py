@@ -16,9 +16,10 @@ row per model:
   and bytes);
 * RI / RO: the number of ReorderInput / ReorderOutput nodes (each one a full copy of a tensor);
 * RO -> consumers: the op types that consume a ReorderOutput's output (what onnxruntime could not keep in
-  NCHWc: the chain breakers; ``<output>`` when it is a graph output);
+  NCHWc: the chain breakers; ``<output>`` when it is a graph output), nodes counted once;
 * -> RI producers: the op types that produce a ReorderInput's input (where a chain restarts; ``<input>`` for a
-  graph input);
+  graph input). Both from ``onnxfuse.inspect.remaining.layout_boundaries``, which ``onnxfuse profile`` uses for
+  its notes on ReorderInput / ReorderOutput;
 * NCHW convs: Conv/FusedConv nodes left in NCHW, with the reason read off their weights. The rules were
   measured on onnxruntime 1.32 with AVX-512 (block 16): a group-1 Conv needs ``Cin % 4 == 0`` when Cin >= 16
   (below 16 it reads NCHW directly); a depthwise Conv needs ``C % 4 == 0``; a grouped (not depthwise) Conv
@@ -37,13 +38,11 @@ import argparse
 import collections
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import onnx
-import onnxruntime as ort
 
-NCHWC = "com.microsoft.nchwc"
+from onnxfuse.inspect.remaining import NCHWC, label, layout_boundaries, ort_optimized
 
 
 def block_size() -> int:
@@ -53,21 +52,6 @@ def block_size() -> int:
     except OSError:
         return 8
     return 16 if " avx512f" in flags else 8
-
-
-def optimized(path: str, tmp: str) -> onnx.ModelProto:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = 1
-    so.log_severity_level = 3
-    out = str(Path(tmp) / (Path(path).stem + ".ort.onnx"))
-    so.optimized_model_filepath = out
-    ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    return onnx.load(out)
-
-
-def label(n: onnx.NodeProto) -> str:
-    return f"nchwc.{n.op_type}" if n.domain == NCHWC else n.op_type
 
 
 def why_nchw(n: onnx.NodeProto, inits: dict[str, onnx.TensorProto], block: int) -> str:
@@ -99,30 +83,16 @@ def unaligned_convs(path: str, block: int) -> int:
                and len(inits[n.input[1]].dims) == 4 and inits[n.input[1]].dims[0] % block)
 
 
-def analyse(path: str, tmp: str, block: int) -> dict:
-    m = optimized(path, tmp)
-    g = m.graph
+def analyse(path: str, block: int) -> dict:
+    g = ort_optimized(path).graph
     inits = {t.name: t for t in g.initializer}
-    producer = {o: n for n in g.node for o in n.output}
-    consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
-    for n in g.node:
-        for i in n.input:
-            consumers[i].append(n)
-    outputs = {o.name for o in g.output}
-    ro_cons: collections.Counter[str] = collections.Counter()
-    ri_prod: collections.Counter[str] = collections.Counter()
+    bounds = layout_boundaries(g)
+    ro_cons = {op: len(names) for op, names in bounds.ends.items()}
+    ri_prod = {op: len(names) for op, names in bounds.starts.items()}
     nchw: collections.Counter[str] = collections.Counter()
     nchwc_conv = 0
     for n in g.node:
-        if n.op_type == "ReorderOutput":
-            for c in consumers.get(n.output[0], []):
-                ro_cons[label(c)] += 1
-            if n.output[0] in outputs:
-                ro_cons["<output>"] += 1
-        elif n.op_type == "ReorderInput":
-            p = producer.get(n.input[0])
-            ri_prod[label(p) if p is not None else "<input>"] += 1
-        elif n.op_type in ("Conv", "FusedConv") and n.domain != NCHWC:
+        if n.op_type in ("Conv", "FusedConv") and n.domain != NCHWC:
             nchw[why_nchw(n, inits, block)] += 1
         elif n.op_type == "Conv" and n.domain == NCHWC:
             nchwc_conv += 1
@@ -137,7 +107,7 @@ def analyse(path: str, tmp: str, block: int) -> dict:
                                                                             if k.startswith("nchwc.")),
         "nchwc_conv": nchwc_conv, "nchwc_conv_padded": padded,
         "reorder_input": hist.get("nchwc.ReorderInput", 0), "reorder_output": hist.get("nchwc.ReorderOutput", 0),
-        "ro_consumers": dict(ro_cons.most_common()), "ri_producers": dict(ri_prod.most_common()),
+        "ro_consumers": ro_cons, "ri_producers": ri_prod,
         "nchw_conv": dict(nchw.most_common()), "conv_transpose": hist.get("ConvTranspose", 0),
         "transpose": hist.get("Transpose", 0),
         "resize": hist.get("Resize", 0) + hist.get("Upsample", 0),
@@ -181,12 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     block = block_size()
     rows: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="nchwc-") as tmp:
-        for path in a.models:
-            try:
-                rows.append(analyse(path, tmp, block))
-            except Exception as exc:  # noqa: BLE001 - one model's failure is a row
-                rows.append({"model": Path(path).stem, "error": f"{type(exc).__name__}: {str(exc)[:120]}"})
+    for path in a.models:
+        try:
+            rows.append(analyse(path, block))
+        except Exception as exc:  # noqa: BLE001 - one model's failure is a row
+            rows.append({"model": Path(path).stem, "error": f"{type(exc).__name__}: {str(exc)[:120]}"})
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     print(table(rows, block))

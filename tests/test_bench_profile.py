@@ -75,6 +75,9 @@ def test_profile_tables(optimized):
     assert r.peaks.gflops > 0 and r.peaks.gbytes > 0
     assert len(r.signals) == 3 and r.signals[1].startswith("many short ops:")
     assert r.latency_ms > 0 and r.agreement > 0
+    # what onnxfuse knows about each remaining cost (inspect/remaining.py), in the JSON too
+    assert set(r.known) == {s.op for s in r.remaining_costs()} and all(n.text for n in r.known.values())
+    assert all(c["known"]["text"] == r.known[c["op"]].text for c in r.to_json()["remaining_costs"])
     json.dumps(r.to_json())
 
 
@@ -145,6 +148,7 @@ def test_cli_bench_and_profile(cli, optimized, tmp_path):
     assert code == 0, stderr
     assert "op time by type" in stdout and "kernel times sum to" in stdout and html.exists()
     assert stdout.count("GEMM-bound limit") >= 2 and "headroom" in stdout and "the gap between A" in stdout and "GEMM-bound limit" in html.read_text()
+    assert "this file was not optimized" in stdout and 'class="known"' in html.read_text()  # notes on the costs
     code, _, stderr = cli("bench", str(tmp_path / "missing.onnx"))
     assert code == 1 and "no such file" in stderr
     code, _, stderr = cli("bench", CNN, "--batch", "1,x")

@@ -35,7 +35,7 @@ def test_optimize_calls_progress_at_each_phase_in_order(tmp_path):
 def test_profile_calls_progress_in_order():
     seen = []
     onnxfuse.profile(CNN, runs=2, progress=lambda phase, budget_s=None: seen.append(phase))
-    assert seen == ["finding inputs", "profiled runs"]
+    assert seen == ["finding inputs", "profiled runs", "what onnxfuse knows"]
 
 
 def test_status_line_shows_phases_on_a_terminal_only():

@@ -26,6 +26,7 @@ from ..progress import Phase, quiet
 from ..select.timing import run_times
 from ..validate.runtime import make_session
 from .op_cost import CONTROL_FLOW, GEMM_CLASS, entries, model_index, node_bytes, node_flops, released_bytes
+from .remaining import Note, notes
 
 SHORT_US = 5.0  # an op call shorter than this is dominated by per-op overhead
 # A rate above CACHE_FACTOR x the measured copy peak did not come from memory. The copy peak counts 2 bytes per
@@ -95,6 +96,7 @@ class ProfileResult:
     peaks: Peaks
     signals: list[str] = field(default_factory=list)
     overhead_us: float = 0.0  # profiler cost subtracted from each kernel event
+    known: dict[str, Note] = field(default_factory=dict)  # remaining cost op type -> what onnxfuse knows of it
 
     @property
     def agreement(self) -> float:
@@ -126,7 +128,8 @@ class ProfileResult:
             "by_node": [{**s.__dict__, "mean_us": s.mean_us} for s in self.by_node],
             "signals": self.signals,
             "gemm_bound_ms": self.gemm_bound_ms, "headroom_ms": self.headroom_ms,
-            "remaining_costs": [{"op": s.op, "ms": s.total_us / 1e3, "share": s.share, "calls": s.calls_per_run}
+            "remaining_costs": [{"op": s.op, "ms": s.total_us / 1e3, "share": s.share, "calls": s.calls_per_run,
+                                 "known": self.known[s.op].to_json() if s.op in self.known else None}
                                 for s in self.remaining_costs()],
         }
 
@@ -284,10 +287,12 @@ def _per_run_kernel_us(events: list[dict], runs: int) -> list[float]:
 def profile(path: str, provider: str = "cpu", threads: int | str = 1, level: str = "all", runs: int = 30,
             warmup: int = 10, shapes: list[str] | None = None, inputs_npz: str | None = None,
             latency_ms: float | None = None, batches: list[int] | None = None,
-            progress: Phase | None = None) -> ProfileResult:
+            progress: Phase | None = None, known: bool = True) -> ProfileResult:
     """Profile one model on the inputs optimize would use (probed; `shapes`/`inputs_npz` as in optimize).
     With two or more `batches`, the third memory-bound signal (throughput against batch size) is measured
-    with a batch sweep. `progress(phase)` as each step starts: finding inputs, profiled runs, batch sweep (progress.py)."""
+    with a batch sweep. With `known`, what onnxfuse knows about each remaining cost's op type (remaining.py:
+    rules that would rewrite it, are held back, nearly match; the layout boundaries). `progress(phase)` as each
+    step starts: finding inputs, profiled runs, batch sweep, what onnxfuse knows (progress.py)."""
     from ..validate.runtime import resolve_threads
     from .latency import bench, check_bench_options, probed_inputs
 
@@ -310,6 +315,10 @@ def profile(path: str, provider: str = "cpu", threads: int | str = 1, level: str
                       budget_s=2.0, batches=batches).batches
         gain = sweep[-1].throughput["A"] / sweep[0].throughput["A"]
         result.signals = memory_bound_signals(result, gain, f"{batches[0]} to {batches[-1]}")
+    if known:
+        progress("what onnxfuse knows")
+        result.known = notes(path, {s.op: [n.name for n in result.by_node if n.op == s.op]
+                                    for s in result.remaining_costs()}, provider, level, threads)
     return result
 
 

@@ -255,6 +255,8 @@ def print_profile(profiles, labels, console: Console, nodes: bool = False) -> No
         for s in p.signals:
             console.print(f"  - {s}")
         console.print(f"{lab}: {headroom_line(p)}", markup=False)
+        for line in known_lines(p):
+            console.print(f"  - {line}", markup=False)
     if len(profiles) == 2:
         share = captured_share(profiles[0], profiles[1])
         if share is not None:
@@ -275,6 +277,11 @@ def headroom_line(p) -> str:
             f"{p.peaks.gflops:.1f} GFLOP/s), headroom {p.headroom_ms:.3f} ms "
             f"({p.headroom_ms / p.latency_ms * 100 if p.latency_ms else 0:.0f}% of the latency); the most time "
             f"outside GEMM work: {top or 'none'}")
+
+
+def known_lines(p) -> list[str]:
+    """One line per remaining cost: what onnxfuse knows about that op type (remaining.py), where it was asked."""
+    return [f"{s.op}: {p.known[s.op].text}" for s in p.remaining_costs() if s.op in p.known]
 
 
 def print_inputs(plan: InputPlan, console: Console) -> None:

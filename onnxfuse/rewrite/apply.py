@@ -100,8 +100,23 @@ def compute_constants(rule: Rule, graph: Graph, b: Binding) -> dict[str, object]
         computed[name] = evaluate(expr, env)
     for expr, text in rule.require:
         if not bool(np.all(evaluate(expr, env))):
-            raise ComputeError(f"require failed: {text}")
+            raise ComputeError(f"require failed: {text}{_dynamic_dims(expr, graph, b)}")
     return computed
+
+
+def _dynamic_dims(expr, graph: Graph, b: Binding) -> str:
+    """' (X.dims is [1, 32, -1, -1]: -1 is a dim not known before run time)' for the values a failed require
+    reads the dims of where some are not static (the usual reason it failed); '' when there are none."""
+    shown: list[str] = []
+    for name, fld, _ in expr.names:
+        value = b.values.get(name) if fld == "dims" else None
+        t = graph.type_of(value) if value and value != ABSENT else None
+        if t is None or t.shape is None or all(isinstance(d, int) and d >= 0 for d in t.shape):
+            continue
+        text = f"{name}.dims is {[d if isinstance(d, int) else -1 for d in t.shape]}"
+        if text not in shown:
+            shown.append(text)
+    return f" ({', '.join(shown)}: -1 is a dim not known before run time)" if shown else ""
 
 
 def _to_attribute(name: str, value: object, spec: AttrSpec | None) -> onnx.AttributeProto:

@@ -121,10 +121,11 @@ def resolve_threads(value: int | str, flag: str = "threads") -> int:
 
 def make_session(
     model_path: str | bytes, level: str = "disable", provider: str = "cpu", threads: int = 1,
-    profile_prefix: str | None = None,
+    profile_prefix: str | None = None, optimized_path: str | None = None,
 ) -> onnxruntime.InferenceSession:
     """An InferenceSession at the given graph optimization level (profiling into `profile_prefix` when
-    given); load failures become ModelError."""
+    given; writing onnxruntime's optimized graph to `optimized_path` when given); load failures become
+    ModelError."""
     import onnxruntime as ort
 
     ort.set_default_logger_severity(4)  # failures are reported by onnxfuse itself, in one line
@@ -138,6 +139,8 @@ def make_session(
     if profile_prefix is not None:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
+    if optimized_path is not None:
+        options.optimized_model_filepath = optimized_path
     providers = _ort_providers(provider)
     if isinstance(model_path, str) and not os.path.isfile(model_path):
         raise ModelError(f"model file not found: {model_path}")
