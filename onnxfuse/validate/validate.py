@@ -175,7 +175,8 @@ class Validator:
         at opset 12, say), as the original computes them on the validation and timing inputs: the element type
         and rank; each dim that is the same in both runs is that number, and one that takes the values a dynamic
         input dim takes is that dim (its name; another varying dim gets a name of its values). The second run
-        doubles every dynamic input dim (or, where the model refuses that, halves it), so a rule sees what the
+        doubles every dynamic input dim (or, where the model refuses that, halves it; an empty one, a past of
+        length 0, stays empty, so sums such as past + new stay consistent), so a rule sees what the
         model fixes, never a size of this run: a dim the model derives by striding (224 -> 7 at stride 32) moves
         too, where a move by one (223 -> 7) would not show it. Where the model refuses both, the timing inputs
         are the second run; a dim equal to a dynamic input dim's value in both is taken to be that dim, and, if
@@ -195,7 +196,7 @@ class Validator:
         seen: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
         try:
             with self._with_outputs(proto, info, names) as sess:
-                for move in (lambda d: 2 * d.value, lambda d: d.value // 2 if d.value > 1 else 2):
+                for move in (lambda d: 2 * d.value, lambda d: d.value // 2 if d.value > 1 else d.value):
                     moved = at_dims(self.proto, plan, move)
                     if moved is None:
                         break
@@ -223,7 +224,7 @@ class Validator:
                 if not isinstance(d, int) and all(i.name in f and f[i.name].ndim > axis for f in feeds_sets):
                     key = tuple(int(f[i.name].shape[axis]) for f in feeds_sets)
                     names_by_values.setdefault(key, d if isinstance(d, str) and d else f"{i.name}[{axis}]")
-                    kept_size |= len(set(key)) == 1
+                    kept_size |= len(set(key)) == 1 and key[0] != 0  # an empty past stays empty: nothing strides it
         out: dict[str, TensorType] = {}
         for v, runs in seen.items():
             elems, shapes = {e for e, _ in runs}, [s for _, s in runs]
