@@ -21,6 +21,7 @@ from onnxfuse.select import region_timing as rt
 from onnxfuse.select.decision_cache import DecisionCache
 from onnxfuse.select.regions import find_regions, region_model, signature
 from onnxfuse.select.timing import Ratio
+from onnxfuse.tensors import TensorType
 from onnxfuse.validate.compare import default_tolerance
 
 TRANSFORMER = os.path.join(MODELS, "transformer_small.onnx")
@@ -383,3 +384,21 @@ def test_a_given_budget_is_not_raised():
     why = run_.plan(_regions_reading(10), regions_s=1.0)
     assert "more than 60% of the 2 s budget" in why and run_.budget == 2.0
     assert _plan_run(10.0, False, session_s=2.0, run_s=0.5, rebuild_s=3.0).plan(_regions_reading(10), 1.0) == ""
+
+
+def test_a_region_input_without_a_known_shape_is_static_only_where_every_profile_agrees():
+    """Prefill (seq 32) and decode (seq 1) feed the same region model: a value the original gives no shape is
+    typed from the captured values, and a dim that differs between them must not be declared static (onnxruntime
+    refused the decode run: 'Got invalid dimensions ... Got: 1 Expected: 32', an internal error)."""
+    region = type("R", (), {})()
+    region.original = region.fused = [oh.make_node("Relu", ["v"], ["y"])]
+    region.orig_consts = region.fused_consts = {}
+    region.inputs, region.outputs = ["v"], ["y"]
+    region.types = {"v": TensorType(1, None)}
+    profiles = [{"v": np.ones((1, 32, 64), np.float32)}, {"v": np.ones((1, 1, 64), np.float32)}]
+    m = onnx.load_from_string(region_model(region, False, {"": 17}, 8, profiles))
+    dims = m.graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_value for d in dims] == [1, 0, 64] and dims[1].dim_param
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for feeds in profiles:
+        assert sess.run(None, feeds)[0].shape == feeds["v"].shape

@@ -236,8 +236,8 @@ class RegionRun:
             raise OutOfBudget
         m = self.state.model
         opsets, ir = dict(m.opsets), m.proto.ir_version
-        orig = region_model(rep, False, opsets, ir, c.feeds[0])
-        fused = region_model(rep, True, opsets, ir, c.feeds[0])
+        orig = region_model(rep, False, opsets, ir, c.feeds)
+        fused = region_model(rep, True, opsets, ir, c.feeds)
         threads = self.opts.measure_threads
         sessions = {"a": Filtered(make_session(orig, "all", self.provider, threads)),
                     "b": Filtered(make_session(orig, "all", self.provider, threads)),

@@ -341,20 +341,24 @@ def signature(region: Region, shapes: list[list[tuple[str, tuple[int, ...]]]]) -
 # ---- a region as a model ----------------------------------------------------------------------------------------
 
 def region_model(region: Region, fused: bool, opsets: dict[str, int], ir_version: int,
-                 feeds: dict[str, np.ndarray]) -> bytes:
+                 feeds: dict[str, np.ndarray] | list[dict[str, np.ndarray]]) -> bytes:
     """One version of the region as a serialized model whose inputs are the runtime values it reads (typed
-    as in the original model, so that onnxruntime sees the same static and symbolic dims)."""
+    as in the original model, so that onnxruntime sees the same static and symbolic dims). `feeds`: the values
+    it will be run on (one dict per profile); where the original has no shape for a value, a dim is static
+    only if every profile's value has the same size there."""
     nodes = region.fused if fused else region.original
     consts = region.fused_consts if fused else region.orig_consts
     read = {i for n in nodes for i in n.input if i}
+    all_feeds = feeds if isinstance(feeds, list) else [feeds]
     inputs = []
     for v in region.inputs:
         if v not in read:
             continue
         t = region.types.get(v)
-        arr = feeds[v]
-        dims = list(t.shape) if t is not None and t.shape is not None and len(t.shape) == arr.ndim else \
-            list(arr.shape)
+        arr = all_feeds[0][v]
+        typed = t is not None and t.shape is not None and len(t.shape) == arr.ndim
+        dims = [d if not isinstance(d, int) or all(f[v].ndim == arr.ndim and f[v].shape[a] == d for f in all_feeds)
+                else f"{v}_{a}" for a, d in enumerate(t.shape if typed else arr.shape)]
         elem = onnx.helper.np_dtype_to_tensor_dtype(arr.dtype)
         inputs.append(onnx.helper.make_tensor_value_info(v, elem, [d if d is not None else None for d in dims]))
     outputs = []
