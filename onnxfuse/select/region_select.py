@@ -132,7 +132,9 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
         with phase("confirm"):
             ratio = run.confirm(candidate, digest("model", fingerprint, repr(sorted(applied)), run.env))
         report.final = ratio
-        if ratio is not None and ratio.verdict_beyond(report.floor) == "slower":
+        # never slower: beyond the noise floor, or with the whole interval above 1 (by SIGNIFICANT) even where two
+        # sessions of one candidate differ as much: a selection measured slower has no evidence that it helps
+        if ratio is not None and "slower" in (ratio.verdict_beyond(report.floor), ratio.verdict_beyond(0.0)):
             report.dropped_everything = True
             for gr in report.groups:
                 gr.kept = False
