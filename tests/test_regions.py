@@ -402,3 +402,14 @@ def test_a_region_input_without_a_known_shape_is_static_only_where_every_profile
     sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     for feeds in profiles:
         assert sess.run(None, feeds)[0].shape == feeds["v"].shape
+
+
+def test_a_region_reading_a_few_integers_is_shape_arithmetic_only_if_it_writes_integers():
+    """An embedding lookup at a short sequence reads 64 token ids, as shape arithmetic reads a few integers; it
+    writes floats, so it is timed (it was kept untimed as 'acts on shape values only')."""
+    def cls(out_type):
+        region = type("R", (), {})()
+        region.outputs, region.types = ["y"], {"y": TensorType(out_type, (1, 64, 32))}
+        return rr.RegionClass("sig", [region], [{"ids": np.zeros((1, 64), np.int64)}])
+    assert not cls(onnx.TensorProto.FLOAT).shape_only
+    assert cls(onnx.TensorProto.INT64).shape_only

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx
 
 from ..errors import OnnxfuseError
 from ..inputs.budget import default_budget_bytes
@@ -40,6 +41,9 @@ AUTO_MAX_S = 40.0  # the automatic budget with those steps at most (per GiB past
 TOTAL_TARGET_S = 12.0  # the whole optimize the automatic budget aims at
 CAPTURE_SHARE = 0.6  # capture may take at most this share of the budget, or nothing is measured
 SHAPE_VALUES = 64  # a region whose inputs are all integers this small computes shapes (see RegionClass.shape_only)
+INTEGER_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8,
+                 onnx.TensorProto.UINT64, onnx.TensorProto.UINT32, onnx.TensorProto.UINT16, onnx.TensorProto.UINT8,
+                 onnx.TensorProto.BOOL}
 
 
 @dataclass
@@ -53,8 +57,12 @@ class RegionClass:
 
     @property
     def shape_only(self) -> bool:
-        """The region reads only a few integers (shape arithmetic): there is nothing to time; it is kept."""
-        return all(a.size <= SHAPE_VALUES and a.dtype.kind in "iu" for feeds in self.feeds for a in feeds.values())
+        """The region reads only a few integers and writes integers (shape arithmetic): there is nothing to time;
+        it is kept. (An embedding lookup also reads a few integers at a short sequence, but writes floats.)"""
+        rep = self.regions[0]
+        outs = [rep.types.get(v) for v in rep.outputs]
+        return all(t is not None and t.elem_type in INTEGER_TYPES for t in outs) and all(
+            a.size <= SHAPE_VALUES and a.dtype.kind in "iu" for feeds in self.feeds for a in feeds.values())
 
     @property
     def keys(self) -> list[Key]:

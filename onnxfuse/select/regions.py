@@ -151,9 +151,13 @@ def _fill(region: Region, group: list[Application], og: Graph, fg: Graph, orig_b
     if len(orig) != len(replaced):
         region.untimeable = "replaces nodes that folding had made"
         return
-    fused = [fused_by_name[n] for a in group for n in a.created if n in fused_by_name]
-    if not fused:
+    created = [n for a in group for n in a.created]
+    fused = [fused_by_name[n] for n in created if n in fused_by_name]
+    if not created:
         region.untimeable = "removes nodes only (exact)"
+        return
+    if not fused:  # made nodes that a later rewrite replaced again: not exact, and not timeable alone
+        region.untimeable = "its new nodes were rewritten again by a later rule"
         return
     if any(n.subgraphs for n in orig + fused):
         region.untimeable = "holds a subgraph"
