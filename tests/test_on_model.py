@@ -39,7 +39,7 @@ def se_model(tmp_path_factory):
 def _fake(region_ratio, whole_ratio):
     """Regions' fused versions take region_ratio of their original's time; in a whole-model comparison (an
     on-model decision, the confirmation) the candidate takes whole_ratio of its base's."""
-    def fake(sessions, profiles, min_runs, deadline, hard_deadline=None, per_profile=None):
+    def fake(sessions, profiles, min_runs, deadline, hard_deadline=None, per_profile=None, min_seconds=0.0):
         fake.calls.append(sorted(sessions))
         rng = np.random.default_rng(0)
         base = 1e-3 * (1 + 0.001 * rng.standard_normal(30))

@@ -123,7 +123,7 @@ def test_alike_regions_share_a_signature_and_others_do_not(tmp_path):
 
 def _fake_interleaved(ratio_of):
     """Times where a region's fused version takes ratio_of(label) of its original version's time."""
-    def fake(sessions, profiles, min_runs, deadline, hard_deadline=None, per_profile=None):
+    def fake(sessions, profiles, min_runs, deadline, hard_deadline=None, per_profile=None, min_seconds=0.0):
         rng = np.random.default_rng(0)
         n = 30
         base = 1e-3 * (1 + 0.001 * rng.standard_normal(n))
@@ -373,10 +373,10 @@ def test_the_automatic_budget_makes_room_for_the_steps_around_timing():
     why = far.plan(_regions_reading(10), regions_s=1.0)
     assert why.startswith("not measured:") and "--measure-budget" in why and far.budget == 4.0
     # two groups of rewrites decided on the whole model: a rebuild (3 s) and a comparison (three sessions and
-    # a warm-up round: 3 x 2 + 3 x 0.5 s) each, on top
+    # a warm-up round: 3 x 2 + 3 x 0.5 s, then its runs, COMPARE_MIN_S) each, on top
     two = _plan_run(4.0, True, session_s=2.0, run_s=0.5, rebuild_s=3.0)
     assert two.plan(_regions_reading(10), regions_s=1.0, on_model=2) == ""
-    assert two.budget == pytest.approx(1.0 + 2.5 + 3.0 + 2 * (3.0 + 7.5) + rr.AUTO_MIN_S)
+    assert two.budget == pytest.approx(1.0 + 2.5 + 3.0 + 2 * (3.0 + 7.5 + rr.COMPARE_MIN_S) + rr.AUTO_MIN_S)
 
 
 def test_a_given_budget_is_not_raised():
@@ -413,3 +413,18 @@ def test_a_region_reading_a_few_integers_is_shape_arithmetic_only_if_it_writes_i
         return rr.RegionClass("sig", [region], [{"ids": np.zeros((1, 64), np.int64)}])
     assert not cls(onnx.TensorProto.FLOAT).shape_only
     assert cls(onnx.TensorProto.INT64).shape_only
+
+
+def test_a_whole_model_comparison_runs_on_to_its_minimum_time():
+    """20 runs of a 0.1 ms model are 2 ms of timing, too few for a verdict: runs continue to min_seconds (and
+    stop at min_runs without it, or at MAX_RUNS)."""
+    import time as _time
+
+    class S:
+        def run(self, _out, _feeds):
+            _time.sleep(0.0001)
+    sessions = {"a": S(), "b": S()}
+    far = _time.perf_counter() + 60
+    short = rt.interleaved(sessions, [(1.0, {})], 20, far, far)
+    long = rt.interleaved(sessions, [(1.0, {})], 20, far, far, min_seconds=0.05)
+    assert len(short["a"]) == 20 and 20 < len(long["a"]) <= rt.MAX_RUNS

@@ -35,6 +35,7 @@ __all__ = ["Comparison", "Phases", "RegionClass", "RegionRun", "automatic_budget
 
 CAPTURE_CHUNK = 32  # region inputs fetched per run of the original (bounds the memory they take)
 CONFIRM_RUNS = 20  # whole-model confirmation, budget permitting
+COMPARE_MIN_S = 1.0  # and runs on to about this many seconds (a small model's 20 runs are a few milliseconds)
 REGION_BUDGET_S = 10.0  # the automatic budget at most (models up to 1 GiB)
 AUTO_MIN_S = 4.0  # and at least, for timing alone (finding regions, capture and rebuilds come on top)
 AUTO_MAX_S = 40.0  # the automatic budget with those steps at most (per GiB past 1 GiB): else nothing is timed
@@ -200,7 +201,7 @@ class RegionRun:
         est, runs = self.capture_estimate(regions)
         steps = regions_s + est + self.rebuild_s
         if on_model:
-            steps += on_model * (self.rebuild_s + self.comparison_s())
+            steps += on_model * (self.rebuild_s + self.comparison_s() + COMPARE_MIN_S)
         if self.automatic:
             ceiling = AUTO_MAX_S * max(1.0, self.weights / 2**30)
             if steps + AUTO_MIN_S <= ceiling:
@@ -376,7 +377,8 @@ class RegionRun:
                         "c": make_session(cands[0].source, "all", self.provider, threads),
                         "c2": make_session(cands[0].source, "all", self.provider, threads)}
             per_profile: dict[tuple[str, int], list[float]] = {}
-            times = interleaved(sessions, self.profiles, runs, deadline or self.deadline, self.deadline, per_profile)
+            times = interleaved(sessions, self.profiles, runs, deadline or self.deadline, self.deadline, per_profile,
+                                min_seconds=COMPARE_MIN_S)
             del sessions
         except OutOfBudget:
             why = "skipped: its runs would end past the budget"

@@ -11,6 +11,7 @@ __all__ = ["MIN_RUNS", "MIN_RUNS_FLOOR", "Filtered", "OutOfBudget", "interleaved
 
 MIN_RUNS = 20  # interleaved runs per session for a region class, budget permitting
 MIN_RUNS_FLOOR = 8  # never fewer: a verdict on fewer runs is not one
+MAX_RUNS = 400  # at most, when timing runs on until a minimum time
 
 
 class Filtered:
@@ -30,9 +31,11 @@ class OutOfBudget(Exception):
 
 def interleaved(sessions: dict[str, object], profiles: list[tuple[float, dict]], min_runs: int,
                  deadline: float, hard_deadline: float | None = None,
-                 per_profile: dict[tuple[str, int], list[float]] | None = None) -> dict[str, list[float]]:
+                 per_profile: dict[tuple[str, int], list[float]] | None = None,
+                 min_seconds: float = 0.0) -> dict[str, list[float]]:
     """Per-run times, sessions interleaved in rotating order: at least MIN_RUNS_FLOOR runs, then up to
-    `min_runs` while `deadline` allows. Raises OutOfBudget when, after one warm-up run of each, MIN_RUNS_FLOOR
+    `min_runs` while `deadline` allows, and more (up to MAX_RUNS) until the runs have taken `min_seconds`: on a
+    model of a tenth of a millisecond, 20 runs each leave a confidence interval wider than the effect. Raises OutOfBudget when, after one warm-up run of each, MIN_RUNS_FLOOR
     more would end past `hard_deadline` (the end of the whole budget).
     With several shape profiles a run's time is the weighted sum over profiles of each profile's time relative
     to the first session's median there: prefill and decode then count by their weights, not by their
@@ -48,7 +51,9 @@ def interleaved(sessions: dict[str, object], profiles: list[tuple[float, dict]],
         raise OutOfBudget
     raw: dict[tuple[str, int], list[float]] = {(k, p): [] for k in order for p in range(len(profiles))}
     i = 0
-    while i < MIN_RUNS_FLOOR or (i < min_runs and time.perf_counter() < deadline):
+    start = time.perf_counter()
+    while i < MIN_RUNS_FLOOR or (time.perf_counter() < deadline and (
+            i < min_runs or (i < MAX_RUNS and time.perf_counter() - start < min_seconds))):
         rot = order[i % len(order):] + order[: i % len(order)]
         for p, (_, feeds) in enumerate(profiles):
             for k in rot:
