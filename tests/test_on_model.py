@@ -117,3 +117,24 @@ def test_real_timing_gives_the_row_a_ratio_and_the_output_validates(se_model, tm
     (row,) = _rows(r)
     assert row.source == "model" and row.effect is not None and row.effect.low <= row.effect.median <= row.effect.high
     onnx.checker.check_model(onnx.load(str(out)))
+
+
+def test_regions_that_cannot_be_timed_alone_are_decided_on_the_model_in_one_group():
+    """A chain of rewrites reading each other's values (Transposes moved below a run of ops) cannot be timed region
+    by region; such regions go to the whole-model decision together, the others stay with region timing."""
+    from onnxfuse.select import on_model as om
+
+    def region(label, rules, why=""):
+        r = type("R", (), {})()
+        r.label, r.rules, r.untimeable = label, rules, why
+        return r
+    a = region("Transpose+Add", ["transpose-below-add-const"], om.NOT_ALONE[0])
+    b = region("Transpose+Mul", ["transpose-below-mul-const"], om.NOT_ALONE[1])
+    c = region("FusedConv", ["conv-relu"])
+    d = region("Resize+Mul", ["se-gate-broadcast"])
+    e = region("", ["add-zero"], "removes nodes only (exact)")
+    alone, whole = om.split_on_model([a, b, c, d, e], {"se-gate-broadcast"})
+    assert alone == [c, e] and whole == [a, b, d]
+    groups = om.groups_on_model(whole)
+    assert groups == {("Resize+Mul", ("se-gate-broadcast",)): [d],
+                      (om.NOT_ALONE_LABEL, ("transpose-below-add-const", "transpose-below-mul-const")): [a, b]}

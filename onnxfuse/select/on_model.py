@@ -22,22 +22,39 @@ from .region_run import RegionRun
 from .regions import Region
 from .rounds import GroupEffect, Key
 
-__all__ = ["decide_on_model", "groups_on_model", "split_on_model"]
+__all__ = ["NOT_ALONE", "decide_on_model", "groups_on_model", "split_on_model"]
 
 RUNS = 60  # interleaved runs per comparison, budget permitting: what these rewrites save is a few percent
 
 
+# regions that cannot be timed alone for these reasons (regions.py) are decided on the whole model too, all in
+# one group: a chain of rewrites that read each other's values (Transposes moved below a run of ops, a
+# BatchNorm folded after them) was otherwise left as the original whatever it was worth
+NOT_ALONE = ("reads a value another rewrite renamed", "its new nodes were rewritten again by a later rule",
+             "replaces nodes that folding had made")
+NOT_ALONE_LABEL = "(rewrites that cannot be timed alone)"
+
+
+def _whole(r: Region, on_model: set[str]) -> bool:
+    return bool(on_model & set(r.rules)) or r.untimeable in NOT_ALONE
+
+
 def split_on_model(regions: list[Region], on_model: set[str]) -> tuple[list[Region], list[Region]]:
-    """(regions timed alone, regions holding a rewrite of a `measure: model` rule)."""
-    whole = [r for r in regions if on_model & set(r.rules)]
-    return [r for r in regions if not on_model & set(r.rules)], whole
+    """(regions timed alone, regions decided on the whole model: those holding a rewrite of a `measure: model`
+    rule, and those that cannot be timed alone because they read what other rewrites made)."""
+    return [r for r in regions if not _whole(r, on_model)], [r for r in regions if _whole(r, on_model)]
 
 
 def groups_on_model(regions: list[Region]) -> dict[tuple[str, tuple[str, ...]], list[Region]]:
-    """The regions decided together on the whole model: alike by fused ops and rules."""
+    """The regions decided together on the whole model: alike by fused ops and rules; those that cannot be
+    timed alone form one group (their rules, all of them)."""
     groups: dict[tuple[str, tuple[str, ...]], list[Region]] = {}
+    alone = [r for r in regions if r.untimeable in NOT_ALONE]
     for r in regions:
-        groups.setdefault((r.label, tuple(r.rules)), []).append(r)
+        if r.untimeable not in NOT_ALONE:
+            groups.setdefault((r.label, tuple(r.rules)), []).append(r)
+    if alone:
+        groups[(NOT_ALONE_LABEL, tuple(sorted({x for r in alone for x in r.rules})))] = alone
     return groups
 
 
