@@ -23,7 +23,7 @@ from ..patterns.rules import Rule
 from ..rewrite.engine import EngineOptions
 from ..rewrite.fold import CLEANUP_STEPS
 from ..rewrite.rebuild import Rewritten, rebuild
-from ..validate.runtime import Candidate, make_session, peak_rss_bytes, release_memory
+from ..validate.runtime import Candidate, make_session, peak_rss_bytes, release_memory, session_with_outputs
 from ..validate.validate import Validator
 from .decision_cache import DecisionCache, digest, environment_key
 from .region_timing import MIN_RUNS, Filtered, OutOfBudget, interleaved, verdict
@@ -42,9 +42,14 @@ AUTO_MAX_S = 40.0  # the automatic budget with those steps at most (per GiB past
 TOTAL_TARGET_S = 12.0  # the whole optimize the automatic budget aims at
 CAPTURE_SHARE = 0.6  # capture may take at most this share of the budget, or nothing is measured
 SHAPE_VALUES = 64  # a region whose inputs are all integers this small computes shapes (see RegionClass.shape_only)
-INTEGER_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8,
-                 onnx.TensorProto.UINT64, onnx.TensorProto.UINT32, onnx.TensorProto.UINT16, onnx.TensorProto.UINT8,
-                 onnx.TensorProto.BOOL}
+
+
+def _integer(elem_type: int) -> bool:
+    """An integer or bool element type (shape arithmetic's)."""
+    try:
+        return onnx.helper.tensor_dtype_to_np_dtype(elem_type).kind in "iub"
+    except (KeyError, ValueError):
+        return False
 
 
 @dataclass
@@ -62,7 +67,7 @@ class RegionClass:
         it is kept. (An embedding lookup also reads a few integers at a short sequence, but writes floats.)"""
         rep = self.regions[0]
         outs = [rep.types.get(v) for v in rep.outputs]
-        return all(t is not None and t.elem_type in INTEGER_TYPES for t in outs) and all(
+        return all(t is not None and _integer(t.elem_type) for t in outs) and all(
             a.size <= SHAPE_VALUES and a.dtype.kind in "iu" for feeds in self.feeds for a in feeds.values())
 
     @property
@@ -104,20 +109,12 @@ class RegionRun:
     def capture(self, original: Model, regions: list[Region]) -> list[RegionClass]:
         """Run the original with the regions' inputs as extra outputs (CAPTURE_CHUNK at a time) and group the
         regions into classes by signature; the first region of a class keeps its inputs for timing."""
-        g = original.proto.graph
-        have = {o.name for o in g.output}
         # what the runs feed; an overridable initializer left unfed (its default) is fetched like any value
         feeds_names = {k for _, feeds in self.profiles for k in feeds}
         wanted = [v for v in dict.fromkeys(v for r in regions for v in r.inputs) if v not in feeds_names]
-        added = len(g.output)
-        for v in wanted:
-            if v not in have:
-                g.output.add().name = v
-        cand = Candidate(original.proto, self.state.info)
-        del g.output[added:]
         t = time.perf_counter()
-        try:
-            session = make_session(cand.source, "disable", self.provider, self.opts.measure_threads)
+        with session_with_outputs(original.proto, self.state.info, wanted, self.provider,
+                                  self.opts.measure_threads) as session:
             self.session_s = time.perf_counter() - t
             classes: dict[str, RegionClass] = {}
             pending = list(regions)
@@ -142,10 +139,7 @@ class RegionRun:
                         classes[sig] = RegionClass(sig, [], [{v: p[v] for v in r.inputs} for p in per_profile])
                     classes[sig].regions.append(r)
                 del per_profile, values
-        finally:
-            cand.close()
-            del session
-            release_memory()
+            del session  # before the context releases memory
         return list(classes.values())
 
     def reuse(self, hit: dict, state: Rewritten, rule_ids: set[str]) -> tuple[MeasureReport, Rewritten]:

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     import onnxruntime
 
 __all__ = ["LEVELS", "Candidate", "failing_node", "make_session", "peak_rss_bytes", "release_memory", "run",
-           "write_split"]
+           "session_with_outputs", "write_split"]
 
 # --------------------------------------------------------------------------------------------------------------
 # onnxruntime session / run
@@ -264,6 +265,28 @@ class Candidate:
                 os.unlink(self.path)
         if self.tmpdir:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def session_with_outputs(proto: onnx.ModelProto, info: LoadInfo, names: list[str], provider: str = "cpu",
+                         threads: int = 1) -> Iterator[onnxruntime.InferenceSession]:
+    """A session of `proto` at ORT_DISABLE_ALL that can also return the values `names` (added as graph outputs
+    only while the candidate is written: `proto` is left as it was)."""
+    g = proto.graph
+    have = {o.name for o in g.output}
+    added = len(g.output)
+    for v in dict.fromkeys(names):
+        if v not in have:
+            g.output.add().name = v
+    try:
+        cand = Candidate(proto, info)
+    finally:
+        del g.output[added:]
+    try:
+        yield make_session(cand.source, "disable", provider, threads)
+    finally:
+        cand.close()
+        release_memory()
 
 
 def _place(src: str, dst: str) -> None:

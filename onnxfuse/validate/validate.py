@@ -4,10 +4,9 @@ candidate) and returning an Outcome on failure (None when it passes), and append
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,7 +20,7 @@ from ..options import OptimizeOptions
 from ..tensors import TensorType
 from .compare import OutputCheck, Tolerance, compare_outputs, default_tolerance
 from .precision import JITTER, NOISE_FACTOR, graph_precision, jittered
-from .runtime import Candidate, failing_node, make_session, release_memory, run
+from .runtime import Candidate, failing_node, make_session, release_memory, run, session_with_outputs
 
 __all__ = ["CHECKS", "Outcome", "ProfileRun", "Validator"]
 
@@ -195,7 +194,7 @@ class Validator:
         feeds_sets = [plan.feeds]
         seen: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
         try:
-            with self._with_outputs(proto, info, names) as sess:
+            with session_with_outputs(proto, info, names, self.provider) as sess:
                 for move in (lambda d: 2 * d.value, lambda d: d.value // 2 if d.value > 1 else d.value):
                     moved = at_dims(self.proto, plan, move)
                     if moved is None:
@@ -236,26 +235,6 @@ class Validator:
             out[v] = TensorType(elems.pop(), dims)
         return out
 
-    @contextlib.contextmanager
-    def _with_outputs(self, proto: onnx.ModelProto, info: LoadInfo, names: list[str]) -> Iterator[object]:
-        """A session of `proto` at ORT_DISABLE_ALL that can also return the values `names` (added as graph outputs
-        only while the candidate is written: `proto` is left as it was)."""
-        g = proto.graph
-        have = {o.name for o in g.output}
-        added = len(g.output)
-        for v in dict.fromkeys(names):
-            if v not in have:
-                g.output.add().name = v
-        try:
-            cand = Candidate(proto, info)
-        finally:
-            del g.output[added:]
-        try:
-            yield make_session(cand.source, "disable", self.provider)
-        finally:
-            cand.close()
-            release_memory()
-
     def at_all(self, r: ProfileRun) -> dict:
         """The original's outputs at ORT_ENABLE_ALL on a profile's inputs."""
         if r.at_all is None:
@@ -283,7 +262,7 @@ class Validator:
             return {}
         feeds_sets = [r.plan.feeds for r in self.runs] + [f for _, f in self.timing_profiles()]
         try:
-            with self._with_outputs(proto, info, conds) as sess:
+            with session_with_outputs(proto, info, conds, self.provider) as sess:
                 results = [run(sess, feeds) for feeds in feeds_sets]
         except (OnnxfuseError, InputSpecError):
             return {}
