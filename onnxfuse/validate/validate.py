@@ -24,7 +24,9 @@ from .runtime import Candidate, failing_node, make_session, release_memory, run,
 
 __all__ = ["CHECKS", "Outcome", "ProfileRun", "Validator"]
 
-OBSERVE_CHUNK = 256  # values fetched per run of the original when observing shapes (bounds their memory)
+OBSERVE_CHUNK = 256  # values fetched per run of the original when observing shapes, at most
+OBSERVE_FIRST = 32  # in the first run; then as many as fit OBSERVE_BYTES by the bytes the last run returned
+OBSERVE_BYTES = 256 * 2**20  # the values one observing run returns, about
 OBSERVE_MAX = 2048  # values observed in all
 OBSERVE_BUDGET_S = 5.0  # runs of the original spent on observing, at most (by the slowest reference run's time)
 
@@ -174,14 +176,15 @@ class Validator:
         at opset 12, say), as the original computes them on the validation and timing inputs: the element type
         and rank; each dim that is the same in both runs is that number, and one that takes the values a dynamic
         input dim takes is that dim (its name; another varying dim gets a name of its values). The second run
-        doubles every dynamic input dim (or, where the model refuses that, halves it; an empty one, a past of
-        length 0, stays empty, so sums such as past + new stay consistent), so a rule sees what the
+        halves every dynamic input dim (1 becomes 2; a quarter of the memory where two dims halve), or, where the
+        model refuses that, doubles it; an empty one, a past of length 0, stays empty, so sums such as past + new
+        stay consistent. So a rule sees what the
         model fixes, never a size of this run: a dim the model derives by striding (224 -> 7 at stride 32) moves
         too, where a move by one (223 -> 7) would not show it. Where the model refuses both, the timing inputs
         are the second run; a dim equal to a dynamic input dim's value in both is taken to be that dim, and, if
         some dynamic input dim kept its size there, a dim the same in both runs is not taken as fixed.
-        At most OBSERVE_MAX values, OBSERVE_CHUNK per run, and about OBSERVE_BUDGET_S seconds of runs (the values
-        nearest the inputs first); {} when the original cannot be run so."""
+        At most OBSERVE_MAX values, up to OBSERVE_CHUNK (and about OBSERVE_BYTES) per run, and about
+        OBSERVE_BUDGET_S seconds of runs (the values nearest the inputs first); {} when the original cannot be run so."""
         _ = self.runs  # settles the inputs and times the original's runs
         # chunks of a run and a second run at up to twice each dim (up to 4x the work where two dims double)
         runs_allowed = max(1, int(OBSERVE_BUDGET_S / max(self.run_s, 1e-3)) // 5)
@@ -189,13 +192,13 @@ class Validator:
         if not names:
             return {}
         plan = self.runs[0].plan
-        # a second run with every dynamic dim doubled (else halved) shows what follows the inputs; where the model
+        # a second run with every dynamic dim halved (else doubled) shows what follows the inputs; where the model
         # refuses both (dims tied: past + new, a position table), the timing inputs (another batch) are the second
         feeds_sets = [plan.feeds]
         seen: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
         try:
             with session_with_outputs(proto, info, names, self.provider) as sess:
-                for move in (lambda d: 2 * d.value, lambda d: d.value // 2 if d.value > 1 else d.value):
+                for move in (lambda d: d.value // 2 if d.value > 1 else 2 * d.value, lambda d: 2 * d.value):
                     moved = at_dims(self.proto, plan, move)
                     if moved is None:
                         break
@@ -207,12 +210,19 @@ class Validator:
                     break
                 if len(feeds_sets) == 1:
                     feeds_sets += [f for _, f in self.timing_profiles()[:1]]
-                for k in range(0, len(names), OBSERVE_CHUNK):
-                    chunk = names[k:k + OBSERVE_CHUNK]
+                # chunks sized by the bytes the last one returned (a doubled run returns up to 4x the values'
+                # bytes), and no more runs than the time allows: the values nearest the inputs come first
+                k, size, t0 = 0, OBSERVE_FIRST, time.perf_counter()
+                while k < len(names) and (k == 0 or time.perf_counter() - t0 < OBSERVE_BUDGET_S):
+                    chunk, biggest = names[k:k + size], 0
                     for feeds in feeds_sets:
-                        for v, a in zip(chunk, sess.run(chunk, feeds), strict=True):
-                            a = np.asarray(a)
+                        got = [np.asarray(a) for a in sess.run(chunk, feeds)]
+                        biggest = max(biggest, sum(a.nbytes for a in got))
+                        for v, a in zip(chunk, got, strict=True):
                             seen.setdefault(v, []).append((onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape))
+                        del got
+                    k += len(chunk)
+                    size = max(1, min(OBSERVE_CHUNK, int(OBSERVE_BYTES * len(chunk) / max(biggest, 1))))
         except Exception:  # noqa: BLE001 - a value onnxruntime cannot return (bfloat16, a sequence): no shapes
             return {}
         # a dynamic input dim's values over the runs name every dim that takes the same values
