@@ -23,7 +23,11 @@ One markdown row per model:
   (``depthwise_names``); part of the headroom although Conv is in the GEMM class;
 * fired: ``Result.fired`` (rules kept by measured selection).
 
-Then a mean captured-share line, and (``--json``) every number plus both profiles' ``to_json()``.
+Then a mean captured-share line; a second table splits each output's headroom by what could remove it
+(``ProfileResult.headroom_split``: ops outside the GEMM class, what fusion and layout remove; the FLOP ops' data
+at the copy peak beyond their FLOPs at the GEMM peak, their roofline; their kernel time above that roofline; the
+latency between kernels), with the input's and output's time outside GEMM work; and (``--json``) every number
+plus both profiles' ``to_json()``.
 Heavy: run it alone on the machine (timing), it takes about a minute per model.
 
 Two corpora: ``make_membound_models.py`` builds six nets with onnx.helper in their cleanest form;
@@ -144,6 +148,7 @@ def one(path: str, tmp: str, threads: int) -> dict:
                          for s in before.remaining_costs(5)],
         "dw_conv_in": depthwise_time(before, dw_in), "dw_conv_out": depthwise_time(after, dw_out),
         "kernel_ms_out": after.kernel_ms,
+        "split_in": before.headroom_split().__dict__, "split_out": after.headroom_split().__dict__,
         "profile_in": before.to_json(), "profile_out": after.to_json(),
     }
 
@@ -174,6 +179,30 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def split_table(rows: list[dict]) -> str:
+    """The output's headroom by what could remove it (ProfileResult.headroom_split), ms and share of its sum."""
+    parts = (("other_ms", "outside GEMM (fusion, layout)"), ("flop_memory_ms", "FLOP ops' data (roofline)"),
+             ("flop_kernel_ms", "FLOP kernels above roofline"), ("between_ms", "between kernels"))
+    lines = ["| model | " + " | ".join(f"{label} ms" for _, label in parts) + " | outside GEMM: input ms -> output ms |",
+             "|---|" + "---:|" * (len(parts) + 1)]
+    shares: dict[str, list[float]] = {k: [] for k, _ in parts}
+    for r in rows:
+        if "split_out" not in r:
+            continue
+        out, inp = r["split_out"], r["split_in"]
+        total = sum(max(0.0, out[k]) for k, _ in parts) or 1.0
+        for k, _ in parts:
+            shares[k].append(max(0.0, out[k]) / total)
+        lines.append(f"| {r['model']} | " + " | ".join(f"{out[k]:.2f} ({max(0.0, out[k]) / total:.0%})"
+                                                     for k, _ in parts)
+                     + f" | {inp['other_ms']:.2f} -> {out['other_ms']:.2f} |")
+    if shares["other_ms"]:
+        lines.append("")
+        lines.append("mean share of the output's headroom: " + ", ".join(
+            f"{label} {statistics.mean(shares[k]):.0%}" for k, label in parts))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="+")
@@ -192,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
             if a.json:
                 Path(a.json).write_text(json.dumps(rows, indent=1, default=str))
     print(table(rows))
+    print()
+    print(split_table(rows))
     return 0
 
 

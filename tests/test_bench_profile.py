@@ -187,3 +187,26 @@ def test_gemm_bound_limit_headroom_and_captured_share():
     assert captured_share(result(1.0, [NodeStat("c", "Conv", 10, 1000.0, 0, 1e8)]), after) is None  # no headroom
     j = before.to_json()
     assert j["gemm_bound_ms"] == before.gemm_bound_ms and j["remaining_costs"][0]["op"] == "Add"
+
+
+def test_headroom_split_by_what_could_remove_it():
+    """FLOP ops above their FLOPs at the GEMM peak: the part their bytes at the copy peak explain (roofline) and
+    the kernel time above it; ops outside the GEMM class; latency between kernels. Data in cache (bytes at the
+    copy peak beyond the time taken) counts no more than the time above the limit."""
+    from onnxfuse.inspect.op_profile import NodeStat, Peaks, ProfileResult
+    from onnxfuse.inspect.report import split_line
+
+    peaks = Peaks(gflops=100.0, gbytes=10.0)  # 1e5 FLOPs and 1e4 bytes per microsecond
+    gemv = NodeStat("g", "Gemm", 1, 700.0, 5e6, 1e6)  # 10 us at peak, 500 us of bytes: 490 memory, 200 kernel
+    dense = NodeStat("c", "Conv", 2, 600.0, 1e4, 2e7)  # 400 us at peak, 2 us of bytes: 200 kernel
+    cached = NodeStat("d", "Conv", 1, 50.0, 1e6, 1e6)  # 10 us at peak, 100 us of bytes but took 50: 40 memory
+    add = NodeStat("a", "Add", 3, 300.0, 1e5, 1e4)
+    p = ProfileResult("m", 10, 2.0, 2.0, 1.65, [], [gemv, dense, cached, add], peaks)
+    h = p.headroom_split()
+    assert h.flop_memory_ms == pytest.approx(0.53) and h.flop_kernel_ms == pytest.approx(0.4)
+    assert h.other_ms == pytest.approx(0.3) and h.between_ms == pytest.approx(0.35)
+    # the parts add up to the headroom: latency less the FLOPs at the GEMM peak
+    assert h.flop_memory_ms + h.flop_kernel_ms + h.other_ms + h.between_ms == pytest.approx(p.headroom_ms)
+    assert p.to_json()["headroom_split"] == h.__dict__
+    line = split_line(p)
+    assert "outside GEMM work 0.300 ms (19%)" in line and "between kernels 0.350 ms (22%)" in line

@@ -366,17 +366,25 @@ def _regions_reading(n):
 def test_the_automatic_budget_makes_room_for_the_steps_around_timing():
     run_ = _plan_run(4.0, True, session_s=2.0, run_s=0.5, rebuild_s=3.0)
     assert run_.plan(_regions_reading(10), regions_s=1.0) == ""
-    # one session and one run of capture (2.5 s), one rebuild (3 s) and finding regions (1 s), then 4 s of timing
-    assert run_.budget == pytest.approx(1.0 + 2.5 + 3.0 + rr.AUTO_MIN_S)
+    # one session and one run of capture (2.5 s), one rebuild (3 s), finding regions (1 s) and the confirmation
+    # (three sessions and a warm-up round: 3 x 2 + 3 x 0.5 s, then MIN_RUNS_FLOOR rounds: 3 x 8 x 0.5 s), then
+    # 4 s of timing
+    confirm = 7.5 + 3 * rr.MIN_RUNS_FLOOR * 0.5
+    assert run_.budget == pytest.approx(1.0 + 2.5 + 3.0 + confirm + rr.AUTO_MIN_S)
     assert run_.deadline == run_.t0 + run_.budget
     far = _plan_run(4.0, True, session_s=30.0, run_s=5.0, rebuild_s=20.0)
     why = far.plan(_regions_reading(10), regions_s=1.0)
     assert why.startswith("not measured:") and "--measure-budget" in why and far.budget == 4.0
-    # two groups of rewrites decided on the whole model: a rebuild (3 s) and a comparison (three sessions and
-    # a warm-up round: 3 x 2 + 3 x 0.5 s, then its runs, COMPARE_MIN_S) each, on top
-    two = _plan_run(4.0, True, session_s=2.0, run_s=0.5, rebuild_s=3.0)
+    # two groups of rewrites decided on the whole model: a rebuild (3 s) and a comparison like the
+    # confirmation's each, on top
+    two = _plan_run(4.0, True, session_s=1.0, run_s=0.2, rebuild_s=1.0)
+    compare = 3.6 + 3 * rr.MIN_RUNS_FLOOR * 0.2
     assert two.plan(_regions_reading(10), regions_s=1.0, on_model=2) == ""
-    assert two.budget == pytest.approx(1.0 + 2.5 + 3.0 + 2 * (3.0 + 7.5 + rr.COMPARE_MIN_S) + rr.AUTO_MIN_S)
+    assert two.budget == pytest.approx(1.0 + 1.2 + 1.0 + compare + 2 * (1.0 + compare) + rr.AUTO_MIN_S)
+    # a 20 ms model's comparisons run on to COMPARE_MIN_S
+    short = _plan_run(4.0, True, session_s=0.2, run_s=0.02, rebuild_s=0.1)
+    assert short.plan(_regions_reading(10), regions_s=0.1, on_model=1) == ""
+    assert short.budget == pytest.approx(0.1 + 0.22 + 0.1 + 2 * (0.66 + rr.COMPARE_MIN_S) + 0.1 + rr.AUTO_MIN_S)
 
 
 def test_a_given_budget_is_not_raised():

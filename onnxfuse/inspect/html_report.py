@@ -9,7 +9,7 @@ from collections import Counter
 
 from .latency import BenchResult
 from .op_profile import ProfileResult, captured_share
-from .report import headroom_line, known_lines, share_words
+from .report import headroom_line, known_lines, share_words, split_line
 
 PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
            "#bab0ac"]
@@ -133,7 +133,7 @@ def _profile_section(profiles: list[ProfileResult], labels: list[str]) -> str:
                    f"this machine: {p.peaks.gflops:.1f} GFLOP/s (GEMM), {p.peaks.gbytes:.1f} GB/s (copy); the profiler's "
                    f"own {p.overhead_us:.1f} us per op call (calibrated) is subtracted.</p>"
                    f'<ul class="signals">' + "".join(f"<li>{_e(s)}</li>" for s in p.signals)
-                   + f"<li>{_e(headroom_line(p))}" + _known_list(p) + "</li></ul>")
+                   + f"<li>{_e(headroom_line(p))}" + _known_list(p) + f"</li><li>{_e(split_line(p))}</li></ul>")
     share = captured_share(profiles[0], profiles[1]) if len(profiles) == 2 else None
     if share is not None:
         out.append(f"<p class=meta>{_e(labels[1])} {share_words(share)} the gap between {_e(labels[0])} "

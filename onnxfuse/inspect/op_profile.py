@@ -83,6 +83,27 @@ class OpStat:
 
 
 @dataclass
+class HeadroomSplit:
+    """The headroom (latency above the GEMM-bound limit) by what could remove it, in ms per run:
+
+    * flop_memory_ms: the FLOP-carrying ops' data (weights, maps) at the measured copy peak, beyond their FLOPs at
+      the GEMM peak: their roofline. A batch-1 Gemm streams its weights; a depthwise Conv reads its map for a few
+      FLOPs per element. Fusion removes part of it only where it keeps a map from being written and read again.
+    * flop_kernel_ms: the time the FLOP-carrying ops take above that roofline: the kernels at these shapes
+      (narrow channel counts, small maps, depthwise loops). A graph rewrite changes it only by changing the
+      shapes or the kernel onnxruntime picks.
+    * other_ms: the ops outside the GEMM class (reorders, activations, elementwise, data movement, pooling):
+      what fusion and layout remove.
+    * between_ms: the latency not inside any kernel (the session's own work between ops; negative when the
+      profiled kernels add up to more than the latency measured without the profiler)."""
+
+    flop_memory_ms: float
+    flop_kernel_ms: float
+    other_ms: float
+    between_ms: float
+
+
+@dataclass
 class ProfileResult:
     """What `profile` measured for one model; `to_json()` is one entry of `onnxfuse profile --json`."""
 
@@ -115,6 +136,24 @@ class ProfileResult:
         """Measured latency above the GEMM-bound limit: what fusion and layout can remove at best."""
         return max(0.0, self.latency_ms - self.gemm_bound_ms)
 
+    def headroom_split(self) -> HeadroomSplit:
+        """Where the headroom is, by what could remove it (HeadroomSplit)."""
+        flop_peak = self.peaks.gflops * 1e3  # FLOPs per microsecond
+        byte_peak = self.peaks.gbytes * 1e3  # bytes per microsecond
+        memory = kernel = other = 0.0
+        for s in self.by_node:
+            if s.op not in GEMM_CLASS:
+                other += s.total_us
+                continue
+            calls = s.calls_per_run
+            at_peak = s.flops * calls / flop_peak if flop_peak else 0.0
+            traffic = s.bytes * calls / byte_peak if byte_peak else 0.0
+            above = max(0.0, s.total_us - at_peak)
+            floor = min(above, max(0.0, traffic - at_peak))  # data in cache can beat the copy peak: not above
+            memory += floor
+            kernel += above - floor
+        return HeadroomSplit(memory / 1e3, kernel / 1e3, other / 1e3, self.latency_ms - self.kernel_ms)
+
     def remaining_costs(self, k: int = 5) -> list[OpStat]:
         """The op types outside the GEMM class that take the most time: where the headroom goes."""
         return [s for s in self.by_type if s.op not in GEMM_CLASS][:k]
@@ -128,6 +167,7 @@ class ProfileResult:
             "by_node": [{**s.__dict__, "mean_us": s.mean_us} for s in self.by_node],
             "signals": self.signals,
             "gemm_bound_ms": self.gemm_bound_ms, "headroom_ms": self.headroom_ms,
+            "headroom_split": self.headroom_split().__dict__,
             "remaining_costs": [{"op": s.op, "ms": s.total_us / 1e3, "share": s.share, "calls": s.calls_per_run,
                                  "known": self.known[s.op].to_json() if s.op in self.known else None}
                                 for s in self.remaining_costs()],

@@ -255,6 +255,7 @@ def print_profile(profiles, labels, console: Console, nodes: bool = False) -> No
         for s in p.signals:
             console.print(f"  - {s}")
         console.print(f"{lab}: {headroom_line(p)}", markup=False)
+        console.print(f"  - {split_line(p)}", markup=False)
         for line in known_lines(p):
             console.print(f"  - {line}", markup=False)
     if len(profiles) == 2:
@@ -277,6 +278,21 @@ def headroom_line(p) -> str:
             f"{p.peaks.gflops:.1f} GFLOP/s), headroom {p.headroom_ms:.3f} ms "
             f"({p.headroom_ms / p.latency_ms * 100 if p.latency_ms else 0:.0f}% of the latency); the most time "
             f"outside GEMM work: {top or 'none'}")
+
+
+def split_line(p) -> str:
+    """The headroom by what could remove it (ProfileResult.headroom_split)."""
+    h = p.headroom_split()
+    total = h.flop_memory_ms + h.flop_kernel_ms + h.other_ms + max(0.0, h.between_ms)
+
+    def part(ms: float) -> str:
+        return f"{ms:.3f} ms ({ms / total * 100 if total else 0:.0f}%)"
+
+    between = f"; between kernels {part(h.between_ms)}" if h.between_ms > 0 else ""
+    return (f"headroom by what could remove it: outside GEMM work {part(h.other_ms)} (fusion and layout); "
+            f"FLOP ops' data at the copy peak {part(h.flop_memory_ms)} (their roofline: weights and maps they "
+            f"read); FLOP ops' kernels above that roofline {part(h.flop_kernel_ms)} (onnxruntime's kernels at these "
+            f"shapes){between}")
 
 
 def known_lines(p) -> list[str]:

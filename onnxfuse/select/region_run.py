@@ -26,7 +26,7 @@ from ..rewrite.rebuild import Rewritten, rebuild
 from ..validate.runtime import Candidate, make_session, peak_rss_bytes, release_memory, session_with_outputs
 from ..validate.validate import Validator
 from .decision_cache import DecisionCache, digest, environment_key
-from .region_timing import MIN_RUNS, Filtered, OutOfBudget, interleaved, verdict
+from .region_timing import MIN_RUNS, MIN_RUNS_FLOOR, Filtered, OutOfBudget, interleaved, verdict
 from .regions import Region, region_model, signature
 from .rounds import GroupEffect, Key, MeasureReport
 from .timing import Ratio, paired_ratio
@@ -193,9 +193,9 @@ class RegionRun:
         the automatic budget, up to AUTO_MAX_S (per GiB past 1 GiB). Why nothing can be timed ("" when something
         can): capture past CAPTURE_SHARE of a given budget, or those steps past the automatic budget's ceiling."""
         est, runs = self.capture_estimate(regions)
-        steps = regions_s + est + self.rebuild_s
-        if on_model:
-            steps += on_model * (self.rebuild_s + self.comparison_s() + COMPARE_MIN_S)
+        # the confirmation, and a rebuild and a comparison per group decided on the whole model: on a 50 ms model
+        # each comparison is seconds, and a budget that left them out left those groups undecided
+        steps = regions_s + est + self.rebuild_s + (1 + on_model) * self.whole_model_s() + on_model * self.rebuild_s
         if self.automatic:
             ceiling = AUTO_MAX_S * max(1.0, self.weights / 2**30)
             if steps + AUTO_MIN_S <= ceiling:
@@ -333,6 +333,12 @@ class RegionRun:
         session_s = self.session_s or self.validator.session_s
         latency_s = self.latency_s or self.validator.run_s
         return 3 * session_s + 3 * latency_s * len(self.profiles)
+
+    def whole_model_s(self) -> float:
+        """About what one whole-model comparison takes with its runs: comparison_s and its minimum runs
+        (MIN_RUNS_FLOOR interleaved rounds of its three sessions, and at least COMPARE_MIN_S)."""
+        latency_s = self.latency_s or self.validator.run_s
+        return self.comparison_s() + max(COMPARE_MIN_S, 3 * MIN_RUNS_FLOOR * latency_s * len(self.profiles))
 
     def compared(self, key: str) -> Comparison | None:
         """A whole-model comparison decided by an earlier run (see _cached)."""

@@ -29,8 +29,7 @@ from ..validate.runtime import release_memory
 from ..validate.validate import Validator
 from .decision_cache import DecisionCache, digest
 from .on_model import decide_on_model, groups_on_model, split_on_model
-from .region_run import COMPARE_MIN_S, Phases, RegionClass, RegionRun, automatic_budget
-from .region_timing import MIN_RUNS_FLOOR
+from .region_run import Phases, RegionClass, RegionRun, automatic_budget
 from .regions import Region, find_regions
 from .rounds import GroupEffect, Key, MeasureReport
 
@@ -86,8 +85,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
             del original
         if pass_no == 0:  # keep time for the confirmation (three sessions of the model and its minimum runs),
             # and as much again, with a rebuild, for each group of rewrites decided on the whole model
-            reserve = run.comparison_s() + 3 * MIN_RUNS_FLOOR * run.latency_s * len(run.profiles) + run.rebuild_s \
-                + COMPARE_MIN_S
+            reserve = run.whole_model_s() + run.rebuild_s
             region_deadline = max(run.deadline - reserve * (1 + len(groups_on_model(whole))),
                                   time.perf_counter() + 0.3 * run.budget)
         with phase("time regions"):
