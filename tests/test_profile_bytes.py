@@ -216,11 +216,13 @@ def _unary_chain(tmp_path) -> str:
         oh.make_node("InstanceNormalization", ["bn", "sc", "bi"], ["inorm"], name="inorm"),
         oh.make_node("Pad", ["inorm", "pads"], ["pad"], name="pad"),
         oh.make_node("Resize", ["pad", "", "scales"], ["up"], name="resize"),
-        oh.make_node("ReduceSum", ["up", "axes"], ["y"], name="rsum"),
+        oh.make_node("ConvTranspose", ["up", "wt", "bt"], ["ct"], name="convt", kernel_shape=[2, 2], strides=[2, 2]),
+        oh.make_node("ReduceSum", ["ct", "axes"], ["y"], name="rsum"),
     ]
     inits = {"sc": np.ones(c, np.float32), "bi": np.zeros(c, np.float32), "mu": np.zeros(c, np.float32),
              "var": np.ones(c, np.float32), "pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64),
-             "scales": np.array([1, 1, 2, 2], np.float32), "axes": np.array([1], np.int64)}
+             "scales": np.array([1, 1, 2, 2], np.float32), "axes": np.array([1], np.int64),
+             "wt": np.full((c, c, 2, 2), 0.1, np.float32), "bt": np.zeros(c, np.float32)}
     m = make_model(nodes, [("v0", ["batch", c, 64, 64])], [("y", None)], inits)
     m.opset_import.append(oh.make_opsetid("com.microsoft", 1))
     return save(m, tmp_path / "chain.onnx")

@@ -45,7 +45,7 @@ WHOLE_IO_OPS = {
     "Concat", "Split", "Transpose", "Pad", "Resize", "ReduceMean", "ReduceSum", "GlobalAveragePool", "Softmax",
     "LayerNormalization",
     "BatchNormalization", "InstanceNormalization", "RMSNormalization", "SkipLayerNormalization",
-    "SkipSimplifiedLayerNormalization", "Conv", "FusedConv", "NhwcConv", "MultiHeadAttention",
+    "SkipSimplifiedLayerNormalization", "Conv", "FusedConv", "NhwcConv", "ConvTranspose", "MultiHeadAttention",
     "Range",  # reads three scalars, writes its output (rotary-embedding-batch: the position ids)
 }
 CONTROL_FLOW = {"If", "Loop", "Scan"}  # their events include their subgraphs' nodes, which are listed themselves

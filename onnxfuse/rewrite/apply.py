@@ -96,11 +96,19 @@ def _env(rule: Rule, graph: Graph, b: Binding, computed: dict[str, object]) -> E
 def compute_constants(rule: Rule, graph: Graph, b: Binding) -> dict[str, object]:
     computed: dict[str, object] = {}
     env = _env(rule, graph, b, computed)
+
+    def check(requires) -> None:
+        for expr, text in requires:
+            if not bool(np.all(evaluate(expr, env))):
+                raise ComputeError(f"require failed: {text}{_dynamic_dims(expr, graph, b)}")
+
+    # conditions that read no computed constant first: a rule that does not apply says which condition, not
+    # how computing its constants failed on a match they exclude (a grouped weight's broadcast)
+    reads_computed = [any(n in rule.compute for n, _, _ in expr.names) for expr, _ in rule.require]
+    check([r for r, late in zip(rule.require, reads_computed, strict=True) if not late])
     for name, expr in rule.compute.items():
         computed[name] = evaluate(expr, env)
-    for expr, text in rule.require:
-        if not bool(np.all(evaluate(expr, env))):
-            raise ComputeError(f"require failed: {text}{_dynamic_dims(expr, graph, b)}")
+    check([r for r, late in zip(rule.require, reads_computed, strict=True) if late])
     return computed
 
 

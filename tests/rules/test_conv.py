@@ -357,3 +357,53 @@ def test_pad_fusedconv_fold_near_misses():
     check_misses(_pad_fusedconv(mode="reflect"), "pad-fusedconv-fold", 'require failed: default(p.mode, "constant")')
     check_misses(_pad_fusedconv(pads=(0, 1, 0, 1, 0, 0, 1, 2)), "pad-fusedconv-fold",
                  "require failed: all(take(PADS")
+
+
+# ----- ConvTranspose folds (paddle2onnx's DB head: ConvTranspose, Add of the bias, BatchNormalization) -----------
+def _convt(post, bias=False, group=1, add_shape=(1, 6, 1, 1), bn=False, eps=1e-5):
+    """x[1,4,5,5] -> ConvTranspose (k 2, stride 2; 6 output channels) -> [Add of a constant] -> [BatchNorm]."""
+    inits = {"w": (RNG.standard_normal((4, 6 // group, 2, 2)) * 0.3).astype(np.float32)}
+    ins = ["x", "w"] + (["b"] if bias else [])
+    if bias:
+        inits["b"] = RNG.standard_normal(6).astype(np.float32)
+    nodes = [oh.make_node("ConvTranspose", ins, ["t"], kernel_shape=[2, 2], strides=[2, 2], group=group)]
+    cur = "t"
+    if post in ("add", "add-bn"):
+        inits["k"] = RNG.standard_normal(add_shape).astype(np.float32)
+        nodes.append(oh.make_node("Add", [cur, "k"], ["a"]))
+        cur = "a"
+    if post in ("bn", "add-bn"):
+        inits |= {"scale": RNG.uniform(0.5, 2, 6).astype(np.float32), "shift": RNG.standard_normal(6).astype(np.float32),
+                  "mean": RNG.standard_normal(6).astype(np.float32), "var": RNG.uniform(0.5, 2, 6).astype(np.float32)}
+        nodes.append(oh.make_node("BatchNormalization", [cur, "scale", "shift", "mean", "var"], ["bo"], epsilon=eps))
+        cur = "bo"
+    nodes.append(oh.make_node("Relu", [cur], ["y"]))
+    return make_model(nodes, [("x", [1, 4, 5, 5])], [("y", [1, 6, 10, 10])], inits, opset=17)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("shape", [(1, 6, 1, 1), (6, 1, 1), ()], ids=["1c11", "c11", "scalar"])
+def test_convtranspose_add_fold_fires(bias, shape):
+    got = check_fires(_convt("add", bias, add_shape=shape), "convtranspose-add-fold", ["ConvTranspose", "Relu"])
+    ct = got.graph.node[0]
+    assert len(ct.input) == 3 and _attrs(ct)["strides"] == [2, 2]
+
+
+def test_convtranspose_bn_fold_fires_and_chains_after_the_bias_add():
+    got = check_fires(_convt("bn", bias=True), "convtranspose-bn-fold", ["ConvTranspose", "Relu"],
+                      rtol=1e-4, atol=1e-4)
+    assert _attrs(got.graph.node[0])["kernel_shape"] == [2, 2]
+    # paddle2onnx's spelling: no bias, an Add of it, then BatchNormalization: both fold, one ConvTranspose is left
+    check_fires(_convt("add-bn"), ["convtranspose-add-fold", "convtranspose-bn-fold"], ["ConvTranspose", "Relu"],
+                fired={"convtranspose-add-fold": 1, "convtranspose-bn-fold": 1}, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("rule_id", "post"), [("convtranspose-add-fold", "add"), ("convtranspose-bn-fold", "bn")])
+def test_convtranspose_folds_leave_grouped_convtranspose(rule_id, post):
+    """A grouped ConvTranspose's output channel m is not W[:, m]: neither fold fires, and the reason is the
+    group (checked before the constants are computed), not a failed broadcast."""
+    check_misses(_convt(post, group=2, add_shape=()), rule_id, "require failed: default(c.group, 1) == 1")
+
+
+def test_convtranspose_add_fold_needs_a_per_channel_constant():
+    check_misses(_convt("add", add_shape=(1, 6, 10, 10)), "convtranspose-add-fold", "C has shape [1, 6, 10, 10]")

@@ -191,7 +191,7 @@ def test_affine_as_depthwise_conv_near_misses():
     check_misses(_affine(a_shape=(1, 1, 8, 1)), "affine-as-depthwise-conv")  # varies over rows: not per channel
     x = make_model([oh.make_node("Mul", ["x", "a"], ["m"]), oh.make_node("Add", ["m", "b"], ["y"])],
                    [("x", [1, "c", 8, 8])], [("y", [1, "c", 8, 8])], {"a": _w(1), "b": _w(1)})
-    check_misses(x, "affine-as-depthwise-conv", "shape [-1]")  # the group needs the channel count
+    check_misses(x, "affine-as-depthwise-conv", "require failed: X.dims[1] > 0")  # the group needs the channels
     r, _ = fuse(_affine(), "affine-as-depthwise-conv", target="cuda")
     assert [(s.rule, s.reason) for s in r.skipped] == [("affine-as-depthwise-conv", "declared for cpu only")]
 
@@ -215,3 +215,53 @@ def assert_same_at(model, got, feeds):
     have = ort.InferenceSession(got.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
     for a, b in zip(want, have, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+def _residual_gate(hw=(8, 8), dynamic=False, swap=False, gate_shape=None, extra_reader=False):
+    """PP-OCR's RSE block: y = c + c * g, g the SE gate of c ([1, C, 1, 1]); `swap`: Add(c * g, c) and
+    Mul(g, c); `gate_shape`: a constant gate of that shape instead."""
+    h, w = hw
+    gnodes, ginits = GATES["hardsigmoid"]
+    nodes = [oh.make_node("Conv", ["x", "w0", "b0"], ["c"], pads=[1, 1, 1, 1])]
+    inits = dict(INITS)
+    if gate_shape is None:
+        nodes += [oh.make_node("GlobalAveragePool", ["c"], ["p"]), oh.make_node("Conv", ["p", "w1", "b1"], ["r"]),
+                  oh.make_node("Relu", ["r"], ["rr"]), oh.make_node("Conv", ["rr", "w2", "b2"], ["e"]), *gnodes]
+        inits |= ginits
+    else:
+        inits["g"] = _w(*gate_shape)
+    nodes += [oh.make_node("Mul", ["g", "c"] if swap else ["c", "g"], ["m"]),
+              oh.make_node("Add", ["m", "c"] if swap else ["c", "m"], ["y"])]
+    outs = [("y", [1, C, "h", "w"] if dynamic else [1, C, h, w])]
+    if extra_reader:  # the product is read elsewhere too: it must stay
+        outs.append(("m", outs[0][1]))
+    return make_model(nodes, [("x", [1, C, "h", "w"] if dynamic else [1, C, h, w])], outs, inits)
+
+
+@pytest.mark.parametrize("swap", [False, True], ids=["c+c*g", "c*g+c"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic-hw"])
+def test_se_residual_gate_moves_the_add_onto_the_gate(swap, dynamic):
+    got = check_fires(_residual_gate(dynamic=dynamic, swap=swap), "se-residual-gate",
+                      ["Conv", "GlobalAveragePool", "Conv", "Relu", "Conv", "HardSigmoid", "Add", "Mul"],
+                      feeds=rand_feeds(_residual_gate(), dims={"h": 8, "w": 8}), rtol=1e-5, atol=1e-5)
+    add, mul = got.graph.node[-2:]
+    inits = {t.name: numpy_helper.to_array(t) for t in got.graph.initializer}
+    assert "g" in add.input and inits[next(i for i in add.input if i != "g")].tolist() == [1.0]
+    assert sorted(mul.input) == sorted(["c", add.output[0]])
+
+
+def test_se_residual_gate_takes_a_constant_gate_and_chains_into_the_gate_broadcast():
+    check_fires(_residual_gate(gate_shape=(1, C, 1, 1)), "se-residual-gate", ["Conv", "Constant", "Mul"])  # g + 1 folds
+    # static H, W: the remaining Mul is an SE product, which se-gate-broadcast keeps in NCHWc
+    check_fires(_residual_gate(), ["se-residual-gate", "se-gate-broadcast"],
+                ["Conv", "GlobalAveragePool", "Conv", "Relu", "Conv", "HardSigmoid", "Add", "Resize", "Mul"],
+                fired={"se-residual-gate": 1, "se-gate-broadcast": 1})
+
+
+@pytest.mark.parametrize("kw, reason", [
+    ({"gate_shape": (1, C, 8, 8)}, None),                           # not a gate: nothing moves off the map
+    ({"hw": (1, 1)}, "X.dims[2] != 1 or X.dims[3] != 1"),          # the map is no bigger than the gate
+    ({"extra_reader": True}, None),                                 # the product is read elsewhere
+], ids=["map-sized", "1x1", "product-read-elsewhere"])
+def test_se_residual_gate_near_misses(kw, reason):
+    check_misses(_residual_gate(**kw), "se-residual-gate", reason)
