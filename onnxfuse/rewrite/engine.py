@@ -216,6 +216,10 @@ def _sweep(model: Model, active: list[Rule], options: EngineOptions, apps: list[
                 continue  # already at its fixed point
             index = _candidates(graph, None if dirty is None else _downstream(graph, dirty[id(graph)], depth))
             present = {(n.domain, n.op_type) for n in graph.live_nodes()}
+            # a match reaching a node an earlier rule made in this sweep waits for the next sweep, where the rules
+            # see it in their order: a Conv a BatchNorm fold just made goes to the earlier rule that reads it
+            # whole (a Concat split), not to the later one whose root happened to be indexed (Relu fusion)
+            before = {id(n) for n in graph.live_nodes()}
             for rule in active:
                 if not rule.required_ops <= present:
                     continue  # an op every match needs is not in this graph
@@ -229,6 +233,8 @@ def _sweep(model: Model, active: list[Rule], options: EngineOptions, apps: list[
                         b = matcher.match(node)
                         if b is None or match_issue(rule, graph, b, options.target):
                             continue
+                        if any(id(n) not in before for n in b.matched):
+                            continue  # made in this sweep: the next one sees it (changed is already set)
                         values = {v for n in b.matched + b.side for v in n.proto.input if v}
                         values.update(v for n in b.matched for v in n.proto.output if v)
                         try:

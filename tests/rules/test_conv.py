@@ -407,3 +407,62 @@ def test_convtranspose_folds_leave_grouped_convtranspose(rule_id, post):
 
 def test_convtranspose_add_fold_needs_a_per_channel_constant():
     check_misses(_convt("add", add_shape=(1, 6, 10, 10)), "convtranspose-add-fold", "C has shape [1, 6, 10, 10]")
+
+
+# ----- a Conv over a channel Concat: one Conv per map, summed -----------------------------------------------------
+def _concat_conv(n=2, chans=(4, 8, 4, 4), axis=1, k=3, bias=True, post=(), group=1):
+    """Maps m0..m{n-1} [1, chans[i], 6, 6] (graph inputs) -> Concat(axis) -> Conv (5 outputs, k x k, pads) ->
+    `post` ops ("bn", "relu")."""
+    cs = chans[:n]
+    inits = {"w": (RNG.standard_normal((5 * group if group > 1 else 5, sum(cs) // group, k, k)) * 0.3)
+             .astype(np.float32)}
+    if group > 1:
+        inits["w"] = (RNG.standard_normal((sum(cs), 1, k, k)) * 0.3).astype(np.float32)
+    ins = ["c", "w"] + (["b"] if bias else [])
+    if bias:
+        inits["b"] = RNG.standard_normal(inits["w"].shape[0]).astype(np.float32)
+    out_c = inits["w"].shape[0]
+    nodes = [oh.make_node("Concat", [f"m{i}" for i in range(n)], ["c"], axis=axis),
+             oh.make_node("Conv", ins, ["y0"], pads=[k // 2] * 4, group=group)]
+    cur = "y0"
+    for i, op in enumerate(post):
+        if op == "bn":
+            inits |= {"scale": RNG.uniform(0.5, 2, out_c).astype(np.float32),
+                      "shift": RNG.standard_normal(out_c).astype(np.float32),
+                      "mean": RNG.standard_normal(out_c).astype(np.float32),
+                      "var": RNG.uniform(0.5, 2, out_c).astype(np.float32)}
+            nodes.append(oh.make_node("BatchNormalization", [cur, "scale", "shift", "mean", "var"], [f"p{i}"]))
+        else:
+            nodes.append(oh.make_node("Relu", [cur], [f"p{i}"]))
+        cur = f"p{i}"
+    nodes[-1].output[0] = "y"
+    return make_model(nodes, [(f"m{i}", [1, c, 6, 6]) for i, c in enumerate(cs)], [("y", [1, out_c, 6, 6])], inits)
+
+
+@pytest.mark.parametrize(("rule_id", "n", "axis"), [("concat-conv-split", 2, 1), ("concat3-conv-split", 3, -3),
+                                                    ("concat4-conv-split", 4, 1)])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_concat_conv_split_gives_one_conv_per_map(rule_id, n, axis, bias):
+    got = check_fires(_concat_conv(n, axis=axis, bias=bias), rule_id,
+                      ["Conv", "Conv", "Add"] + ["Conv", "Add"] * (n - 2), rtol=1e-4, atol=1e-4)
+    convs = [x for x in got.graph.node if x.op_type == "Conv"]
+    inits = {t.name: numpy_helper.to_array(t) for t in got.graph.initializer}
+    assert [inits[c.input[1]].shape[1] for c in convs] == [4, 8, 4, 4][:n]  # the weights split by input channels
+    assert [len(c.input) for c in convs] == [3 if bias else 2] + [2] * (n - 1)  # the bias once
+    assert all(_attrs(c)["pads"] == [1, 1, 1, 1] for c in convs)
+
+
+def test_concat_conv_split_before_the_activation_fusion_after_the_bn_fold():
+    """Concat -> Conv -> BatchNormalization -> Relu: the BN folds first, the Concat splits, and the Relu rides
+    in the last Conv with the sum (conv-add-relu), not in a FusedConv the split could no longer see through."""
+    ids = ["conv-bn-fold", "concat-conv-split", "conv-add-relu", "conv-relu"]
+    check_fires(_concat_conv(2, post=("bn", "relu")), ids, ["Conv", "com.microsoft.FusedConv"],
+                fired={"conv-bn-fold": 1, "concat-conv-split": 1, "conv-add-relu": 1}, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("kw", "reason"), [
+    ({"axis": 2}, "require failed: norm_axes([c.axis], 4) == [1]"),
+    ({"group": 2}, "require failed"),
+])
+def test_concat_conv_split_near_misses(kw, reason):
+    check_misses(_concat_conv(2, **kw), "concat-conv-split", reason)
