@@ -41,6 +41,9 @@ tv_ssdlite_mnv3_320_ts17       torchvision ssdlite320_mobilenet_v3_large: backbo
 torch_crnn_48x320_ts17         CRNN recognizer in plain torch (PP-OCRv2-rec-like): MobileNetV3-style blocks with
                                (2,1) strides, Hardswish/SE/Hardsigmoid, height pooled, 2-layer BiLSTM 96,
                                CTC Linear to 6625 + Softmax; 48x320; TorchScript opset 17
+torch_yolov8n_640_ts17         YOLOv8n's published architecture in plain torch (C2f with Split and Concat, SPPF,
+                               PAN neck with nearest upsampling, decoupled head; raw [1, 144, 8400] outputs, no
+                               DFL decoding or NMS), 640x640; TorchScript opset 17
 pd_ppocr_rec_48x320_p2o14      PP-OCRv3-rec-like in paddle.nn: PP-LCNet x0.5 backbone (HardSwish, SE with
                                Hardsigmoid, 5x5 depthwise, (2,1) strides), 2 SVTR-style transformer blocks over
                                the width (dim 120, Swish MLP), CTC FC 6625 + Softmax; paddle2onnx opset 14
@@ -257,6 +260,86 @@ def _torch_crnn():
     return CRNN()
 
 
+def _torch_yolov8n():
+    """YOLOv8n's published architecture (width 0.25, depth 0.33) in plain torch: Conv = Conv2d + BN + SiLU, C2f
+    (Split, bottlenecks, Concat, 1x1 Conv), SPPF (three 5x5 MaxPools, Concat of four), a PAN neck with nearest
+    upsampling and Concats, the decoupled head (box 64 and class 80 channels per level, concatenated and
+    flattened: the raw outputs, no DFL decoding or NMS)."""
+    import torch
+    from torch import nn
+
+    class Conv(nn.Module):
+        def __init__(self, cin, cout, k=1, s=1):
+            super().__init__()
+            self.conv = nn.Conv2d(cin, cout, k, s, k // 2, bias=False)
+            self.bn = nn.BatchNorm2d(cout)
+
+        def forward(self, x):
+            return nn.functional.silu(self.bn(self.conv(x)))
+
+    class Bottleneck(nn.Module):
+        def __init__(self, c, shortcut):
+            super().__init__()
+            self.cv1, self.cv2, self.add = Conv(c, c, 3), Conv(c, c, 3), shortcut
+
+        def forward(self, x):
+            y = self.cv2(self.cv1(x))
+            return x + y if self.add else y
+
+    class C2f(nn.Module):
+        def __init__(self, cin, cout, n, shortcut):
+            super().__init__()
+            self.c = cout // 2
+            self.cv1, self.cv2 = Conv(cin, 2 * self.c), Conv((2 + n) * self.c, cout)
+            self.m = nn.ModuleList(Bottleneck(self.c, shortcut) for _ in range(n))
+
+        def forward(self, x):
+            y = list(self.cv1(x).chunk(2, 1))
+            y.extend(m(y[-1]) for m in self.m)
+            return self.cv2(torch.cat(y, 1))
+
+    class SPPF(nn.Module):
+        def __init__(self, cin, cout):
+            super().__init__()
+            self.cv1, self.cv2 = Conv(cin, cin // 2), Conv(cin // 2 * 4, cout)
+            self.m = nn.MaxPool2d(5, 1, 2)
+
+        def forward(self, x):
+            y = [self.cv1(x)]
+            y.extend(self.m(y[-1]) for _ in range(3))
+            return self.cv2(torch.cat(y, 1))
+
+    class Yolo(nn.Module):
+        def __init__(self, nc=80):
+            super().__init__()
+            self.b1 = nn.Sequential(Conv(3, 16, 3, 2), Conv(16, 32, 3, 2), C2f(32, 32, 1, True), Conv(32, 64, 3, 2),
+                                    C2f(64, 64, 2, True))
+            self.b2 = nn.Sequential(Conv(64, 128, 3, 2), C2f(128, 128, 2, True))
+            self.b3 = nn.Sequential(Conv(128, 256, 3, 2), C2f(256, 256, 1, True), SPPF(256, 256))
+            self.up = nn.Upsample(scale_factor=2, mode="nearest")
+            self.h12, self.h15 = C2f(384, 128, 1, False), C2f(192, 64, 1, False)
+            self.d16, self.h18 = Conv(64, 64, 3, 2), C2f(192, 128, 1, False)
+            self.d19, self.h21 = Conv(128, 128, 3, 2), C2f(384, 256, 1, False)
+            self.box = nn.ModuleList(nn.Sequential(Conv(c, 64, 3), Conv(64, 64, 3), nn.Conv2d(64, 64, 1))
+                                     for c in (64, 128, 256))
+            self.cls = nn.ModuleList(nn.Sequential(Conv(c, 80, 3), Conv(80, 80, 3), nn.Conv2d(80, nc, 1))
+                                     for c in (64, 128, 256))
+            self.no = nc + 64
+
+        def forward(self, x):
+            p3 = self.b1(x)
+            p4 = self.b2(p3)
+            p5 = self.b3(p4)
+            h12 = self.h12(torch.cat([self.up(p5), p4], 1))
+            h15 = self.h15(torch.cat([self.up(h12), p3], 1))
+            h18 = self.h18(torch.cat([self.d16(h15), h12], 1))
+            h21 = self.h21(torch.cat([self.d19(h18), p5], 1))
+            outs = [torch.cat([b(f), c(f)], 1) for f, b, c in zip((h15, h18, h21), self.box, self.cls, strict=True)]
+            return torch.cat([o.flatten(2) for o in outs], 2)  # [1, 144, 8400] at 640x640
+
+    return Yolo()
+
+
 def export_torch(name: str, path: Path) -> None:
     import torch
     import torchvision.models as tvm
@@ -297,6 +380,9 @@ def export_torch(name: str, path: Path) -> None:
         m = Raw()
     elif name.startswith("torch_crnn"):
         m = _torch_crnn()
+    elif name.startswith("torch_yolov8n"):
+        size = 640
+        m = _torch_yolov8n()
     else:
         raise KeyError(name)
     m.eval()
@@ -433,6 +519,7 @@ MODELS: dict[str, str] = {
     "keras_unet_256_tf17": "tf",
     "tv_mnv3large_224_ts17": "torch", "tv_mnv3large_224_dynamo18": "torch", "tv_effnetb0_224_ts17": "torch",
     "tv_lraspp_mnv3_512_ts17": "torch", "tv_ssdlite_mnv3_320_ts17": "torch", "torch_crnn_48x320_ts17": "torch",
+    "torch_yolov8n_640_ts17": "torch",
     "pd_ppocr_rec_48x320_p2o14": "paddle", "pd_mnv3small_224_p2o14": "paddle",
 }
 EXPORT = {"tf": export_keras, "torch": export_torch, "paddle": export_paddle}

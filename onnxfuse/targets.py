@@ -8,9 +8,11 @@ answer names its source.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
-from collections.abc import Mapping
+import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 
@@ -199,3 +201,57 @@ def kernel_issue(domain: str, op: str, target: str, elem_type: int | None = None
                                                        for k in ks))))
             return f"the {where} kernel for {qual} does not take {elem} (it takes {takes}; {src.label})"
     return None
+
+
+_ASSUMED_NCHWC: list[bool] = []  # assume_cpu_nchwc's stack
+
+
+@contextlib.contextmanager
+def assume_cpu_nchwc(value: bool) -> Iterator[None]:
+    """cpu_nchwc() answers `value` inside the block: the rule self-test checks the numbers of a rewrite this
+    machine's layout keeps the optimizer from making (a FusedConv with Z still runs here)."""
+    _ASSUMED_NCHWC.append(value)
+    try:
+        yield
+    finally:
+        _ASSUMED_NCHWC.pop()
+
+
+NCHWC_ENV = "ONNXFUSE_CPU_NCHWC"  # "1" / "0": decide for the CPU that will run the model, not this one
+
+
+def cpu_nchwc() -> bool:
+    """Whether onnxruntime runs CPU convolutions in its blocked NCHWc layout: assume_cpu_nchwc's value inside
+    its block; else ONNXFUSE_CPU_NCHWC=1 or 0 (optimizing here for another CPU: 0 for ARM); else this machine's
+    answer (_probe_nchwc)."""
+    if _ASSUMED_NCHWC:
+        return _ASSUMED_NCHWC[-1]
+    env = os.environ.get(NCHWC_ENV, "").strip()
+    if env in ("0", "1"):
+        return env == "1"
+    return _probe_nchwc()
+
+
+@functools.cache
+def _probe_nchwc() -> bool:
+    """Whether the installed onnxruntime runs CPU convolutions in its blocked NCHWc layout on this machine (MLAS
+    has NCHWc kernels on x86 with AVX2 or AVX-512, not elsewhere). Asked of onnxruntime: a one-Conv model
+    optimized at ORT_ENABLE_ALL, its written graph searched for com.microsoft.nchwc ops (about 20 ms, once)."""
+    import tempfile
+
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((16, 16, 3, 3), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "probe",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    with tempfile.TemporaryDirectory(prefix="onnxfuse-nchwc-") as d:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.optimized_model_filepath = os.path.join(d, "probe.onnx")
+        so.log_severity_level = 3
+        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return any(n.domain == "com.microsoft.nchwc" for n in onnx.load(so.optimized_model_filepath).graph.node)

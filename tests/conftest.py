@@ -21,6 +21,10 @@ ort.set_default_logger_severity(3)
 # test gets a fresh, empty one (the fixture below), so no state is carried between runs or between tests (the
 # order tests run in, which xdist varies, cannot change what one sees).
 os.environ["ONNXFUSE_CACHE_DIR"] = tempfile.mkdtemp(prefix="onnxfuse-test-cache-")
+# Rules with a condition on the CPU's layout (conv-add: not where onnxruntime runs convolutions in NCHWc) rewrite
+# the same on every machine the suite runs on: it decides as for an x86 CPU with AVX2 or AVX-512 (the probe of
+# this machine's onnxruntime is tested on its own, tests/rules/test_conv.py).
+os.environ["ONNXFUSE_CPU_NCHWC"] = "1"
 
 
 @pytest.fixture(autouse=True)

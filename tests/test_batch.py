@@ -40,7 +40,7 @@ def test_folder_into_output_folder_matches_single_model_output(cli, tmp_path):
     assert lines[-1].startswith(f"{len(NAMES)} model(s): {len(NAMES)} written to {out}, 0 failed")
     assert "with --jobs 2" in lines[-1]
     cnn = next(line for line in lines if line.startswith(str(src / "cnn_small.onnx")))
-    assert "nodes 36 -> 14" in cnn and "FusedConv" in cnn and "validation passed" in cnn
+    assert "nodes 36 -> 16" in cnn and "FusedConv" in cnn and "validation passed" in cnn
     assert sorted(os.listdir(out)) == NAMES  # each output keeps its input's name; no temporary files left
     for n in NAMES:
         onnx.checker.check_model(onnx.load(str(out / n)), full_check=True)
@@ -64,7 +64,7 @@ def test_broken_model_fails_alone_json(cli, tmp_path):
     assert bad["schema"] == good["schema"] == "onnxfuse.optimize/1"
     assert bad["output"] is None and "not a valid ONNX model" in bad["error"] and bad["seconds"] >= 0
     assert good["error"] is None and good["output"] == str(out / "cnn_small.onnx")
-    assert good["nodes_before"] == 36 and good["nodes_after"] == 14 and good["fired"]["conv-bn-fold"] == 3
+    assert good["nodes_before"] == 36 and good["nodes_after"] == 16 and good["fired"]["conv-bn-fold"] == 3
     assert good["validation"]["status"] == "passed" and good["written"] == [good["output"]]
     assert good["measure"] is None and good["seconds"] > 0
 

@@ -16,7 +16,7 @@ def test_optimize_prints_summary(cli, tmp_path):
     out = tmp_path / "o.onnx"
     code, stdout, stderr = cli("optimize", CNN, out)
     assert code == 0, stderr
-    assert "nodes 36 -> 14" in stdout
+    assert "nodes 36 -> 16" in stdout
     assert "conv-bn-fold" in stdout and "validation: passed" in stdout
     assert "logits" in stdout  # the per-output validation table
     assert out.exists()
@@ -30,7 +30,7 @@ def test_optimize_json(cli, tmp_path):
     assert data["fired"]["conv-bn-fold"] == 3
     assert data["validation"]["status"] == "passed"
     assert data["validation"]["outputs"][0]["name"] == "logits"
-    assert data["nodes_before"] == 36 and data["nodes_after"] == 14
+    assert data["nodes_before"] == 36 and data["nodes_after"] == 16
 
 
 def test_dry_run_writes_nothing(cli, tmp_path):

@@ -501,3 +501,34 @@ def test_reason_of_a_refused_full_match_survives_a_later_equal_attempt():
     b, best = match(r, model(nodes, [("x", [3])], [("y", [3]), ("z", [3])], {"c": np.ones(3, F32)}), "neg")
     assert b is None
     assert best.reason == "Add 'add' (line s) has 1 consumer(s) outside the match (Sigmoid 'sig')"
+
+
+def test_rules_keep_their_order_on_nodes_made_in_the_same_sweep():
+    """A Conv a fold makes goes to the earlier rule whose root it is, not to a later rule that reads it from a
+    root indexed before the fold (Relu): that match waits for the next sweep, where the order holds."""
+    rs = rules("""
+        - id: fold
+          match:
+            c: Conv(X, W)
+            Y: Neg(c)
+          rewrite:
+            Y: Conv(X, W)
+        - id: first
+          match:
+            a: Abs(X)
+            Y: Conv(a, W)
+          rewrite:
+            Y: Sigmoid(X)
+        - id: later
+          match:
+            c: Conv(X, W)
+            Y: Relu(c)
+          rewrite:
+            Y: Tanh(X)
+    """)
+    m = model([oh.make_node("Abs", ["x"], ["a"], name="abs"), oh.make_node("Conv", ["a", "w"], ["c"], name="conv"),
+               oh.make_node("Neg", ["c"], ["n"], name="neg"), oh.make_node("Relu", ["n"], ["y"], name="relu")],
+              [("x", [1, 2, 4, 4])], [("y", None)], {"w": np.ones((2, 2, 1, 1), np.float32)})
+    res = run(m, rs, EngineOptions(fold=False))
+    assert [a.rule for a in res.applications] == ["fold", "first"]
+    assert sorted(n.op_type for n in m.graph.live_nodes()) == ["Relu", "Sigmoid"]

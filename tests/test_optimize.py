@@ -34,15 +34,18 @@ def _ops(model) -> Counter:
 def test_cnn_small_exact_rewrite(tmp_path):
     r, m = _opt("cnn_small", tmp_path)
     ops = _ops(m)
-    assert ops["com.microsoft.FusedConv"] == 9
-    assert ops["Conv"] == 1  # the Conv followed by Add of a per-channel constant: bias folded, nothing to fuse
+    assert ops["com.microsoft.FusedConv"] == 8
+    # the Conv followed by Add of a per-channel constant: bias folded, nothing to fuse; and the residual
+    # Conv + Add + Relu, which onnxruntime sums into its NCHWc Conv itself (conv-add-relu is not used where it
+    # runs convolutions in NCHWc, as the suite assumes: tests/conftest.py)
+    assert ops["Conv"] == 2 and ops["Add"] == 1 and ops["Relu"] == 1
     assert ops["com.microsoft.FusedGemm"] == 1
-    for gone in ("BatchNormalization", "Relu", "Clip", "Div", "HardSigmoid", "Sigmoid", "Tanh", "LeakyRelu"):
+    for gone in ("BatchNormalization", "Clip", "Div", "HardSigmoid", "Sigmoid", "Tanh", "LeakyRelu"):
         assert ops[gone] == 0, gone
-    assert r.fired["conv-bn-fold"] == 3
+    assert r.fired["conv-bn-fold"] == 3 and "conv-add-relu" not in r.fired
     activations = sorted(a.s.decode() for n in m.graph.node if n.op_type == "FusedConv"
                          for a in n.attribute if a.name == "activation")
-    assert activations == ["Clip", "HardSigmoid", "HardSwish", "LeakyRelu", "Relu", "Relu", "Relu", "Sigmoid", "Tanh"]
+    assert activations == ["Clip", "HardSigmoid", "HardSwish", "LeakyRelu", "Relu", "Relu", "Sigmoid", "Tanh"]
     assert r.validation == "passed"
     assert all(c.passed for c in r.checks)
 

@@ -129,7 +129,17 @@ FUNCTIONS: Table[Function] = Table("Functions", "Functions of `compute`, `requir
     Function("arange", lambda n: np.arange(int(n)), "n", "The integers 0 .. n-1.", "arange(3)", [0, 1, 2]),
     Function("all", lambda x: bool(np.all(x)), "x", "True when every element of x is true.", "all([True, False])", False),
     Function("any", lambda x: bool(np.any(x)), "x", "True when some element of x is true.", "any([True, False])", True),
+    Function("cpu_nchwc", lambda: _cpu_nchwc(), "",
+       "True when onnxruntime runs this machine's CPU convolutions in its blocked NCHWc layout (x86 with AVX2 or "
+       "AVX-512), asked of onnxruntime once: a condition for rewrites that would take a Conv out of that layout.",
+       "cpu_nchwc()"),
 ])
+
+
+def _cpu_nchwc() -> bool:
+    from ..targets import cpu_nchwc  # onnxruntime is imported only when a rule asks
+
+    return cpu_nchwc()
 
 _BINOPS: dict[type, Callable[[object, object], object]] = {
     ast.Add: lambda a, b: a + b,

@@ -53,7 +53,7 @@ def groups_on_model(regions: list[Region]) -> dict[tuple[str, tuple[str, ...]], 
     for r in regions:
         if r.untimeable not in NOT_ALONE:
             groups.setdefault((r.label, tuple(r.rules)), []).append(r)
-    if alone:
+    if alone:  # last: the rules that declare `measure: model` are decided first where the budget runs short
         groups[(NOT_ALONE_LABEL, tuple(sorted({x for r in alone for x in r.rules})))] = alone
     return groups
 
@@ -75,8 +75,10 @@ def decide_on_model(run: RegionRun, regions: list[Region], kept: set[Key], dropp
         key = digest("on model", fingerprint, repr(applied), repr(sorted(keys)), run.env)
         c = run.compared(key)
         now = time.perf_counter()
-        deadline = now + (run.deadline - reserve_s - now) / (len(groups) - i)  # this group's share
-        if c is None and now + run.rebuild_s + run.comparison_s() > deadline:
+        # this group's share of what is left bounds its runs past their minimum; it is left out only when its
+        # rebuild and sessions do not fit what is left at all (a share too small for them went to the last group)
+        deadline = now + (run.deadline - reserve_s - now) / (len(groups) - i)
+        if c is None and now + run.rebuild_s + run.comparison_s() > run.deadline - reserve_s:
             row.source, row.why = "budget", f"whole model: not reached within {run.budget:g} s"
             run.cache.put(key, {"kind": "on model", "source": "budget", "budget": run.budget, "why": row.why,
                                 **run.tag, "rules": list(rules)})

@@ -1,12 +1,15 @@
 """patterns/conv.yaml: BatchNormalization / Mul / Add folded into a Conv; com.microsoft.FusedConv with each
 activation and with a residual; NhwcConv (CUDA)."""
 
+import tempfile
+
 import numpy as np
+import onnx
 import onnx.helper as oh
 import pytest
 from onnx import TensorProto, numpy_helper
 
-from .conftest import assert_same, check_fires, check_misses, fuse, make_model, rand_feeds
+from .conftest import assert_same, check_fires, check_misses, fuse, make_model, rand_feeds, rule
 
 RNG = np.random.default_rng(0)
 W = (RNG.standard_normal((6, 4, 3, 3)) * 0.3).astype(np.float32)
@@ -117,9 +120,18 @@ def _residual(relu=True, swap=False, z_shape=Y_SHAPE, extra_reader=False):
     return m
 
 
+@pytest.fixture
+def no_nchwc():
+    """A CPU where onnxruntime runs convolutions in NCHW (ARM, or x86 without AVX2): what conv-add is for."""
+    from onnxfuse.targets import assume_cpu_nchwc
+
+    with assume_cpu_nchwc(False):
+        yield
+
+
 @pytest.mark.parametrize(("rule_id", "relu"), [("conv-add-relu", True), ("conv-add", False)])
 @pytest.mark.parametrize("swap", [False, True], ids=["", "swapped"])
-def test_conv_residual_fires(rule_id, relu, swap):
+def test_conv_residual_fires(rule_id, relu, swap, no_nchwc):
     got = check_fires(_residual(relu, swap), rule_id, ["com.microsoft.FusedConv"], rtol=1e-5, atol=1e-5)
     node = got.graph.node[0]
     assert list(node.input) == ["x", "w", "b", "z"]
@@ -127,7 +139,45 @@ def test_conv_residual_fires(rule_id, relu, swap):
 
 
 @pytest.mark.parametrize(("rule_id", "relu"), [("conv-add-relu", True), ("conv-add", False)])
-def test_conv_residual_near_misses(rule_id, relu):
+def test_conv_residual_not_where_onnxruntime_sums_into_its_nchwc_conv(rule_id, relu):
+    """onnxruntime runs a FusedConv with Z outside its NCHWc layout: on such a CPU the residual stays an Add
+    (which onnxruntime sums into its blocked Conv), and the near miss names the condition."""
+    from onnxfuse.targets import assume_cpu_nchwc
+
+    with assume_cpu_nchwc(True):
+        check_misses(_residual(relu), rule_id, "require failed: not cpu_nchwc() (on cpu)")
+    if "cuda" in rule(rule_id).targets:  # the GPU's FusedConv is another kernel: no such condition there
+        r, _ = fuse(_residual(relu), rule_id, target="cuda")
+        assert r.fired == {rule_id: 1}
+
+
+def test_the_nchwc_probe_asks_onnxruntime():
+    """cpu_nchwc() is onnxruntime's answer on this machine (a Conv it rewrote into com.microsoft.nchwc ops),
+    cached; assume_cpu_nchwc overrides it inside its block only."""
+    import onnxruntime as ort
+
+    from onnxfuse.targets import _probe_nchwc, assume_cpu_nchwc, cpu_nchwc
+
+    m = _conv([oh.make_node("Relu", ["c"], ["y"])])
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.optimized_model_filepath = str(tempfile.mkdtemp() + "/o.onnx")
+    so.log_severity_level = 3
+    ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    blocked = any(n.domain == "com.microsoft.nchwc" for n in onnx.load(so.optimized_model_filepath).graph.node)
+    assert _probe_nchwc() == blocked
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("ONNXFUSE_CPU_NCHWC")  # the suite decides as for an NCHWc CPU (tests/conftest.py)
+        assert cpu_nchwc() == blocked
+        mp.setenv("ONNXFUSE_CPU_NCHWC", "0" if blocked else "1")  # optimizing here for another CPU
+        assert cpu_nchwc() == (not blocked)
+        with assume_cpu_nchwc(blocked):
+            assert cpu_nchwc() == blocked
+        assert cpu_nchwc() == (not blocked)
+
+
+@pytest.mark.parametrize(("rule_id", "relu"), [("conv-add-relu", True), ("conv-add", False)])
+def test_conv_residual_near_misses(rule_id, relu, no_nchwc):
     # Z broadcast along the channel axis is a bias, not a residual FusedConv takes
     check_misses(_residual(relu, z_shape=[1, 6, 1, 1]), rule_id)
     if relu:
@@ -409,60 +459,55 @@ def test_convtranspose_add_fold_needs_a_per_channel_constant():
     check_misses(_convt("add", add_shape=(1, 6, 10, 10)), "convtranspose-add-fold", "C has shape [1, 6, 10, 10]")
 
 
-# ----- a Conv over a channel Concat: one Conv per map, summed -----------------------------------------------------
-def _concat_conv(n=2, chans=(4, 8, 4, 4), axis=1, k=3, bias=True, post=(), group=1):
-    """Maps m0..m{n-1} [1, chans[i], 6, 6] (graph inputs) -> Concat(axis) -> Conv (5 outputs, k x k, pads) ->
-    `post` ops ("bn", "relu")."""
-    cs = chans[:n]
-    inits = {"w": (RNG.standard_normal((5 * group if group > 1 else 5, sum(cs) // group, k, k)) * 0.3)
-             .astype(np.float32)}
-    if group > 1:
-        inits["w"] = (RNG.standard_normal((sum(cs), 1, k, k)) * 0.3).astype(np.float32)
-    ins = ["c", "w"] + (["b"] if bias else [])
-    if bias:
-        inits["b"] = RNG.standard_normal(inits["w"].shape[0]).astype(np.float32)
-    out_c = inits["w"].shape[0]
-    nodes = [oh.make_node("Concat", [f"m{i}" for i in range(n)], ["c"], axis=axis),
-             oh.make_node("Conv", ins, ["y0"], pads=[k // 2] * 4, group=group)]
-    cur = "y0"
-    for i, op in enumerate(post):
-        if op == "bn":
-            inits |= {"scale": RNG.uniform(0.5, 2, out_c).astype(np.float32),
-                      "shift": RNG.standard_normal(out_c).astype(np.float32),
-                      "mean": RNG.standard_normal(out_c).astype(np.float32),
-                      "var": RNG.uniform(0.5, 2, out_c).astype(np.float32)}
-            nodes.append(oh.make_node("BatchNormalization", [cur, "scale", "shift", "mean", "var"], [f"p{i}"]))
-        else:
-            nodes.append(oh.make_node("Relu", [cur], [f"p{i}"]))
-        cur = f"p{i}"
-    nodes[-1].output[0] = "y"
-    return make_model(nodes, [(f"m{i}", [1, c, 6, 6]) for i, c in enumerate(cs)], [("y", [1, out_c, 6, 6])], inits)
+# ----- a channel Slice of a Conv: a Conv with those filters (torch's chunk, YOLO's C2f) ------------------------
+def _chunk(act=None, parts=((0, 4), (4, 8)), group=1, axis=1, opset=17):
+    """x[1,4,6,6] -> Conv (8 filters, 3x3) -> [SiLU as x * Sigmoid(x), or QuickGelu] -> Slices of the channels
+    (TorchScript's chunk: constant starts and ends) -> each part an output."""
+    inits = {"w": (RNG.standard_normal((8, 4 // group, 3, 3)) * 0.3).astype(np.float32),
+             "b": RNG.standard_normal(8).astype(np.float32), "ax": np.array([axis], np.int64)}
+    nodes = [oh.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], group=group)]
+    cur = "c"
+    if act == "silu":
+        nodes += [oh.make_node("Sigmoid", ["c"], ["sg"]), oh.make_node("Mul", ["c", "sg"], ["a"])]
+        cur = "a"
+    elif act == "quickgelu":
+        nodes.append(oh.make_node("QuickGelu", ["c"], ["a"], domain="com.microsoft", alpha=1.0))
+        cur = "a"
+    outs = []
+    for i, (s0, e0) in enumerate(parts):
+        inits[f"s{i}"], inits[f"e{i}"] = np.array([s0], np.int64), np.array([e0], np.int64)
+        nodes.append(oh.make_node("Slice", [cur, f"s{i}", f"e{i}", "ax"], [f"y{i}"]))
+        n = (min(e0, 8) if e0 >= 0 else 8 + e0) - (s0 if s0 >= 0 else 8 + s0)
+        outs.append((f"y{i}", [1, n, 6, 6]))
+    m = make_model(nodes, [("x", [1, 4, 6, 6])], outs, inits, opset=opset)
+    if act == "quickgelu":
+        m.opset_import.append(oh.make_opsetid("com.microsoft", 1))
+    return m
 
 
-@pytest.mark.parametrize(("rule_id", "n", "axis"), [("concat-conv-split", 2, 1), ("concat3-conv-split", 3, -3),
-                                                    ("concat4-conv-split", 4, 1)])
-@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
-def test_concat_conv_split_gives_one_conv_per_map(rule_id, n, axis, bias):
-    got = check_fires(_concat_conv(n, axis=axis, bias=bias), rule_id,
-                      ["Conv", "Conv", "Add"] + ["Conv", "Add"] * (n - 2), rtol=1e-4, atol=1e-4)
-    convs = [x for x in got.graph.node if x.op_type == "Conv"]
+@pytest.mark.parametrize(("rule_id", "act", "tail"), [
+    ("conv-channel-slice", None, []),
+    ("conv-silu-channel-slice", "silu", ["com.microsoft.QuickGelu"]),
+])
+def test_conv_channel_slice_gives_one_conv_per_part(rule_id, act, tail):
+    """Both Slices become Convs with their filters; the shared Conv (and activation) goes with the last one."""
+    got = check_fires(_chunk(act), rule_id, (["Conv"] + tail) * 2, fired={rule_id: 2})
     inits = {t.name: numpy_helper.to_array(t) for t in got.graph.initializer}
-    assert [inits[c.input[1]].shape[1] for c in convs] == [4, 8, 4, 4][:n]  # the weights split by input channels
-    assert [len(c.input) for c in convs] == [3 if bias else 2] + [2] * (n - 1)  # the bias once
+    convs = [n for n in got.graph.node if n.op_type == "Conv"]
+    assert [inits[c.input[1]].shape[0] for c in convs] == [4, 4]
     assert all(_attrs(c)["pads"] == [1, 1, 1, 1] for c in convs)
 
 
-def test_concat_conv_split_before_the_activation_fusion_after_the_bn_fold():
-    """Concat -> Conv -> BatchNormalization -> Relu: the BN folds first, the Concat splits, and the Relu rides
-    in the last Conv with the sum (conv-add-relu), not in a FusedConv the split could no longer see through."""
-    ids = ["conv-bn-fold", "concat-conv-split", "conv-add-relu", "conv-relu"]
-    check_fires(_concat_conv(2, post=("bn", "relu")), ids, ["Conv", "com.microsoft.FusedConv"],
-                fired={"conv-bn-fold": 1, "concat-conv-split": 1, "conv-add-relu": 1}, rtol=1e-4, atol=1e-4)
+def test_conv_channel_slice_clamps_and_counts_from_the_end():
+    """Ends past the channel count (torch writes INT64_MAX) and negative starts are the Slice's own rules."""
+    check_fires(_chunk(parts=((-3, 2**62), (1, 3))), "conv-channel-slice", ["Conv", "Conv"],
+                fired={"conv-channel-slice": 2})
 
 
 @pytest.mark.parametrize(("kw", "reason"), [
-    ({"axis": 2}, "require failed: norm_axes([c.axis], 4) == [1]"),
-    ({"group": 2}, "require failed"),
+    ({"group": 2}, "require failed: default(c.group, 1) == 1"),   # a grouped Conv's filters read only its group
+    ({"axis": 2}, "norm_axes(AX, 4) == [1]"),                     # a slice of the rows is not a set of filters
+    ({"parts": ((5, 5),)}, "require failed: e0 > s0"),            # an empty part
 ])
-def test_concat_conv_split_near_misses(kw, reason):
-    check_misses(_concat_conv(2, **kw), "concat-conv-split", reason)
+def test_conv_channel_slice_near_misses(kw, reason):
+    check_misses(_chunk(**kw), "conv-channel-slice", reason)
