@@ -31,9 +31,9 @@ plus both profiles' ``to_json()``.
 Heavy: run it alone on the machine (timing), it takes about a minute per model.
 
 Two corpora: ``make_membound_models.py`` builds six nets with onnx.helper in their cleanest form;
-``make_membound_exports.py`` writes twelve exported by real exporters (tf2onnx from Keras applications
+``make_membound_exports.py`` writes thirteen exported by real exporters (tf2onnx from Keras applications
 EfficientNetB0 / MobileNetV3 and a Keras UNet, torch.onnx TorchScript and dynamo from torchvision
-MobileNetV3 / EfficientNet / LRASPP / SSDLite and a plain-torch CRNN, paddle2onnx PP-OCR-rec-like and
+MobileNetV3 / EfficientNet / LRASPP / SSDLite, a plain-torch CRNN and YOLOv8n, paddle2onnx PP-OCR-rec-like and
 MobileNetV3-small), in the forms users get (Keras NHWC transposes, BN as Mul/Add, Swish as x*Sigmoid,
 ReduceMean squeezes, decomposed HardSwish, Identity leftovers), each exporter in its own venv::
 
