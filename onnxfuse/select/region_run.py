@@ -197,8 +197,10 @@ class RegionRun:
         est, runs = self.capture_estimate(regions)
         # the confirmation, and a rebuild and a comparison per group decided on the whole model: on a 50 ms model
         # each comparison is seconds, and a budget that left them out left those groups undecided
-        steps = (regions_s + est + self.rebuild_s + self.whole_model_s()
-                 + on_model * (self.whole_model_s(ON_MODEL_ROUNDS) + self.rebuild_s))
+        steps = regions_s + est + self.rebuild_s
+        if on_model:  # the groups' comparisons, and the confirmation they would otherwise crowd out of the
+            # AUTO_MIN_S of timing (without groups it fits there: BERT-base's optimize stays near 20 s)
+            steps += self.whole_model_s() + on_model * (self.whole_model_s(ON_MODEL_ROUNDS) + self.rebuild_s)
         if self.automatic:
             ceiling = AUTO_MAX_S * max(1.0, self.weights / 2**30)
             if steps + AUTO_MIN_S <= ceiling:
