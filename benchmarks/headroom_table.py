@@ -19,8 +19,9 @@ One markdown row per model:
   (tiny), their time is not in "remaining" (the ``dw Conv`` column shows it);
 * captured: ``captured_share(input, output)`` = (input - output) / (input - limit);
 * remaining: the top 3 ``remaining_costs()`` of the output: op, ms per run, share of kernel time, calls per run;
-* dw Conv: time of the output's depthwise (group > 1) Conv nodes, ms and calls, matched by node name
-  (``depthwise_names``); part of the headroom although Conv is in the GEMM class;
+* dw Conv: time of the output's depthwise (group > 1) Conv nodes, ms and calls: the grouped Convs of
+  onnxruntime's own optimized graph, whose node names the profiler uses (``depthwise_names``); part of the
+  headroom although Conv is in the GEMM class;
 * fired: ``Result.fired`` (rules kept by measured selection).
 
 Then a mean captured-share line; a second table splits each output's headroom by what could remove it
@@ -54,45 +55,34 @@ import time
 from pathlib import Path
 
 import onnx
+import onnxruntime as ort
 
 import onnxfuse
 from onnxfuse.inspect.latency import probed_inputs
 from onnxfuse.inspect.op_profile import ProfileResult, captured_share
 from onnxfuse.validate.runtime import make_session, run
 
-CHAIN_OPS = {"BatchNormalization", "Relu", "Clip", "HardSwish", "HardSigmoid", "LeakyRelu", "Sigmoid", "Add",
-             "Sum", "Mul", "Swish", "QuickGelu"}
-
 
 def depthwise_names(path: str) -> set[str]:
-    """Names onnxruntime may give a depthwise (group > 1) Conv of this file after its own fusions: the node's
-    name, and the output names along its chain of single-consumer BatchNormalization / activation / Add
-    successors (the NCHWc transformer names a node '<its output>_nchwc')."""
-    m = onnx.load(path, load_external_data=False)
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for n in m.graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
-    out = set()
-    for n in m.graph.node:
-        if n.op_type not in ("Conv", "FusedConv") or not any(a.name == "group" and a.i > 1 for a in n.attribute):
-            continue
-        out.add(n.name)
-        cur = n
-        for _ in range(4):
-            out.add(cur.output[0])
-            nxt = consumers.get(cur.output[0], [])
-            if len(nxt) != 1 or nxt[0].op_type not in CHAIN_OPS:
-                break
-            cur = nxt[0]
-    return out
+    """The names of the grouped (group > 1: depthwise) convolutions in onnxruntime's own optimized graph of this
+    file (ORT_ENABLE_ALL, CPU, as the profile runs it): the profiler names its nodes by that graph, whatever
+    names the exporter gave (tf2onnx's and TorchScript's did not survive onnxruntime's fusions)."""
+    with tempfile.TemporaryDirectory(prefix="headroom-dw-") as d:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.intra_op_num_threads = 1
+        so.optimized_model_filepath = str(Path(d) / "o.onnx")
+        so.log_severity_level = 3
+        ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        g = onnx.load(so.optimized_model_filepath, load_external_data=False).graph
+    return {n.name for n in g.node if "Conv" in n.op_type and any(a.name == "group" and a.i > 1 for a in n.attribute)}
 
 
 def depthwise_time(p: ProfileResult, names: set[str]) -> tuple[float, float]:
     """(ms per run, calls per run) of the profiled Conv nodes that are depthwise convs (by name, above)."""
     ms = calls = 0.0
     for s in p.by_node:
-        if "Conv" in s.op and (s.name in names or s.name.removesuffix("_nchwc") in names):
+        if "Conv" in s.op and s.name in names:
             ms += s.total_us / 1e3
             calls += s.calls_per_run
     return ms, calls
