@@ -55,11 +55,11 @@ import time
 from pathlib import Path
 
 import onnx
-import onnxruntime as ort
 
 import onnxfuse
 from onnxfuse.inspect.latency import probed_inputs
 from onnxfuse.inspect.op_profile import ProfileResult, captured_share
+from onnxfuse.inspect.remaining import ort_optimized
 from onnxfuse.validate.runtime import make_session, run
 
 
@@ -67,14 +67,7 @@ def depthwise_names(path: str) -> set[str]:
     """The names of the grouped (group > 1: depthwise) convolutions in onnxruntime's own optimized graph of this
     file (ORT_ENABLE_ALL, CPU, as the profile runs it): the profiler names its nodes by that graph, whatever
     names the exporter gave (tf2onnx's and TorchScript's did not survive onnxruntime's fusions)."""
-    with tempfile.TemporaryDirectory(prefix="headroom-dw-") as d:
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.intra_op_num_threads = 1
-        so.optimized_model_filepath = str(Path(d) / "o.onnx")
-        so.log_severity_level = 3
-        ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-        g = onnx.load(so.optimized_model_filepath, load_external_data=False).graph
+    g = ort_optimized(path).graph
     return {n.name for n in g.node if "Conv" in n.op_type and any(a.name == "group" and a.i > 1 for a in n.attribute)}
 
 

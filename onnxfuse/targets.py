@@ -237,6 +237,7 @@ def _probe_nchwc() -> bool:
     """Whether the installed onnxruntime runs CPU convolutions in its blocked NCHWc layout on this machine (MLAS
     has NCHWc kernels on x86 with AVX2 or AVX-512, not elsewhere). Asked of onnxruntime: a one-Conv model
     optimized at ORT_ENABLE_ALL, its written graph searched for com.microsoft.nchwc ops (about 20 ms, once)."""
+    # its own session, not validate.runtime's or inspect.remaining.ort_optimized: targets sits below both
     import tempfile
 
     import numpy as np

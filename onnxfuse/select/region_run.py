@@ -195,12 +195,11 @@ class RegionRun:
         the automatic budget, up to AUTO_MAX_S (per GiB past 1 GiB). Why nothing can be timed ("" when something
         can): capture past CAPTURE_SHARE of a given budget, or those steps past the automatic budget's ceiling."""
         est, runs = self.capture_estimate(regions)
-        # the confirmation, and a rebuild and a comparison per group decided on the whole model: on a 50 ms model
-        # each comparison is seconds, and a budget that left them out left those groups undecided
         steps = regions_s + est + self.rebuild_s
-        if on_model:  # the groups' comparisons, and the confirmation they would otherwise crowd out of the
-            # AUTO_MIN_S of timing (without groups it fits there: BERT-base's optimize stays near 20 s)
-            steps += self.whole_model_s() + on_model * (self.whole_model_s(ON_MODEL_ROUNDS) + self.rebuild_s)
+        if on_model:  # each group's rebuild and comparison (seconds on a 50 ms model: left out, those groups went
+            # undecided), and the confirmation they would otherwise crowd out of the AUTO_MIN_S of timing (without
+            # groups it fits there: BERT-base's optimize stays near 20 s)
+            steps += self.whole_model_s() + on_model * self.group_s()
         if self.automatic:
             ceiling = AUTO_MAX_S * max(1.0, self.weights / 2**30)
             if steps + AUTO_MIN_S <= ceiling:
@@ -345,6 +344,10 @@ class RegionRun:
         (MIN_RUNS_FLOOR); a group decided on the whole model ON_MODEL_ROUNDS, since its effect is a few percent."""
         latency_s = self.latency_s or self.validator.run_s
         return self.comparison_s() + max(COMPARE_MIN_S, 3 * rounds * latency_s * len(self.profiles))
+
+    def group_s(self) -> float:
+        """What deciding one group on the whole model takes: a rebuild and ON_MODEL_ROUNDS rounds of comparison."""
+        return self.rebuild_s + self.whole_model_s(ON_MODEL_ROUNDS)
 
     def compared(self, key: str) -> Comparison | None:
         """A whole-model comparison decided by an earlier run (see _cached)."""

@@ -29,7 +29,7 @@ from ..validate.runtime import release_memory
 from ..validate.validate import Validator
 from .decision_cache import DecisionCache, digest
 from .on_model import decide_on_model, groups_on_model, split_on_model
-from .region_run import ON_MODEL_ROUNDS, Phases, RegionClass, RegionRun, automatic_budget
+from .region_run import Phases, RegionClass, RegionRun, automatic_budget
 from .regions import Region, find_regions
 from .rounds import GroupEffect, Key, MeasureReport
 
@@ -86,8 +86,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
         if pass_no == 0:  # keep time for the confirmation (three sessions of the model and its minimum runs),
             # and for each group of rewrites decided on the whole model a rebuild and ON_MODEL_ROUNDS rounds
             reserve = run.whole_model_s() + run.rebuild_s
-            group_reserve = run.whole_model_s(ON_MODEL_ROUNDS) + run.rebuild_s
-            region_deadline = max(run.deadline - reserve - group_reserve * len(groups_on_model(whole)),
+            region_deadline = max(run.deadline - reserve - run.group_s() * len(groups_on_model(whole)),
                                   time.perf_counter() + 0.3 * run.budget)
         with phase("time regions"):
             run.decide(classes, region_deadline)
