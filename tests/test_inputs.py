@@ -376,6 +376,23 @@ def test_a_dim_a_constant_fixes_gets_that_size_not_a_toy_one():
     assert plan.shapes["x"][2] == 3 and "MatMul" in plan.dims[2].why
 
 
+def test_a_dim_a_constant_fixes_keeps_that_size_while_the_others_are_searched():
+    """A ViT export (Optimum's: pixel_values [batch, num_channels, height, width]): the patch Conv fixes the
+    channels at 3, and the position table runs only at 32x32 (16 patches of 8). The channels stay 3 at every try
+    (before, the search paired 3 with 224 only and reached 32 with a toy channel count: no shapes found)."""
+    rng = np.random.default_rng(0)
+    nodes = [oh.make_node("Conv", ["x", "w"], ["c"], strides=[8, 8]),
+             oh.make_node("Reshape", ["c", "s"], ["r"]), oh.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1]),
+             oh.make_node("Add", ["t", "pos"], ["y"])]
+    model = make_model(nodes, [("x", ["batch_size", "num_channels", "height", "width"])], [("y", None)],
+                       {"w": rng.standard_normal((8, 3, 8, 8)).astype(np.float32),
+                        "s": np.array([0, 8, -1], np.int64), "pos": np.zeros((1, 16, 8), np.float32)})
+    plan, ref = discover(model, _probe(model))
+    b, c, h, w = plan.shapes["x"]
+    assert c == 3 and (h // 8) * (w // 8) == 16 and all("num_channels=3" in t for t in plan.tried)
+    np.testing.assert_allclose(ref["y"], ort_run(model, plan.feeds)[0])
+
+
 def _tiled_bias_model():
     nodes = [oh.make_node("Tile", ["b", "r"], ["bt"]), oh.make_node("Add", ["x", "bt"], ["y"])]
     return make_model(nodes, [("x", [1, 4, "n"])], [("y", None)],

@@ -156,7 +156,9 @@ def plan_dims(model: onnx.ModelProto, inputs: list[InputInfo], spec: ShapeSpec,
     for key, (k, node) in fixed_by_constants(model, inputs).items():
         dim = dims.get(key)
         if dim is not None and dim.fixed is None and dim.role not in ("batch", "past", "total"):
-            dim.ladder, dim.why = (k, *[v for v in dim.ladder if v != k]), f"{node} meets a constant dim of {k}"
+            # k at every level of the search: with the rest of its ladder after it, k met only the other dims'
+            # first sizes (a ViT export's 3 channels were tried at 224x224 only, never at its 32x32)
+            dim.ladder, dim.why = (k,), f"{node} meets a constant dim of {k}"
     return dims
 
 
