@@ -41,6 +41,31 @@ def test_shape_arithmetic_on_static_dims_folds_and_symbolic_dims_stay(tmp_path):
     np.testing.assert_array_equal(ort_run(got, {"x": x})[0], x.reshape(3, 24))
 
 
+def test_a_scale_read_from_static_dims_through_a_shape_slice_folds(tmp_path):
+    """torch's SDPA export (Hugging Face Optimum's BERT, ViT, CLIP...): the scale is 1/sqrt(q.shape[-1]) read at
+    run time, Sqrt(Cast(Slice(Shape(q), -1, INT64_MAX))), and its square root is applied to q. With q's head size
+    static and its batch and length symbolic, the whole chain is one number; the dims that are not static stay
+    (a Slice over them does not fold)."""
+    T = onnx.TensorProto
+    nodes = [oh.make_node("Shape", ["q"], ["s"]),
+             oh.make_node("Slice", ["s", "m1", "big"], ["d"]),
+             oh.make_node("Slice", ["s", "z", "one"], ["b"]),
+             oh.make_node("Cast", ["d"], ["df"], to=T.FLOAT), oh.make_node("Sqrt", ["df"], ["r"]),
+             oh.make_node("Div", ["c1", "r"], ["scale"]), oh.make_node("Sqrt", ["scale"], ["half"]),
+             oh.make_node("Mul", ["q", "half"], ["y"])]
+    m = make_model(nodes, [("q", ["batch", 4, "seq", 16])], [("y", None), ("b", None, T.INT64)],
+                   {"m1": np.array([-1], np.int64), "big": np.array([2**63 - 1], np.int64),
+                    "z": np.array([0], np.int64), "one": np.array([1], np.int64), "c1": np.array([1.0], np.float32)})
+    r, got = _run(tmp_path, m)
+    assert sorted(op_types(got)) == ["Constant", "Mul", "Shape", "Slice"]  # the batch Slice stays
+    const = next(n for n in got.graph.node if n.op_type == "Constant")
+    np.testing.assert_allclose(onnx.numpy_helper.to_array(const.attribute[0].t), [0.25 ** 0.5], rtol=1e-6)
+    q = np.random.default_rng(0).standard_normal((2, 4, 3, 16)).astype(np.float32)
+    y, b = ort_run(got, {"q": q})
+    np.testing.assert_allclose(y, q * 0.5, rtol=1e-6)
+    np.testing.assert_array_equal(b, [2])
+
+
 def _conv2d_same(h, w):
     """timm's Conv2dSame as TorchScript exports it (EfficientNet from TensorFlow): per spatial dim
     pad = max((ceil(x / s) - 1) * s + (k - 1) + 1 - x, 0) computed from Shape(x) in float (Div, Ceil), halves by

@@ -177,8 +177,8 @@ def _static_shape(graph: Graph, name: str) -> tuple[int, ...] | None:
 def _fold_node(graph: Graph, node: Node) -> Application | None:
     if node.domain != "" or node.op_type in NEVER_FOLD or node.subgraphs or not node.outputs:
         return None
-    if node.op_type == "Gather" and _shape_dims(graph, node.proto.input[0]) is not None:
-        values = _gather_static_dims(graph, node)
+    if node.op_type in ("Gather", "Slice") and _shape_dims(graph, node.proto.input[0]) is not None:
+        values = _gather_static_dims(graph, node) if node.op_type == "Gather" else _slice_static_dims(graph, node)
         if values is None:
             return None
     elif node.op_type in ("Shape", "Size"):
@@ -249,6 +249,26 @@ def _gather_static_dims(graph: Graph, node: Node) -> list[np.ndarray] | None:
     if not all(isinstance(d, int) and d >= 0 for d in picked):
         return None
     return [np.array(picked, dtype=np.int64).reshape(np.asarray(idx).shape)]
+
+
+def _slice_static_dims(graph: Graph, node: Node) -> list[np.ndarray] | None:
+    """Slice(Shape(x), starts, ends[, axes, steps]) where every sliced dim of x is static, even if others are
+    symbolic (torch's SDPA export reads the head size as Shape(q)[-1:] for its scale)."""
+    dims = _shape_dims(graph, node.proto.input[0])
+    args = [_known_value(graph, node, i) if i < len(node.proto.input) and node.proto.input[i] else None
+            for i in range(1, 5)]
+    starts, ends, axes, steps = args
+    if dims is None or starts is None or ends is None or starts.size != 1 or ends.size != 1:
+        return None
+    if (axes is not None and int(np.asarray(axes).reshape(-1)[0]) not in (0, -1)) or \
+            (steps is not None and int(np.asarray(steps).reshape(-1)[0]) == 0):
+        return None
+    step = int(np.asarray(steps).reshape(-1)[0]) if steps is not None else 1
+    clamp = lambda v: int(max(min(int(v), 2**62), -(2**62)))  # noqa: E731 - INT64_MAX/MIN ends
+    picked = dims[slice(clamp(starts.reshape(-1)[0]), clamp(ends.reshape(-1)[0]), step)]
+    if not all(isinstance(d, int) and d >= 0 for d in picked):
+        return None
+    return [np.array(picked, dtype=np.int64)]
 
 
 def _attr_int(node: Node, name: str, default: int) -> int:
