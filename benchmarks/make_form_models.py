@@ -799,7 +799,16 @@ def family(name: str) -> str:
     return "attention"
 
 
+# Hugging Face Optimum's dim names (benchmarks/make_optimum_models.py) -> the corpus' sizes
+OPTIMUM_DIMS = {"batch_size": "batch", "text_batch_size": "batch", "sequence_length": "seq",
+                "past_sequence_length": "past", "past_sequence_length + sequence_length": "total",
+                "num_channels": 3, "height": 32, "width": 32}
+
+
 def sym_dim(name: str) -> int:
+    name = OPTIMUM_DIMS.get(name, name)
+    if isinstance(name, int):
+        return name
     if name == "total":
         return DIMS["seq"] + DIMS["past"]
     return DIMS.get(name, DIMS["seq"])  # seq, enc, ctx
