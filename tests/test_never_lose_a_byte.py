@@ -369,3 +369,50 @@ def test_writer_refuses_nothing_it_should_not(tmp_path):
     check_writes([(str(src), str(tmp_path / "d" / "o.onnx"))])  # nothing there yet: fine
     with pytest.raises(ModelError, match="is the external data"):
         check_writes([(str(src), str(tmp_path / "d" / "m.data"))])
+
+
+def test_no_space_for_the_static_copy_is_one_line(cli, tmp_path, monkeypatch):
+    import onnxfuse.pipeline
+
+    src = external(tmp_path / "d")
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(onnxfuse.pipeline, "fix_input_shapes", full)
+    err = refused(cli, tmp_path / "d", ["optimize", src, tmp_path / "o.onnx", "--static", "--shape", "x:1x16x8x8"],
+                  "cannot write the copy with fixed input shapes (No space left on device)", measure=True)
+    assert err.startswith("onnxfuse: error: no space left in TMPDIR=")
+
+
+def test_no_space_in_a_temporary_folder_of_onnxruntime_is_one_line(cli, tmp_path, monkeypatch):
+    """An ENOSPC no step words itself (onnxruntime's profile or optimized graph in a temporary folder) is still
+    one line naming TMPDIR, exit 1, never an internal error."""
+    import tempfile
+
+    import onnxfuse.pipeline
+
+    src = external(tmp_path / "d")
+    where = os.path.join(tempfile.gettempdir(), "onnxfuse-ort-x", "optimized.onnx")
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), where)
+
+    monkeypatch.setattr(onnxfuse.pipeline, "_optimize", full)
+    err = refused(cli, tmp_path / "d", ["optimize", src, tmp_path / "o.onnx"], f"cannot write {where}")
+    assert err.startswith(f"onnxfuse: error: no space left in TMPDIR={tempfile.gettempdir()}: ")
+
+
+def test_session_writing_into_a_full_tmpdir_is_no_space_not_a_bad_model(tmp_path, monkeypatch):
+    import onnxruntime as ort
+
+    from onnxfuse.validate.runtime import make_session
+
+    onnx.save(_model(), str(tmp_path / "m.onnx"))
+
+    def full(*a, **k):
+        raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : write failed: No space left on device")
+
+    monkeypatch.setattr(ort, "InferenceSession", full)
+    with pytest.raises(OnnxfuseError, match=r"^no space left in TMPDIR=.*onnxruntime's optimized model"):
+        make_session(str(tmp_path / "m.onnx"), "all", optimized_path=str(tmp_path / "opt.onnx"))

@@ -149,6 +149,10 @@ def make_session(
     try:
         return ort.InferenceSession(model_path, sess_options=options, providers=providers)
     except Exception as exc:  # ORT raises many pybind exception types
+        if "no space left" in str(exc).lower():  # writing its optimized model or profile: not the model's fault
+            raise write_error(exc, "onnxruntime's optimized model or profile",
+                              None if optimized_path is None and profile_prefix is None else
+                              os.path.dirname(os.path.abspath(optimized_path or profile_prefix or ""))) from exc
         raise ModelError(f"onnxruntime cannot load {label}: {first_line(str(exc))}") from exc
 
 
