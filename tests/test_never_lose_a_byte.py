@@ -416,3 +416,38 @@ def test_session_writing_into_a_full_tmpdir_is_no_space_not_a_bad_model(tmp_path
     monkeypatch.setattr(ort, "InferenceSession", full)
     with pytest.raises(OnnxfuseError, match=r"^no space left in TMPDIR=.*onnxruntime's optimized model"):
         make_session(str(tmp_path / "m.onnx"), "all", optimized_path=str(tmp_path / "opt.onnx"))
+
+
+@pytest.mark.parametrize("name", ["big.onnx", "candidate.onnx"])
+def test_lazily_read_weights_are_linked_into_tmpdir_not_written_beside(cli, tmp_path, monkeypatch, name):
+    """A model with >= 8 MB of embedded weights is read lazily: its candidates reference the model file itself,
+    through a hard link in the candidate's own temporary folder (whatever the model is called)."""
+    from onnxfuse.load.lazy import links_into_tmp
+    from onnxfuse.validate import runtime
+
+    d = tmp_path / "d"
+    d.mkdir()
+    w = np.random.default_rng(0).standard_normal((512, 512, 3, 3)).astype(np.float32)  # 9.4 MB
+    m = make_model([oh.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+                    oh.make_node("Relu", ["c"], ["y"], name="relu")],
+                   [("x", [1, 512, 4, 4])], [("y", [1, 512, 4, 4])], {"w": w}, opset=13)
+    onnx.save(m, str(d / name))
+    if not links_into_tmp(str(d / name)):
+        pytest.skip("TMPDIR is on another file system: the weights are read eagerly")
+    before = snapshot(d)
+    seen = []
+    real = runtime.Candidate._write
+
+    def spy(self, proto, info):
+        real(self, proto, info)
+        seen.append((info.lazy, str(self.source), os.stat(d / name).st_nlink, sorted(os.listdir(d))))
+
+    monkeypatch.setattr(runtime.Candidate, "_write", spy)
+    code, _, err = cli("optimize", d / name, tmp_path / "o.onnx")
+    assert code == 0, err
+    assert seen and all(lazy and not src.startswith(str(d)) and links == 2 and names == [name]
+                        for lazy, src, links, names in seen), seen
+    assert snapshot(d) == before and os.stat(d / name).st_nlink == 1
+    x = np.random.default_rng(1).standard_normal((1, 512, 4, 4)).astype(np.float32)
+    np.testing.assert_allclose(ort_run(tmp_path / "o.onnx", {"x": x})[0], ort_run(m, {"x": x})[0], rtol=1e-3,
+                               atol=1e-3)

@@ -260,14 +260,19 @@ class Candidate:
             write_split(proto, path)
             return
         src_dir = os.path.dirname(os.path.abspath(info.path))
+        locations = {{e.key: e.value for e in t.external_data}["location"] for t in all_tensors(proto.graph)
+                     if t.data_location == onnx.TensorProto.EXTERNAL}
+        name, k = "candidate.onnx", 0
+        while name in locations:  # a data file (or the model itself, lazily read) may be named so
+            k += 1
+            name = f"candidate-{k}.onnx"
+        path = os.path.join(self.tmpdir, name)
+        self.source = path
         try:
-            for t in all_tensors(proto.graph):
-                if t.data_location == onnx.TensorProto.EXTERNAL:
-                    loc = {e.key: e.value for e in t.external_data}["location"]
-                    link = os.path.join(self.tmpdir, loc)
-                    if not os.path.exists(link):
-                        os.makedirs(os.path.dirname(link), exist_ok=True)
-                        _place(os.path.join(src_dir, loc), link)
+            for loc in sorted(locations):
+                link = os.path.join(self.tmpdir, loc)
+                os.makedirs(os.path.dirname(link), exist_ok=True)
+                _place(os.path.join(src_dir, loc), link)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError as e:
             raise write_error(e, "a candidate model") from None
