@@ -451,3 +451,20 @@ def test_lazily_read_weights_are_linked_into_tmpdir_not_written_beside(cli, tmp_
     x = np.random.default_rng(1).standard_normal((1, 512, 4, 4)).astype(np.float32)
     np.testing.assert_allclose(ort_run(tmp_path / "o.onnx", {"x": x})[0], ort_run(m, {"x": x})[0], rtol=1e-3,
                                atol=1e-3)
+
+
+def test_an_existing_output_elsewhere_does_not_parse_the_input(tmp_path, monkeypatch):
+    """Rerunning into an existing OUT in another folder costs no parse of a (possibly large) input: its data files
+    can only be in its own folder, or hard links."""
+    from onnxfuse.load import collisions
+
+    src = external(tmp_path / "d")
+    out = tmp_path / "o" / "o.onnx"
+    out.parent.mkdir()
+    out.write_bytes(b"an earlier output")
+    monkeypatch.setattr(collisions, "data_files", lambda m: pytest.fail("parsed the input"))
+    collisions.check_writes([(str(src), str(out))])
+    os.link(src.parent / "m.data", tmp_path / "o" / "link")
+    monkeypatch.undo()
+    with pytest.raises(ModelError, match="is the external data of the input model"):
+        collisions.check_writes([(str(src), str(tmp_path / "o" / "link"))])

@@ -57,12 +57,29 @@ def _written_beside(out: str) -> list[str]:
     return [p for p in (out, out + ".data") if os.path.lexists(p)]
 
 
-def _read_files(inputs: list[str]) -> list[tuple[str, str, str]]:
-    """(file, what it is, the input model) for every file the inputs read: each model and its external data."""
+def _may_be_data_of(path: str, model: str) -> bool:
+    """Whether the existing file `path` can be one of `model`'s data files without parsing the model: those lie
+    in its folder (the loader refuses others), so `path` must resolve there or be a hard link (parsing a large
+    model only to learn it reads nothing there is what this avoids)."""
+    try:
+        if os.stat(path).st_nlink > 1:
+            return True
+    except OSError:
+        return False
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(model)))
+    return os.path.commonpath([os.path.realpath(path), folder]) == folder
+
+
+def _read_files(inputs: list[str], path: str, cache: dict[str, list[str]]) -> list[tuple[str, str, str]]:
+    """(file, what it is, the input model) for the files the inputs read that `path` may be: each model, and its
+    external data files where `path` may be one of them (`cache`: the data files of the models parsed)."""
     files = []
     for m in inputs:
         files.append((m, f"the input model {m}", m))
-        files += [(d, f"the external data of the input model {m}", m) for d in data_files(m)]
+        if _may_be_data_of(path, m):
+            if m not in cache:
+                cache[m] = data_files(m)
+            files += [(d, f"the external data of the input model {m}", m) for d in cache[m]]
     return files
 
 
@@ -74,9 +91,10 @@ def check_writes(pairs: list[tuple[str, str]], force: bool = False, inputs: list
     existing = [(i, o, p) for i, o in pairs for p in _written_beside(o)]
     if not existing:
         return  # nothing that will be written exists yet: it cannot be anything an input reads
-    read = _read_files(list(dict.fromkeys(inputs if inputs is not None else [i for i, _ in pairs])))
+    models = list(dict.fromkeys(inputs if inputs is not None else [i for i, _ in pairs]))
+    parsed: dict[str, list[str]] = {}
     for own_input, out, path in existing:
-        for f, what, owner in read:
+        for f, what, owner in _read_files(models, path, parsed):
             if not same_file(path, f):
                 continue
             if force and owner == own_input and same_file(out, own_input):
@@ -112,7 +130,7 @@ def check_report_path(report: str, option: str, inputs: list[str], outputs: list
             raise refuse(f"is the data file of the output model {out}; the report would replace it")
     if not os.path.lexists(report):
         return
-    read = _read_files(inputs) + [(f, f"the file {f} this run reads", f) for f in also_read if f]
+    read = _read_files(inputs, report, {}) + [(f, f"the file {f} this run reads", f) for f in also_read if f]
     for f, what, _ in read:
         if same_file(report, f):
             raise refuse(f"is {what}; the report would replace it")
