@@ -24,6 +24,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from .errors import OnnxfuseError
+from .load.collisions import check_writes, same_file
 from .options import OptimizeOptions
 from .select.decision_cache import cache_dir
 from .select.timing_lock import REPORT_WAIT_S, WAIT_KEY, busy_lock
@@ -95,7 +96,10 @@ def optimize_many(items: list[BatchItem], options: OptimizeOptions, jobs: int,
     returns the per-model results in the items' order (each `Result.to_json()` with `error` None and
     `seconds`, or a failure: `schema`, `input`, `output` None, `error`, `seconds`). `on_result` is called
     with each result as it completes."""
-    if not options.dry_run:
+    if not options.dry_run:  # before any work: no output replaces a file another input reads (its own: refused
+        # by its own run, so the others still run)
+        check_writes([(i.input, i.output) for i in items if not same_file(i.input, i.output)], options.force,
+                     [i.input for i in items])
         for d in sorted({os.path.dirname(os.path.abspath(i.output)) for i in items}):
             try:
                 os.makedirs(d, exist_ok=True)

@@ -57,6 +57,24 @@ class InputSpecError(OnnxfuseError):
     """--shape / --inputs do not fit the model."""
 
 
+def write_error(e: BaseException, what: str, folder: str | None = None) -> OnnxfuseError:
+    """One line for a temporary file that cannot be written (`what`: a candidate model, ...): no space left
+    (ENOSPC, or a library's message saying so) names the folder it was going to: TMPDIR when `folder` is None
+    or inside it."""
+    import errno
+    import os
+    import tempfile
+
+    reason = (e.strerror if isinstance(e, OSError) else None) or first_line(str(e))
+    if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "no space left" in str(e).lower():
+        tmp = os.path.abspath(tempfile.gettempdir())
+        inside = folder is None or os.path.commonpath([os.path.abspath(folder), tmp]) == tmp
+        where = f"TMPDIR={tempfile.gettempdir()}" if inside else folder
+        return OnnxfuseError(f"no space left in {where}: cannot write {what} ({reason})",
+                             hint="free space there" + (", or set TMPDIR to a folder with more" if inside else ""))
+    return OnnxfuseError(f"cannot write {what} to a temporary file ({reason})")
+
+
 def first_line(text: str) -> str:
     """The first non-empty line of a message from another library (onnxruntime's run several lines)."""
     lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]

@@ -13,9 +13,10 @@ from dataclasses import dataclass, replace
 
 import onnx
 
-from .errors import ModelError, OnnxfuseError
+from .errors import ModelError, OnnxfuseError, write_error
 from .inputs import InputPlan, discover_profiles, parse_profiles, parse_shape_specs
 from .ir import Model
+from .load.collisions import check_writes
 from .load.freeze import freeze_weights
 from .load.loader import LoadInfo, load_model
 from .load.static_shapes import fix_input_shapes
@@ -69,25 +70,37 @@ def _source(model: str | os.PathLike | onnx.ModelProto, opts: OptimizeOptions,
     """(name shown, file optimized, notes for the report): a ModelProto is saved to a temporary file (onnxruntime
     and rebuilds read files); with --static the file is a copy with its dynamic input dims fixed; with
     --freeze-weights, one without the graph inputs that are initializers."""
-    tmp = tempfile.mkdtemp(prefix="onnxfuse-")
+    try:
+        tmp = tempfile.mkdtemp(prefix="onnxfuse-")
+    except OSError as e:
+        raise write_error(e, "a working copy of the model") from None
     notes: list[str] = []
     try:
         if isinstance(model, onnx.ModelProto):
             shown, path = "<ModelProto>", os.path.join(tmp, "model.onnx")
             big = approx_bytes(model) > 2**31 - 2**24
-            onnx.save(model, path, save_as_external_data=big, location="model.onnx.data" if big else None)
+            try:
+                onnx.save(model, path, save_as_external_data=big, location="model.onnx.data" if big else None)
+            except OSError as e:
+                raise write_error(e, "the ModelProto to a file onnxruntime reads") from None
         else:
             shown = path = os.fspath(model)
         if opts.static:
             _check_paths(path, None if opts.dry_run else out, opts.force)
             static_dir = os.path.join(tmp, "static")
             os.mkdir(static_dir)
-            path = fix_input_shapes(path, opts.shapes, static_dir)
+            try:
+                path = fix_input_shapes(path, opts.shapes, static_dir)
+            except OSError as e:
+                raise write_error(e, "the copy with fixed input shapes") from None
         if opts.freeze_weights:
             _check_paths(path, None if opts.dry_run else out, opts.force)
             frozen_dir = os.path.join(tmp, "frozen")
             os.mkdir(frozen_dir)
-            path, n = freeze_weights(path, frozen_dir)
+            try:
+                path, n = freeze_weights(path, frozen_dir)
+            except OSError as e:
+                raise write_error(e, "the copy with frozen weights") from None
             if n:
                 notes.append(f"{n} initializer(s) listed as graph inputs made constants (freeze_weights): the output "
                              "no longer takes them as inputs")
@@ -245,6 +258,7 @@ def _check_paths(input_path: str, output_path: str | None, force: bool) -> None:
         raise ModelError(f"{output_path}: output folder {out_dir} does not exist")
     if not os.access(out_dir, os.W_OK):
         raise ModelError(f"{output_path}: output folder {out_dir} is not writable")
+    check_writes([(input_path, output_path)], force)  # never the input's data files, nor the input unless forced
 
 
 def unknown_ops(proto: onnx.ModelProto) -> list[str]:

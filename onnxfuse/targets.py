@@ -18,6 +18,7 @@ from importlib import resources
 
 import onnx
 
+from .errors import write_error
 from .opschema import input_type_str
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -249,10 +250,16 @@ def _probe_nchwc() -> bool:
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])], [w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    with tempfile.TemporaryDirectory(prefix="onnxfuse-nchwc-") as d:
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.optimized_model_filepath = os.path.join(d, "probe.onnx")
-        so.log_severity_level = 3
-        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        return any(n.domain == "com.microsoft.nchwc" for n in onnx.load(so.optimized_model_filepath).graph.node)
+    try:
+        with tempfile.TemporaryDirectory(prefix="onnxfuse-nchwc-") as d:
+            so = ort.SessionOptions()
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            so.optimized_model_filepath = os.path.join(d, "probe.onnx")
+            so.log_severity_level = 3
+            ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            return any(n.domain == "com.microsoft.nchwc" for n in onnx.load(so.optimized_model_filepath).graph.node)
+    except Exception as e:  # noqa: BLE001 - onnxruntime's own types too: TMPDIR full or not writable
+        err = write_error(e, "onnxruntime's optimized model of the NCHWc probe (whether this CPU runs convolutions "
+                          "in NCHWc)")
+        err.hint = (err.hint + "; " if err.hint else "") + f"or set {NCHWC_ENV}=1 or 0 to skip the probe"
+        raise err from None

@@ -96,6 +96,17 @@ CASES = [
      "reads 'ghost', which nothing produces", 1),
     ("output folder missing", lambda t: [CNN, str(t / "no" / "o.onnx")], "does not exist", 1),
     ("output equals input", lambda t: [relu_model(t), str(t / "m.onnx")], "refusing to overwrite", 1),
+    ("report is the input model", lambda t: [relu_model(t), OUT, "--html", "m.onnx"],
+     "--html m.onnx: is the input model ", 1),
+    ("report is the output model", lambda t: [CNN, OUT, "--html", OUT],
+     "--html out.onnx: is the output model out.onnx; the report would replace it", 1),
+    ("report folder missing", lambda t: [CNN, OUT, "--html", "no/r.html"], "--html no/r.html: folder ", 1),
+    ("report path is a directory", lambda t: [CNN, OUT, "--html", "."],
+     "--html .: is a directory, expected a report file path", 1),
+    ("output's data file is the input's external data", lambda t: [_ext_named(t, "out.onnx.data"), OUT],
+     "out.onnx: the output's data file ", 1),
+    ("output is the input's external data file", lambda t: [_ext_named(t, "w.bin"), "w.bin"],
+     "w.bin: the output is the external data of the input model", 1),
     ("malformed YAML", lambda t: [CNN, OUT, *_pattern(t, "rules:\n- id: x\n  match: [\n")], "p.yaml:4:1: error: YAML", 1),
     ("pattern unknown op", lambda t: [CNN, OUT, *_pattern(t, GOOD_RULE.replace("Y: Relu(X)\n  rewrite", "Y: Rellu(X)\n  rewrite"))],
      "p.yaml:4:8: error: unknown operator 'Rellu'", 1),
@@ -120,6 +131,14 @@ CASES = [
     ("pattern shared line reads a removed one", lambda t: [CNN, OUT, *_pattern(t, SHARED_BAD)],
      "shared line 's' reads line 'n', which is not shared", 1),
 ]
+
+
+def _ext_named(t, location):
+    """m.onnx in the working folder, its weights in `location` beside it."""
+    m = make_model([oh.make_node("Conv", ["x", "w"], ["c"], name="conv"), oh.make_node("Relu", ["c"], ["y"])],
+                   [("x", [1, 3, 8, 8])], [("y", [1, 4, 6, 6])], {"w": np.ones((4, 3, 3, 3), np.float32)}, opset=13)
+    onnx.save(m, str(t / "m.onnx"), save_as_external_data=True, location=location, size_threshold=0)
+    return str(t / "m.onnx")
 
 
 def _custom_domain_model(t):

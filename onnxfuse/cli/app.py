@@ -44,7 +44,7 @@ FLAGS = {"target": "--target", "provider": "--provider", "measure_threads": "--t
          "measure_budget_s": "--measure-budget", "budget_s": "--budget", "min_runs": "--runs", "runs": "--runs",
          "rtol": "--rtol", "atol": "--atol", "measure_by": "--measure-by", "jobs": "--jobs", "shapes": "--shape",
          "profiles": "--profile", "inputs_npz": "--inputs", "level": "--level", "batches": "--batch",
-         "patterns": "--patterns", "only": "--only", "skip": "--skip", "rule": "--rule"}
+         "patterns": "--patterns", "only": "--only", "skip": "--skip", "rule": "--rule", "html": "--html"}
 
 
 def parse_threads(value: str) -> int:

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from ..errors import OnnxfuseError
+from ..load.collisions import check_report_path
 from ..select.timing_lock import timing_lock
 from .app import (
     BenchShape,
@@ -63,6 +64,8 @@ def bench(
     for p in paths:
         if not os.path.isfile(p):
             raise OnnxfuseError(f"{p}: no such file")
+    if html:  # before any work: a report never replaces a model or a file the run reads
+        check_report_path(html, "html", paths, also_read=[inputs] if inputs else [])
     with bench_status(not as_json, budget) as progress, timing_lock():  # side by side, timings lie
         res = run_bench(paths, provider=parse_target(provider, "provider"), threads=parse_threads(threads), level=level, shapes=shape,
                         inputs_npz=inputs, min_runs=runs, budget_s=budget, batches=_batches(batch),
@@ -104,6 +107,8 @@ def profile(
     for p in paths:
         if not os.path.isfile(p):
             raise OnnxfuseError(f"{p}: no such file")
+    if html:  # before any work: a report never replaces a model or a file the run reads
+        check_report_path(html, "html", paths, also_read=[inputs] if inputs else [])
     sizes = _batches(batch)
     n_threads = parse_threads(threads)
     results = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import sys
@@ -9,7 +10,7 @@ import sys
 import typer
 
 from .. import __version__
-from ..errors import OnnxfuseError
+from ..errors import OnnxfuseError, write_error
 
 try:  # typer >= 0.20 vendors click; older typer uses the click package
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
@@ -59,8 +60,19 @@ def main(argv: list[str] | None = None) -> int:
         print("onnxfuse: interrupted; nothing written", file=sys.stderr)
         return 130
     except Exception as e:  # a bug: still one line, with a way to get the traceback
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:  # a full disk is not a bug: say where
+            print(f"onnxfuse: error: {_no_space(e)}", file=sys.stderr)
+            return 1
         if os.environ.get("ONNXFUSE_DEBUG"):
             raise
         print(f"onnxfuse: internal error: {type(e).__name__}: {e} (set ONNXFUSE_DEBUG=1 for a traceback)",
               file=sys.stderr)
         return 70
+
+
+def _no_space(e: OSError) -> str:
+    """ENOSPC that no step turned into its own message (a temporary folder onnxruntime writes into): where."""
+    if not e.filename:
+        return str(write_error(e, "a temporary file"))
+    path = os.path.abspath(os.fsdecode(e.filename))
+    return str(write_error(e, path, os.path.dirname(path)))

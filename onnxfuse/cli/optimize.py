@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from ..errors import OnnxfuseError
+from ..load.collisions import check_report_path
 from ..options import check_count
 from ..select.timing_lock import REPORT_WAIT_S, WAIT_KEY, busy_lock, timing_lock
 
@@ -107,6 +108,9 @@ def optimize(
 
     if os.path.isdir(output):  # an existing folder: the output is OUT/<input's file name>
         output = os.path.join(output, os.path.basename(input))
+    if html:  # before any work: a report never replaces the input, the output or their data files
+        check_report_path(html, "html", [input], [] if dry_run else [output],
+                          also_read=[opts.inputs_npz or "", *opts.patterns])
     # shared: never beside a process that is timing; measuring takes it exclusive
     with status_line(not as_json) as progress, busy_lock() as waited:
         result = run_optimize(input, output, opts, progress=progress)

@@ -196,14 +196,25 @@ def render(title: str, bench: BenchResult | None = None, profiles: list[ProfileR
 
 
 def write(path: str, page: str) -> None:
+    import contextlib
     import os
     import tempfile
 
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".onnxfuse-", suffix=".html", dir=folder)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(page)
+    from ..errors import OnnxfuseError
     from ..load.write import default_mode
 
-    default_mode(tmp)
-    os.replace(tmp, path)
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".onnxfuse-", suffix=".html", dir=folder)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(page)
+        default_mode(tmp)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as e:
+        raise OnnxfuseError(f"{path}: cannot write the report ({e.strerror or e})") from None
+    finally:
+        if tmp is not None:  # nothing partial left behind
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)

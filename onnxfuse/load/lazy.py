@@ -4,6 +4,8 @@ found by reading the protobuf wire format."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import onnx
 
@@ -16,12 +18,11 @@ def lazy_weights(proto: onnx.ModelProto, path: str) -> bool:
     """Make the main graph's large embedded initializers references into the model file itself (external data
     whose location is the file, at the raw bytes' offset): every copy of the model onnxfuse makes (rebuilds,
     candidates, exports) is then a few hundred KB, and onnxruntime reads the weights from the file. Only when
-    the file's folder is writable (candidates are written beside it, where onnxruntime accepts the reference)
-    and there is at least LAZY_MIN_BYTES of them; the writer puts them back inline (save_model). Returns
-    whether it did."""
-    folder = os.path.dirname(os.path.abspath(path))
+    the file can be hard-linked into a temporary folder (candidates are written in one, beside such a link,
+    where onnxruntime accepts the reference; a copy per candidate would cost more than it saves) and there is
+    at least LAZY_MIN_BYTES of them; the writer puts them back inline (save_model). Returns whether it did."""
     big = [t for t in proto.graph.initializer if t.HasField("raw_data") and len(t.raw_data) >= EXTERNAL_THRESHOLD]
-    if sum(len(t.raw_data) for t in big) < LAZY_MIN_BYTES or not os.access(folder, os.W_OK):
+    if sum(len(t.raw_data) for t in big) < LAZY_MIN_BYTES or not links_into_tmp(path):
         return False
     try:
         offsets = initializer_offsets(path)
@@ -40,6 +41,21 @@ def lazy_weights(proto: onnx.ModelProto, path: str) -> bool:
             e.key, e.value = k, v
         done = True
     return done
+
+
+def links_into_tmp(path: str) -> bool:
+    """Whether `path` can be hard-linked into a folder of TMPDIR (same file system, links allowed)."""
+    try:
+        folder = tempfile.mkdtemp(prefix="onnxfuse-link-")
+    except OSError:
+        return False
+    try:
+        os.link(path, os.path.join(folder, "probe"))
+        return True
+    except OSError:
+        return False
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def initializer_offsets(path: str) -> dict[str, tuple[int, int]]:

@@ -4,6 +4,7 @@ whole model serialized at once), lazily loaded weights written back embedded."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import tempfile
 
@@ -11,6 +12,7 @@ import onnx
 
 from ..errors import ModelError
 from ..tensors import all_tensors, external_info
+from .collisions import data_files, is_own_data, same_file
 
 EXTERNAL_THRESHOLD = 1024  # bytes: tensors at least this large go to the external data file
 
@@ -25,6 +27,10 @@ def save_model(
 ) -> list[str]:
     """Write atomically: to temporary files in the target folder, then rename. Returns the files written.
 
+    With external data the model and its data file appear as a pair: the data goes under a name the model
+    already at `out_path` does not read (`<name>.data`, or, when that file holds other bytes,
+    `<name>.<content hash>.data`), then the model is renamed into place, and only then is the old model's own
+    data file removed. An interrupt at any point leaves either the old pair or the new one whole.
     Tensors whose data lives in the source model's external file are streamed across, never all in memory.
     `lazy_location`: the source model's file name when its embedded weights were loaded lazily (lazy_weights);
     those are written back embedded, read from it one at a time.
@@ -37,37 +43,107 @@ def save_model(
     has_external = any(t.data_location == onnx.TensorProto.EXTERNAL and not _is_lazy(t, lazy_location)
                        for t in all_tensors(proto.graph))
     external = external or has_external
+    old_data = _own_data(out_path)
     tmp_files: list[str] = []
+    placed: str | None = None  # a data file put in place that the old model does not read
     try:
         fd, tmp_model = tempfile.mkstemp(prefix=".onnxfuse-", suffix=".onnx.tmp", dir=out_dir)
         os.close(fd)
         tmp_files.append(tmp_model)
         written = [out_path]
         if external:
-            data_name = os.path.basename(out_path) + ".data"
             fd, tmp_data = tempfile.mkstemp(prefix=".onnxfuse-", suffix=".data.tmp", dir=out_dir)
             os.close(fd)
             tmp_files.append(tmp_data)
-            with open(tmp_data, "wb") as data_file:
-                _externalize(proto.graph, data_file, data_name, source_base_dir)
+            with open(tmp_data, "wb") as f:
+                data_file = _Hashing(f)
+                _externalize(proto.graph, data_file, _PENDING, source_base_dir)
+            data_name = _data_name(out_path, data_file)
+            for t in all_tensors(proto.graph):
+                for e in t.external_data:
+                    if e.key == "location" and e.value == _PENDING:
+                        e.value = data_name
             with open(tmp_model, "wb") as f:
                 f.write(proto.SerializeToString())
             default_mode(tmp_data)
-            os.replace(tmp_data, os.path.join(out_dir, data_name))
-            written.append(os.path.join(out_dir, data_name))
+            data_path = os.path.join(out_dir, data_name)
+            fresh = not os.path.lexists(data_path)  # else the same bytes already (_data_name)
+            os.replace(tmp_data, data_path)
+            if fresh:
+                placed = data_path
+            written.append(data_path)
         else:
             with open(tmp_model, "wb") as f:
                 write_streamed(f, proto, source_base_dir if lazy_location else None, lazy_location)
         default_mode(tmp_model)
         os.replace(tmp_model, out_path)
+        placed = None
         tmp_files.clear()
-        return written
     except OSError as e:
         raise ModelError(f"{out_path}: cannot write ({e.strerror or e})") from None
     finally:
-        for p in tmp_files:
+        for p in tmp_files + ([placed] if placed else []):
             with contextlib.suppress(OSError):
                 os.unlink(p)
+    for p in old_data:  # the new pair is whole: the old model's own data file goes
+        if not any(same_file(p, w) for w in written):
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+    return written
+
+
+def _own_data(out_path: str) -> list[str]:
+    """The data files the model now at `out_path` reads that are its own (named after it); the model is parsed
+    only when such a file exists."""
+    folder = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isfile(out_path) or not any(is_own_data(out_path, os.path.join(folder, n))
+                                               for n in os.listdir(folder)):
+        return []
+    return [p for p in data_files(out_path) if is_own_data(out_path, p)]
+
+
+_PENDING = "\0pending"  # the data file's location until its name is known (it depends on the bytes)
+
+
+class _Hashing:
+    """A binary file that also hashes what is written to it (the content-derived data file name)."""
+
+    def __init__(self, f) -> None:
+        self.f, self.hash, self.size = f, hashlib.sha256(), 0
+
+    def write(self, b) -> int:
+        self.hash.update(b)
+        self.size += len(b)
+        return self.f.write(b)
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+
+def _data_name(out_path: str, data: _Hashing) -> str:
+    """`<name>.data`, unless a file of that name holds other bytes (an older output's data, which the model at
+    `out_path` may still read): then `<name>.<16 hex digits of the content's SHA-256>.data`. The same model
+    written into the same folder gets the same name, so a second run writes the same bytes."""
+    plain = os.path.basename(out_path) + ".data"
+    path = os.path.join(os.path.dirname(os.path.abspath(out_path)), plain)
+    digest = data.hash.hexdigest()
+    if not os.path.lexists(path) or _holds(path, data.size, digest):
+        return plain
+    return f"{os.path.basename(out_path)}.{digest[:16]}.data"
+
+
+def _holds(path: str, size: int, digest: str) -> bool:
+    """`path` holds exactly the bytes of that size and SHA-256."""
+    try:
+        if not os.path.isfile(path) or os.path.getsize(path) != size:
+            return False
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(64 << 20):
+                h.update(chunk)
+        return h.hexdigest() == digest
+    except OSError:
+        return False
 
 
 def _externalize(graph: onnx.GraphProto, data_file, data_name: str, source_base_dir: str) -> None:

@@ -99,9 +99,14 @@ class DecisionCache:
             os.makedirs(self.directory, exist_ok=True)
             merged = {**self._read(), **self.new}
             fd, tmp = tempfile.mkstemp(prefix=".decisions-", dir=self.directory)
-            with os.fdopen(fd, "w") as f:
-                json.dump({"format": FORMAT, "decisions": merged}, f, indent=0, sort_keys=True)
-            os.replace(tmp, self.path)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump({"format": FORMAT, "decisions": merged}, f, indent=0, sort_keys=True)
+                os.replace(tmp, self.path)
+            except BaseException:  # a full disk, Ctrl-C: no partial file left in the cache folder
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
             self.entries, self.new = merged, {}
 
     def clear(self) -> int:

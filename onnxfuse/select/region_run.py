@@ -378,8 +378,11 @@ class RegionRun:
         if why:
             self.cache.put(key, {"kind": kind, "source": "budget", "budget": self.budget, "why": why, **tag})
             return Comparison(None, status=why)
-        cands = [Candidate(m.proto, m.info) for m in (candidate, base) if isinstance(m, Rewritten)]
+        cands: list[Candidate] = []
         try:  # files onnxruntime maps: no copy held here
+            for m in (candidate, base):
+                if isinstance(m, Rewritten):
+                    cands.append(Candidate(m.proto, m.info))
             threads = self.opts.measure_threads
             sessions = {"o": make_session(base if isinstance(base, str) else cands[1].source, "all", self.provider,
                                           threads),

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
-from ..errors import InputSpecError, ModelError, OnnxfuseError, first_line
+from ..errors import InputSpecError, ModelError, OnnxfuseError, first_line, write_error
 from ..inputs.shapes import fmt_shape
 from ..ir import shell_copy
 from ..load.loader import LoadInfo
@@ -149,6 +149,10 @@ def make_session(
     try:
         return ort.InferenceSession(model_path, sess_options=options, providers=providers)
     except Exception as exc:  # ORT raises many pybind exception types
+        if "no space left" in str(exc).lower():  # writing its optimized model or profile: not the model's fault
+            raise write_error(exc, "onnxruntime's optimized model or profile",
+                              None if optimized_path is None and profile_prefix is None else
+                              os.path.dirname(os.path.abspath(optimized_path or profile_prefix or ""))) from exc
         raise ModelError(f"onnxruntime cannot load {label}: {first_line(str(exc))}") from exc
 
 
@@ -227,44 +231,57 @@ def _as_array(value: Any) -> np.ndarray:
 
 
 class Candidate:
-    """A candidate written to temporary files onnxruntime loads by path. Without external data, its large
-    initializers go to a side file at page-aligned offsets, which onnxruntime maps instead of copying: a session
-    then costs the weights once (not a parse of them plus a copy) and no serialized copy of them is held in
-    memory. With external data the model is written next to the source model, so the data's relative locations
-    resolve; if that folder is read-only, into a temporary folder with the data files hard-linked there (copied
-    across file systems: onnxruntime 1.32 refuses symbolic links that resolve outside the model's folder)."""
+    """A candidate written to temporary files onnxruntime loads by path, in a private temporary folder (TMPDIR),
+    never beside the input model: a killed run leaves nothing in the user's folders. Without external data, its
+    large initializers go to a side file at page-aligned offsets, which onnxruntime maps instead of copying: a
+    session then costs the weights once (not a parse of them plus a copy) and no serialized copy of them is held
+    in memory. With external data (or weights read lazily from the model file itself) the files its tensors
+    reference are hard-linked into that folder under their relative locations, so they resolve (copied where the
+    temporary folder is on another file system: onnxruntime 1.32 refuses symbolic links that resolve outside
+    the model's folder). Whatever fails while writing it, nothing is left behind; `close()` removes the rest."""
 
     def __init__(self, proto: onnx.ModelProto, info: LoadInfo) -> None:
-        self.path: str | None = None
-        self.tmpdir: str | None = None
         self.checkable = True  # onnx.checker runs on a weightless copy (validate.checker_accepts): always possible
-        src_dir = os.path.dirname(os.path.abspath(info.path))
-        if (info.external_data or info.lazy) and os.access(src_dir, os.W_OK):
-            fd, self.path = tempfile.mkstemp(prefix=".onnxfuse-candidate-", suffix=".onnx", dir=src_dir)
-            self.source: str | bytes = self.path
-            _write(fd, proto)
-            return
-        self.tmpdir = tempfile.mkdtemp(prefix="onnxfuse-")
+        try:
+            self.tmpdir: str | None = tempfile.mkdtemp(prefix="onnxfuse-")
+        except OSError as e:
+            raise write_error(e, "a candidate model") from None
+        try:
+            self._write(proto, info)
+        except BaseException:
+            self.close()
+            raise
+
+    def _write(self, proto: onnx.ModelProto, info: LoadInfo) -> None:
+        assert self.tmpdir is not None
         path = os.path.join(self.tmpdir, "candidate.onnx")
-        self.source = path
-        if not info.external_data:
+        self.source: str | bytes = path
+        if not (info.external_data or info.lazy):
             write_split(proto, path)
             return
-        for t in all_tensors(proto.graph):
-            if t.data_location == onnx.TensorProto.EXTERNAL:
-                loc = {e.key: e.value for e in t.external_data}["location"]
+        src_dir = os.path.dirname(os.path.abspath(info.path))
+        locations = {{e.key: e.value for e in t.external_data}["location"] for t in all_tensors(proto.graph)
+                     if t.data_location == onnx.TensorProto.EXTERNAL}
+        name, k = "candidate.onnx", 0
+        while name in locations:  # a data file (or the model itself, lazily read) may be named so
+            k += 1
+            name = f"candidate-{k}.onnx"
+        path = os.path.join(self.tmpdir, name)
+        self.source = path
+        try:
+            for loc in sorted(locations):
                 link = os.path.join(self.tmpdir, loc)
-                if not os.path.exists(link):
-                    os.makedirs(os.path.dirname(link), exist_ok=True)
-                    _place(os.path.join(src_dir, loc), link)
-        _write(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), proto)
+                os.makedirs(os.path.dirname(link), exist_ok=True)
+                _place(os.path.join(src_dir, loc), link)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as e:
+            raise write_error(e, "a candidate model") from None
+        _write(fd, proto)
 
     def close(self) -> None:
-        if self.path:
-            with contextlib.suppress(OSError):
-                os.unlink(self.path)
         if self.tmpdir:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+            self.tmpdir = None
 
 
 @contextlib.contextmanager
@@ -329,8 +346,13 @@ def write_split(proto: onnx.ModelProto, path: str) -> None:
                     stub.external_data.add(key=k, value=v)
                 del raw
         _write(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), out)
-    except OSError as e:
-        raise OnnxfuseError(f"cannot write a candidate model to a temporary file ({e.strerror or e})") from None
+    except BaseException as e:  # a full disk, Ctrl-C: nothing partial left behind
+        for p in (os.path.join(os.path.dirname(path), data_name), path):
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+        if isinstance(e, OSError):
+            raise write_error(e, "a candidate model") from None
+        raise
 
 
 def _write(fd: int, proto: onnx.ModelProto) -> None:
@@ -338,7 +360,7 @@ def _write(fd: int, proto: onnx.ModelProto) -> None:
         with os.fdopen(fd, "wb") as f:
             write_streamed(f, proto)
     except OSError as e:
-        raise OnnxfuseError(f"cannot write a candidate model to a temporary file ({e.strerror or e})") from None
+        raise write_error(e, "a candidate model") from None
 
 
 def release_memory() -> None:
