@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
+import tempfile
 
 import numpy as np
 import onnx
@@ -266,8 +268,8 @@ def test_candidates_are_not_written_beside_the_input(cli, tmp_path, monkeypatch)
     seen = []
     real = runtime.Candidate._write
 
-    def spy(self, proto, info):
-        real(self, proto, info)
+    def spy(self, *args):
+        real(self, *args)
         seen.append((self.source, sorted(os.listdir(d))))
 
     monkeypatch.setattr(runtime.Candidate, "_write", spy)
@@ -422,7 +424,7 @@ def test_session_writing_into_a_full_tmpdir_is_no_space_not_a_bad_model(tmp_path
 def test_lazily_read_weights_are_linked_into_tmpdir_not_written_beside(cli, tmp_path, monkeypatch, name):
     """A model with >= 8 MB of embedded weights is read lazily: its candidates reference the model file itself,
     through a hard link in the candidate's own temporary folder (whatever the model is called)."""
-    from onnxfuse.load.lazy import links_into_tmp
+    from onnxfuse.load.lazy import link_folder
     from onnxfuse.validate import runtime
 
     d = tmp_path / "d"
@@ -432,15 +434,15 @@ def test_lazily_read_weights_are_linked_into_tmpdir_not_written_beside(cli, tmp_
                     oh.make_node("Relu", ["c"], ["y"], name="relu")],
                    [("x", [1, 512, 4, 4])], [("y", [1, 512, 4, 4])], {"w": w}, opset=13)
     onnx.save(m, str(d / name))
-    if not links_into_tmp(str(d / name)):
-        pytest.skip("TMPDIR is on another file system: the weights are read eagerly")
+    if link_folder(str(d / name)) != tempfile.gettempdir():
+        pytest.skip("TMPDIR is on another file system: the candidates are made beside the input")
     before = snapshot(d)
     seen = []
     real = runtime.Candidate._write
 
-    def spy(self, proto, info):
-        real(self, proto, info)
-        seen.append((info.lazy, str(self.source), os.stat(d / name).st_nlink, sorted(os.listdir(d))))
+    def spy(self, proto, locations, src_dir):
+        real(self, proto, locations, src_dir)
+        seen.append((bool(locations), str(self.source), os.stat(d / name).st_nlink, sorted(os.listdir(d))))
 
     monkeypatch.setattr(runtime.Candidate, "_write", spy)
     code, _, err = cli("optimize", d / name, tmp_path / "o.onnx")
@@ -451,6 +453,44 @@ def test_lazily_read_weights_are_linked_into_tmpdir_not_written_beside(cli, tmp_
     x = np.random.default_rng(1).standard_normal((1, 512, 4, 4)).astype(np.float32)
     np.testing.assert_allclose(ort_run(tmp_path / "o.onnx", {"x": x})[0], ort_run(m, {"x": x})[0], rtol=1e-3,
                                atol=1e-3)
+
+
+def test_where_tmpdir_cannot_link_the_weights_candidates_link_them_beside_the_input(cli, tmp_path, monkeypatch):
+    """TMPDIR on another file system (a tmpfs /tmp): a model read lazily keeps being read lazily, and its
+    candidates' private folder is made beside the input (hard links again, never a copy of the weights per
+    candidate), removed when the run ends."""
+    from onnxfuse.validate import runtime
+
+    d = tmp_path / "d"
+    d.mkdir()
+    w = np.random.default_rng(0).standard_normal((512, 512, 3, 3)).astype(np.float32)  # 9.4 MB: read lazily
+    m = make_model([oh.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+                    oh.make_node("Relu", ["c"], ["y"], name="relu")],
+                   [("x", [1, 512, 4, 4])], [("y", [1, 512, 4, 4])], {"w": w}, opset=13)
+    onnx.save(m, str(d / "big.onnx"))
+    tmp = tempfile.gettempdir()
+    real_link = os.link
+
+    def cross_device(a, b, *args, **kw):
+        if os.path.abspath(b).startswith(tmp + os.sep) and not os.path.abspath(b).startswith(str(d)):
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return real_link(a, b, *args, **kw)
+
+    monkeypatch.setattr(os, "link", cross_device)
+    monkeypatch.setattr(shutil, "copyfile", lambda *a, **k: pytest.fail("copied the weights"))
+    seen = []
+    real = runtime.Candidate._write
+
+    def spy(self, proto, locations, src_dir):
+        real(self, proto, locations, src_dir)
+        seen.append((str(self.source), bool(locations), os.stat(d / "big.onnx").st_nlink))
+
+    monkeypatch.setattr(runtime.Candidate, "_write", spy)
+    before = snapshot(d)
+    code, _, err = cli("optimize", d / "big.onnx", tmp_path / "o.onnx")
+    assert code == 0, err
+    assert seen and all(s.startswith(str(d / ".onnxfuse-tmp-")) and lazy and links == 2 for s, lazy, links in seen)
+    assert snapshot(d) == before
 
 
 def test_an_existing_output_elsewhere_does_not_parse_the_input(tmp_path, monkeypatch):

@@ -18,11 +18,11 @@ def lazy_weights(proto: onnx.ModelProto, path: str) -> bool:
     """Make the main graph's large embedded initializers references into the model file itself (external data
     whose location is the file, at the raw bytes' offset): every copy of the model onnxfuse makes (rebuilds,
     candidates, exports) is then a few hundred KB, and onnxruntime reads the weights from the file. Only when
-    the file can be hard-linked into a temporary folder (candidates are written in one, beside such a link,
+    the file can be hard-linked into a private folder (candidates are written in one, beside such a link,
     where onnxruntime accepts the reference; a copy per candidate would cost more than it saves) and there is
     at least LAZY_MIN_BYTES of them; the writer puts them back inline (save_model). Returns whether it did."""
     big = [t for t in proto.graph.initializer if t.HasField("raw_data") and len(t.raw_data) >= EXTERNAL_THRESHOLD]
-    if sum(len(t.raw_data) for t in big) < LAZY_MIN_BYTES or not links_into_tmp(path):
+    if sum(len(t.raw_data) for t in big) < LAZY_MIN_BYTES or link_folder(path) is None:
         return False
     try:
         offsets = initializer_offsets(path)
@@ -43,19 +43,23 @@ def lazy_weights(proto: onnx.ModelProto, path: str) -> bool:
     return done
 
 
-def links_into_tmp(path: str) -> bool:
-    """Whether `path` can be hard-linked into a folder of TMPDIR (same file system, links allowed)."""
-    try:
-        folder = tempfile.mkdtemp(prefix="onnxfuse-link-")
-    except OSError:
-        return False
-    try:
-        os.link(path, os.path.join(folder, "probe"))
-        return True
-    except OSError:
-        return False
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+def link_folder(path: str) -> str | None:
+    """Where a private folder can hold a hard link to `path` (onnxruntime refuses symbolic links that resolve
+    outside a model's folder, and a copy per candidate would cost the weights each time): TMPDIR, else (TMPDIR on
+    another file system, a tmpfs /tmp) the folder of `path` itself, else None."""
+    for base in (tempfile.gettempdir(), os.path.dirname(os.path.abspath(path))):
+        try:
+            folder = tempfile.mkdtemp(prefix=".onnxfuse-link-", dir=base)
+        except OSError:
+            continue
+        try:
+            os.link(path, os.path.join(folder, "probe"))
+            return base
+        except OSError:
+            continue
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    return None
 
 
 def initializer_offsets(path: str) -> dict[str, tuple[int, int]]:

@@ -18,6 +18,7 @@ import onnx
 from ..errors import InputSpecError, ModelError, OnnxfuseError, first_line, write_error
 from ..inputs.shapes import fmt_shape
 from ..ir import shell_copy
+from ..load.lazy import link_folder
 from ..load.loader import LoadInfo
 from ..load.write import write_streamed
 from ..targets import PROVIDERS
@@ -236,32 +237,38 @@ class Candidate:
     large initializers go to a side file at page-aligned offsets, which onnxruntime maps instead of copying: a
     session then costs the weights once (not a parse of them plus a copy) and no serialized copy of them is held
     in memory. With external data (or weights read lazily from the model file itself) the files its tensors
-    reference are hard-linked into that folder under their relative locations, so they resolve (copied where the
-    temporary folder is on another file system: onnxruntime 1.32 refuses symbolic links that resolve outside
-    the model's folder). Whatever fails while writing it, nothing is left behind; `close()` removes the rest."""
+    reference are hard-linked into that folder under their relative locations, so they resolve (onnxruntime 1.32
+    refuses symbolic links that resolve outside the model's folder). Where TMPDIR is on another file system than
+    the data, the private folder is made beside the input instead (`.onnxfuse-tmp-*`, hard links again: never a
+    copy of the weights per candidate), and only where neither links are the files copied. Whatever fails while
+    writing it, nothing is left behind; `close()` removes the rest (on every exit path, SIGINT and SIGTERM
+    included; only a SIGKILL can leave the folder)."""
 
     def __init__(self, proto: onnx.ModelProto, info: LoadInfo) -> None:
         self.checkable = True  # onnx.checker runs on a weightless copy (validate.checker_accepts): always possible
+        self.tmpdir: str | None = None
+        locations = {{e.key: e.value for e in t.external_data}["location"] for t in all_tensors(proto.graph)
+                     if t.data_location == onnx.TensorProto.EXTERNAL} if info.external_data or info.lazy else set()
+        src_dir = os.path.dirname(os.path.abspath(info.path)) if locations else ""
+        base = link_folder(os.path.join(src_dir, min(locations))) if locations else None
         try:
-            self.tmpdir: str | None = tempfile.mkdtemp(prefix="onnxfuse-")
+            self.tmpdir = tempfile.mkdtemp(prefix=".onnxfuse-tmp-" if base == src_dir else "onnxfuse-",
+                                           dir=base if base == src_dir else None)
         except OSError as e:
             raise write_error(e, "a candidate model") from None
         try:
-            self._write(proto, info)
+            self._write(proto, locations, src_dir)
         except BaseException:
             self.close()
             raise
 
-    def _write(self, proto: onnx.ModelProto, info: LoadInfo) -> None:
+    def _write(self, proto: onnx.ModelProto, locations: set[str], src_dir: str) -> None:
         assert self.tmpdir is not None
         path = os.path.join(self.tmpdir, "candidate.onnx")
         self.source: str | bytes = path
-        if not (info.external_data or info.lazy):
+        if not locations:
             write_split(proto, path)
             return
-        src_dir = os.path.dirname(os.path.abspath(info.path))
-        locations = {{e.key: e.value for e in t.external_data}["location"] for t in all_tensors(proto.graph)
-                     if t.data_location == onnx.TensorProto.EXTERNAL}
         name, k = "candidate.onnx", 0
         while name in locations:  # a data file (or the model itself, lazily read) may be named so
             k += 1
