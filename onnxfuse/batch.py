@@ -184,7 +184,7 @@ def _context():
     return multiprocessing.get_context("spawn")
 
 
-_worker = {"in_pool": False, "busy": False}
+_worker = {"in_pool": False, "busy": False, "stopping": False}
 
 
 def _worker_init(command_pid: int) -> None:
@@ -240,7 +240,10 @@ def _alive(pid: int) -> bool:
 
 
 def _on_term(signum, frame) -> None:
+    if _worker["stopping"]:  # SIGTERM again (to the process group, then from the parent): let the cleanup run
+        return
     if _worker["busy"]:
+        _worker["stopping"] = True
         raise KeyboardInterrupt
     os._exit(128 + signum)
 

@@ -4,7 +4,8 @@ Python turns SIGINT into KeyboardInterrupt; under `handled()` SIGTERM raises `Te
 where the program is, so it runs through every `finally` and cleanup Ctrl-C runs (the atomic writer's temporary
 files beside OUT, the pipeline's temporary folders) and the CLI answers both with one line: exit code 130 for
 SIGINT, 143 (128 + SIGTERM) for SIGTERM. Typer turns a KeyboardInterrupt into the exit code 130 and drops the
-exception, so which signal it was is remembered here (`exit_code()`, `message()`).
+exception, so which signal it was is remembered here (`exit_code()`, `message()`). A second SIGTERM while the first
+unwinds is ignored: it must not cut the cleanup short (`kill` to a process group, then to the command again).
 
 Standard library only: the entry point (cli/entry.py) installs this before onnx, onnxruntime and numpy load."""
 
@@ -26,6 +27,8 @@ _state = {"terminated": False}
 
 
 def _on_sigterm(signum, frame) -> None:
+    if _state["terminated"]:  # a second SIGTERM (`kill` to the process group, then to us) must not cut the
+        return  # cleanup the first one started short
     _state["terminated"] = True
     raise Terminated()
 

@@ -169,10 +169,13 @@ def _nothing_left_after_release(p: subprocess.Popen, workers: set[int], out: str
     return stderr
 
 
-def test_sigterm_to_a_batch_stops_its_workers(tmp_path):
+@pytest.mark.parametrize("to_group", [False, True])
+def test_sigterm_to_a_batch_stops_its_workers(tmp_path, to_group):
+    """`kill PID` (the command only), or the whole process group (the workers get it twice: from there and from
+    the command stopping them)."""
     with timing_lock(path=lock_path()):
         p, workers, out = _batch_waiting(tmp_path)
-        os.kill(p.pid, signal.SIGTERM)  # the command only, as `kill PID` does: not its process group
+        (os.killpg if to_group else os.kill)(p.pid, signal.SIGTERM)
         try:
             p.wait(timeout=TIMEOUT)
         finally:
