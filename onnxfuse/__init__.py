@@ -11,18 +11,52 @@ Errors a user can act on (a bad model, pattern file or flag) are OnnxfuseError, 
 
 __version__ = "0.1.0"
 
-from .errors import InputSpecError, ModelError, OnnxfuseError, PatternError
-from .inputs import InputPlan
-from .inspect.explain import Explanation, explain
-from .inspect.latency import BenchResult, bench
-from .inspect.op_profile import ProfileResult, profile
-from .inspect.selftest import self_test
-from .options import OptimizeOptions
-from .pipeline import find_inputs, find_profiles, optimize
-from .result import Result
-from .rewrite.ruleset import builtin_patterns_dir, load_rules, pattern_schema, rules_in_order
+# The public names load on first use (PEP 562), not with the package: `import onnxfuse.cli` must not import onnx,
+# onnxruntime and numpy before the command line's entry point (cli/main.py) has its signal handling in place.
+import importlib
+from typing import TYPE_CHECKING
+
+_PUBLIC = {
+    ".errors": ["InputSpecError", "ModelError", "OnnxfuseError", "PatternError"],
+    ".inputs": ["InputPlan"],
+    ".inspect.explain": ["Explanation", "explain"],
+    ".inspect.latency": ["BenchResult", "bench"],
+    ".inspect.op_profile": ["ProfileResult", "profile"],
+    ".inspect.selftest": ["self_test"],
+    ".options": ["OptimizeOptions"],
+    ".pipeline": ["find_inputs", "find_profiles", "optimize"],
+    ".result": ["Result"],
+    ".rewrite.ruleset": ["builtin_patterns_dir", "load_rules", "pattern_schema", "rules_in_order"],
+}
+_WHERE = {name: module for module, names in _PUBLIC.items() for name in names}
 
 __all__ = ["BenchResult", "Explanation", "InputPlan", "InputSpecError", "ModelError", "OnnxfuseError",
            "OptimizeOptions", "PatternError", "ProfileResult", "Result", "__version__", "bench",
            "builtin_patterns_dir", "explain", "find_inputs", "find_profiles", "load_rules", "optimize",
            "pattern_schema", "profile", "rules_in_order", "self_test"]
+
+
+def __getattr__(name: str):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:
+    from .errors import InputSpecError, ModelError, OnnxfuseError, PatternError
+    from .inputs import InputPlan
+    from .inspect.explain import Explanation, explain
+    from .inspect.latency import BenchResult, bench
+    from .inspect.op_profile import ProfileResult, profile
+    from .inspect.selftest import self_test
+    from .options import OptimizeOptions
+    from .pipeline import find_inputs, find_profiles, optimize
+    from .result import Result
+    from .rewrite.ruleset import builtin_patterns_dir, load_rules, pattern_schema, rules_in_order

@@ -8,15 +8,22 @@ plus `error` and `seconds`), never a ModelProto. Workers start with "forkserver"
 not fork-safe once sessions exist. A model that fails becomes an entry with its `error`; the others still run;
 nothing is written for it (optimize writes atomically). A worker that dies (a crash in onnxruntime, the OOM
 killer) breaks the pool: the models it took down with it are run again one at a time, so only the culprit
-fails."""
+fails.
+
+Workers die with the command: Ctrl-C or SIGTERM (signals.py) unwinds the parent, which terminates its pool; a
+parent killed outright (SIGKILL) takes its forkserver with it, and each worker asked the kernel for a SIGTERM when
+its parent process (the forkserver) dies (Linux: prctl PR_SET_PDEATHSIG), which unwinds it the same way: nothing
+is written after the command has gone, and no worker keeps the caller's pipes open."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import multiprocessing
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
@@ -128,7 +135,8 @@ def _pool(todo: list[int], items: list[BatchItem], options: OptimizeOptions, env
           finish: Callable[[int, dict], None]) -> list[int]:
     """Run `todo` in a pool of `jobs` workers; returns the items a broken pool did not finish (with one job,
     the first of them has failed: it was running when its worker died)."""
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=_context(), initializer=_worker_init)
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=_context(), initializer=_worker_init,
+                               initargs=(os.getpid(),))
     futures: dict[Future, int] = {}
     try:
         futures = {pool.submit(optimize_one, items[i].input, items[i].output, options, env): i for i in todo}
@@ -139,7 +147,7 @@ def _pool(todo: list[int], items: list[BatchItem], options: OptimizeOptions, env
                 finish(i, fut.result())
             except BrokenProcessPool:
                 broken.append(i)
-    except BaseException:  # Ctrl-C (workers ignore it): stop them, each unwinding what it was writing
+    except BaseException:  # Ctrl-C (workers ignore it) or SIGTERM: stop them, each unwinding what it was writing
         workers = list((getattr(pool, "_processes", None) or {}).values())  # shutdown forgets them
         manager = getattr(pool, "_executor_manager_thread", None)  # and this
         pool.shutdown(wait=False, cancel_futures=True)
@@ -175,24 +183,71 @@ def _context():
     """forkserver where there is one (workers fork from a clean server with onnxfuse imported), else spawn."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["onnxfuse"])  # imports onnxruntime, creates no session: fork-safe
+        ctx.set_forkserver_preload(["onnxfuse.pipeline"])  # imports onnxruntime, creates no session: fork-safe
         return ctx
     return multiprocessing.get_context("spawn")
 
 
-_worker = {"in_pool": False, "busy": False}
+_worker = {"in_pool": False, "busy": False, "stopping": False}
 
 
-def _worker_init() -> None:
+def _worker_init(command_pid: int) -> None:
     """A pool worker ignores Ctrl-C (the parent decides) and stops on SIGTERM: at once when idle, else by
-    unwinding optimize (its atomic writer removes what it had begun to write)."""
+    unwinding optimize (its atomic writer removes what it had begun to write). It gets that SIGTERM when its
+    parent process dies too, and does not start if the command (`command_pid`) has gone already."""
     _worker["in_pool"] = True
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_term)
+    _release_forkserver()
+    die_with_parent()
+    if not _alive(command_pid):  # it died before the line above took effect
+        os._exit(128 + signal.SIGTERM)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(signum: int = signal.SIGTERM) -> bool:
+    """Ask the kernel to send this process `signum` when its parent dies (Linux); False where it cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _release_forkserver() -> None:
+    """A forkserver's process holds the command's end of the pipe the forkserver watches to notice that the
+    command has gone (so that it could start forkserver processes of its own; a worker never does). Closed, the
+    forkserver exits with the command, and its workers (its children) get their PR_SET_PDEATHSIG."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if multiprocessing.parent_process() is None or fd is None:  # not a worker, or not started by a forkserver
+        return
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    server._forkserver_alive_fd = None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, another user's (cannot be ours, but do not guess)
+        return True
+    return True
 
 
 def _on_term(signum, frame) -> None:
+    if _worker["stopping"]:  # SIGTERM again (to the process group, then from the parent): let the cleanup run
+        return
     if _worker["busy"]:
+        _worker["stopping"] = True
         raise KeyboardInterrupt
     os._exit(128 + signum)
 

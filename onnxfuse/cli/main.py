@@ -1,78 +1,22 @@
-"""The entry point: every command registered, then one line per error, never a traceback."""
+"""The process entry point, `onnxfuse.cli:main` (the console script, `python -m onnxfuse.cli`): light, so that
+Ctrl-C or SIGTERM during the second or so the heavy imports take (typer, onnx, onnxruntime, numpy: commands.py
+and everything it loads) still ends in one line and exit code 130 or 143, never a traceback. The signal handling
+(signals.handled()) is installed before those imports; the package's `__init__` imports nothing heavy until a
+public name is used."""
 
 from __future__ import annotations
 
-import errno
-import importlib
-import os
 import sys
 
-import typer
-
-from .. import __version__
-from ..errors import OnnxfuseError, write_error
-
-try:  # typer >= 0.20 vendors click; older typer uses the click package
-    from typer._click.exceptions import NoArgsIsHelpError, UsageError
-except ImportError:  # pragma: no cover
-    from click.exceptions import NoArgsIsHelpError, UsageError  # type: ignore[no-redef]
-
-from .app import FLAGS, app
-from .optimize import BatchInterrupted
-
-# the commands register on the apps as their modules are imported, in the order `--help` lists them
-for _name in ("optimize", "patterns", "bench", "inputs", "cache"):
-    importlib.import_module(f"{__package__}.{_name}")
-
-
-@app.command()
-def version() -> None:
-    """Print the version."""
-    print(f"onnxfuse {__version__}")
+from .. import signals
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: one line per error, exit code 1 (input problem), 2 (usage), 130 (interrupted)."""
-    try:
-        rv = app(args=argv, prog_name="onnxfuse", standalone_mode=False)
-        if rv == 130:  # typer turned Ctrl-C into an exit code; the atomic writer left nothing behind
-            print("onnxfuse: interrupted; nothing written", file=sys.stderr)
-        return rv if isinstance(rv, int) else 0
-    except typer.Exit as e:
-        return e.exit_code
-    except BatchInterrupted:
-        return 130
-    except typer.Abort:
-        print("onnxfuse: interrupted; nothing written", file=sys.stderr)
-        return 130
-    except NoArgsIsHelpError as e:
-        print(e.format_message() if hasattr(e, "format_message") else str(e))
-        return 0
-    except UsageError as e:
-        cmd = e.ctx.command_path if e.ctx else "onnxfuse"
-        print(f"{cmd}: error: {e.format_message()} (see '{cmd} --help')", file=sys.stderr)
-        return 2
-    except OnnxfuseError as e:
-        text = e.for_flags(FLAGS)
-        print(text if ": error: " in text else f"onnxfuse: error: {text}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("onnxfuse: interrupted; nothing written", file=sys.stderr)
-        return 130
-    except Exception as e:  # a bug: still one line, with a way to get the traceback
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:  # a full disk is not a bug: say where
-            print(f"onnxfuse: error: {_no_space(e)}", file=sys.stderr)
-            return 1
-        if os.environ.get("ONNXFUSE_DEBUG"):
-            raise
-        print(f"onnxfuse: internal error: {type(e).__name__}: {e} (set ONNXFUSE_DEBUG=1 for a traceback)",
-              file=sys.stderr)
-        return 70
-
-
-def _no_space(e: OSError) -> str:
-    """ENOSPC that no step turned into its own message (a temporary folder onnxruntime writes into): where."""
-    if not e.filename:
-        return str(write_error(e, "a temporary file"))
-    path = os.path.abspath(os.fsdecode(e.filename))
-    return str(write_error(e, path, os.path.dirname(path)))
+    """Run the onnxfuse command line; returns the exit code (commands.run says which)."""
+    with signals.handled():
+        try:
+            from .commands import run  # the heavy imports
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM before any command ran: nothing was written
+            print(signals.message(e), file=sys.stderr)
+            return signals.exit_code(e)
+        return run(argv)

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from .. import signals
 from ..errors import OnnxfuseError
 from ..load.collisions import check_report_path
 from ..options import check_count
@@ -181,9 +182,9 @@ def _optimize_batch(inputs: list[str], out_dir: str, opts, jobs: int | None, rec
 
     try:
         results = optimize_many(items, opts, n_jobs, show)
-    except KeyboardInterrupt:
-        print(f"onnxfuse: interrupted after {len(finished)} of {len(items)} model(s); the models finished by then "
-              "are written, nothing partial", file=sys.stderr)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (signals.py)
+        print(f"onnxfuse: {signals.word(e)} after {len(finished)} of {len(items)} model(s); the models finished "
+              "by then are written, nothing partial", file=sys.stderr)
         raise BatchInterrupted() from None
     if bench_after:
         _bench_batch(results, opts, as_json)
@@ -200,7 +201,7 @@ def _optimize_batch(inputs: list[str], out_dir: str, opts, jobs: int | None, rec
 
 
 class BatchInterrupted(Exception):
-    """Ctrl-C during a batch, already reported (with what was written before it)."""
+    """Ctrl-C or SIGTERM during a batch, already reported (with what was written before it)."""
 
 
 def _failure_line(d: dict) -> str:

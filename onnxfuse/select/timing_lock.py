@@ -7,14 +7,23 @@ separate onnxfuse invocations. Batch workers hold the same lock *shared* while t
 measuring turns its shared hold into the exclusive one.
 
 The lock file is `timing.lock` in the decision cache folder (decision_cache.cache_dir()); if that folder cannot
-be created, `onnxfuse-timing.lock` in the system's temporary folder. The kernel drops a flock lock with its file
-descriptor, so a process that dies releases it. Where no lock can be taken (no fcntl, a file system without
-locks) timing runs unlocked: the lock never makes optimize fail."""
+be created, `onnxfuse-timing-<uid>.lock` in the system's temporary folder (one per user: in a shared /tmp nobody
+else can pre-create this user's name). The kernel drops a flock lock with its file descriptor, so a process that
+dies releases it. Where no lock can be taken (no fcntl, a file system without locks) timing runs unlocked: the
+lock never makes optimize fail.
+
+The lock file is opened safely (`_open`): never through a symbolic link (O_NOFOLLOW), never blocking (O_NONBLOCK:
+a FIFO planted there does not hang the open), only a regular file is used, and in the temporary folder only one
+this user owns. Anything else there means the lock is skipped, as on a file system without locks. Only a file
+this process has just created (O_CREAT|O_EXCL) has its mode set, through its descriptor (fchmod, 0644: read is
+all flock needs, so other users sharing a cache folder can lock it too); a file that was already there is never
+chmodded."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 import threading
 import time
@@ -30,7 +39,10 @@ except ImportError:  # pragma: no cover - not POSIX
 __all__ = ["REPORT_WAIT_S", "WAIT_KEY", "busy_lock", "lock_path", "timing_lock"]
 
 LOCK_FILE = "timing.lock"
-FALLBACK_FILE = "onnxfuse-timing.lock"
+FALLBACK_FILE = "onnxfuse-timing-{uid}.lock"  # in the temporary folder, one per user
+LOCK_MODE = 0o644  # what a lock file this process creates gets (flock needs read access only)
+_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+               | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
 WAIT_KEY = "wait for timing lock"  # the Result.timings entry (seconds), when the wait was noticeable
 REPORT_WAIT_S = 0.1
 _held = threading.local()  # .fd, .path: the shared hold busy_lock took in this thread, if any
@@ -43,21 +55,43 @@ def lock_path() -> str:
         os.makedirs(folder, exist_ok=True)
         if os.access(folder, os.W_OK) or os.path.exists(os.path.join(folder, LOCK_FILE)):
             return os.path.join(folder, LOCK_FILE)
-    return os.path.join(tempfile.gettempdir(), FALLBACK_FILE)
+    return fallback_path()
+
+
+def fallback_path() -> str:
+    """This user's lock file in the temporary folder."""
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return os.path.join(tempfile.gettempdir(), FALLBACK_FILE.format(uid=uid))
 
 
 def _open(path: str) -> int | None:
-    """A descriptor to lock (read-only is enough for flock, so another user's lock file works too)."""
-    for flags in (os.O_RDONLY | os.O_CREAT, os.O_RDONLY):
+    """A descriptor to lock (read-only is enough for flock, so another user's lock file in a shared cache folder
+    works too), or None where `path` is not a lock file to trust: a symbolic link, a FIFO, a device, a folder; in
+    the temporary folder, a file another user owns."""
+    created = True
+    try:
+        fd = os.open(path, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, LOCK_MODE)
+    except FileExistsError:  # also a symbolic link, dangling or not: O_EXCL never follows one
+        created = False
         try:
-            fd = os.open(path, flags, 0o666)
+            fd = os.open(path, _OPEN_FLAGS)  # ELOOP on a symbolic link
         except OSError:
-            continue
-        if flags & os.O_CREAT:
-            with contextlib.suppress(OSError):  # let other users lock a shared fallback file too
-                os.chmod(path, 0o666)
-        return fd
-    return None
+            return None
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (not created and path == fallback_path()
+                                            and hasattr(os, "getuid") and st.st_uid != os.getuid()):
+            os.close(fd)
+            return None
+        if created:  # ours, just made: the mode is set on the descriptor, never on a path that may have changed
+            with contextlib.suppress(OSError):
+                os.fchmod(fd, LOCK_MODE)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _flock(fd: int | None, op: int) -> int | None:
