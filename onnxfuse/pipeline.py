@@ -57,7 +57,7 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, output_path: str | os.P
     out = None if output_path is None else os.fspath(output_path)
     if out is not None and os.path.isdir(out) and not isinstance(model, onnx.ModelProto):
         out = os.path.join(out, os.path.basename(os.fspath(model)))  # an existing folder: OUT/<input's name>
-    with _source(model, opts, out) as (shown, path, notes):
+    with _source(model, opts, out) as (shown, path, notes, opts):
         result = _optimize(shown, path, out, opts, progress or quiet)
         result.load_notes[:0] = notes
         return result
@@ -65,9 +65,10 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, output_path: str | os.P
 
 @contextlib.contextmanager
 def _source(model: str | os.PathLike | onnx.ModelProto, opts: OptimizeOptions,
-            out: str | None) -> Iterator[tuple[str, str, list[str]]]:
-    """(name shown, file optimized, notes for the report): a ModelProto is saved to a temporary file (onnxruntime
-    and rebuilds read files); with --static the file is a copy with its dynamic input dims fixed; with
+            out: str | None) -> Iterator[tuple[str, str, list[str], OptimizeOptions]]:
+    """(name shown, file optimized, notes for the report, options): a ModelProto is saved to a temporary file
+    (onnxruntime and rebuilds read files); with --static the file is a copy with its dynamic input dims fixed, and
+    the options' shapes become one NAME:DIMS per input (the copy has no named dims for a DIM=V); with
     --freeze-weights, one without the graph inputs that are initializers."""
     tmp = tempfile.mkdtemp(prefix="onnxfuse-")
     notes: list[str] = []
@@ -82,7 +83,8 @@ def _source(model: str | os.PathLike | onnx.ModelProto, opts: OptimizeOptions,
             _check_paths(path, None if opts.dry_run else out, opts.force)
             static_dir = os.path.join(tmp, "static")
             os.mkdir(static_dir)
-            path = fix_input_shapes(path, opts.shapes, static_dir)
+            path, shapes = fix_input_shapes(path, opts.shapes, static_dir)
+            opts = replace(opts, shapes=shapes)
         if opts.freeze_weights:
             _check_paths(path, None if opts.dry_run else out, opts.force)
             frozen_dir = os.path.join(tmp, "frozen")
@@ -91,7 +93,7 @@ def _source(model: str | os.PathLike | onnx.ModelProto, opts: OptimizeOptions,
             if n:
                 notes.append(f"{n} initializer(s) listed as graph inputs made constants (freeze_weights): the output "
                              "no longer takes them as inputs")
-        yield shown, path, notes
+        yield shown, path, notes, opts
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
