@@ -26,7 +26,7 @@ from .patterns.rules import Rule
 from .progress import Phase, quiet
 from .result import Result, op_counts
 from .rewrite.engine import EngineOptions, RuleSkip, run
-from .rewrite.rebuild import Rewritten
+from .rewrite.rebuild import Rewritten, defined_ops_only
 from .rewrite.ruleset import builtin_patterns_dir, load_rules
 from .select.decision_cache import DecisionCache
 from .select.region_select import region_selection
@@ -181,7 +181,8 @@ def _load(path: str, opts: OptimizeOptions) -> _Loaded:
 
 def _rewrite(loaded: _Loaded, rules: list[Rule], opts: OptimizeOptions) -> tuple[list[Rule], EngineOptions,
                                                                                     Rewritten]:
-    """Rules to a fixed point on the loaded model. Rules whose ops could not be validated here are held back."""
+    """Rules to a fixed point on the loaded model. Rules whose ops could not be validated here are held back; a
+    rewrite leaving an op the model's opset does not define is left out (rebuild.defined_ops_only)."""
     held_back: list[RuleSkip] = []
     if opts.validate and loaded.provider != opts.target:  # fused ops with no CPU kernel cannot be validated here
         for r in rules:
@@ -194,9 +195,9 @@ def _rewrite(loaded: _Loaded, rules: list[Rule], opts: OptimizeOptions) -> tuple
     model, info = loaded.model, loaded.info
     base = (facts(loaded.validator, model, info, opts.target, opts.fold) if loaded.validator is not None
             else EngineOptions(target=opts.target, fold=opts.fold))
-    eng = run(model, rules, replace(base))
-    eng.skipped.extend(held_back)
-    return rules, base, Rewritten(model, info, eng)
+    state = defined_ops_only(info.path, rules, base, set(), Rewritten(model, info, run(model, rules, replace(base))))
+    state.eng.skipped.extend(held_back)
+    return rules, base, state
 
 
 def _validate(path: str, rules: list[Rule], base: EngineOptions, deny: set[tuple[str, str]], state: Rewritten,
