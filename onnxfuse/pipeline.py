@@ -19,7 +19,7 @@ from .ir import Model
 from .load.freeze import freeze_weights
 from .load.loader import LoadInfo, load_model
 from .load.static_shapes import fix_input_shapes
-from .load.write import approx_bytes, save_model
+from .load.write import approx_bytes, drop_unused_initializers, save_model
 from .opschema import RUNTIME_DOMAINS
 from .options import OptimizeOptions, check_choice, check_strings
 from .patterns.rules import Rule
@@ -143,6 +143,7 @@ def _optimize(shown: str, path: str, out: str | None, opts: OptimizeOptions, pro
                                        spent_s=sum(timings.values()) + timings.get("validate", 0.0),
                                        rewrite_s=timings.get("rewrite", 0.0), progress=progress)
     written: list[str] = []
+    drop_unused_initializers(state.proto.graph)  # what the rewrites left unread (the Result's model is the file's)
     if out is not None and not opts.dry_run:
         with _timed(timings, "write", progress):
             big = approx_bytes(state.proto) > 2**31 - 2**24
