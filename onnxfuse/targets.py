@@ -18,6 +18,7 @@ from importlib import resources
 
 import onnx
 
+from .ir import make_model
 from .opschema import input_type_str
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -248,7 +249,7 @@ def _probe_nchwc() -> bool:
     graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "probe",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = make_model(graph, {"": 13})
     with tempfile.TemporaryDirectory(prefix="onnxfuse-nchwc-") as d:
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
