@@ -20,7 +20,8 @@ from .inspect.selftest import self_test
 from .options import OptimizeOptions
 from .pipeline import find_inputs, find_profiles, optimize
 from .result import Result
-from .rewrite.ruleset import builtin_patterns_dir, load_rules, pattern_schema, rules_in_order
+from .rewrite.engine import rules_in_order
+from .rewrite.ruleset import builtin_patterns_dir, load_rules, pattern_schema
 
 __all__ = ["BenchResult", "Explanation", "InputPlan", "InputSpecError", "ModelError", "OnnxfuseError",
            "OptimizeOptions", "PatternError", "ProfileResult", "Result", "__version__", "bench",

@@ -17,8 +17,6 @@ from onnx import numpy_helper
 from .errors import ModelError
 from .tensors import TensorType, constant_node_value, read_external_tensor, type_from_proto
 
-GRAPH_ATTR_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-
 
 def make_model(graph: onnx.GraphProto, opsets: dict[str, int] | Iterable[onnx.OperatorSetIdProto],
                ir_version: int | None = None) -> onnx.ModelProto:

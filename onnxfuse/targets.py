@@ -148,12 +148,6 @@ def runs_on(target: str) -> str:
     return target if provider_registered(target) else "cpu"
 
 
-def available_providers() -> list[str]:
-    import onnxruntime as ort
-
-    return list(ort.get_available_providers())
-
-
 def elem_name(elem_type: int) -> str:
     """onnx.TensorProto.FLOAT16 -> 'float16' (the element type as kernel tables write it)."""
     return onnx.TensorProto.DataType.Name(elem_type).lower()

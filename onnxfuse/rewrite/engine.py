@@ -59,7 +59,9 @@ class EngineResult:
     sweeps: int
 
 
-def order_rules(rules: list[Rule]) -> list[Rule]:
+def rules_in_order(rules: list[Rule]) -> list[Rule]:
+    """The order the engine tries rules in (within a stage: the early canonicalisations run to their fixed point
+    before the rest): bigger matches first, then file order."""
     return sorted(rules, key=lambda r: (-r.size, r.order))
 
 
@@ -176,7 +178,7 @@ def _downstream(graph: Graph, values: set[str], depth: int) -> set[int]:
 def run(model: Model, rules: list[Rule], options: EngineOptions) -> EngineResult:
     skipped: list[RuleSkip] = []
     active: list[Rule] = []
-    for rule in order_rules(rules):
+    for rule in rules_in_order(rules):
         issue = rule_issue(rule, options.target, model.opset)
         if issue:
             skipped.append(RuleSkip(rule.id, issue))
@@ -303,7 +305,7 @@ def near_misses(model: Model, rules: list[Rule], target: str, min_progress: int 
     out: list[NearMiss] = []
     for graph in model.graphs():
         index = _candidates(graph)
-        for rule in (r.for_target(target) for r in order_rules(rules)):  # target conditions join `require`
+        for rule in (r.for_target(target) for r in rules_in_order(rules)):  # target conditions join `require`
             matcher = Matcher(rule, graph)
             for op in sorted(rule.root_ops()):
                 for node in index.get(op, ()):
