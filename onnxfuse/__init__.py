@@ -26,7 +26,8 @@ _PUBLIC = {
     ".options": ["OptimizeOptions"],
     ".pipeline": ["find_inputs", "find_profiles", "optimize"],
     ".result": ["Result"],
-    ".rewrite.ruleset": ["builtin_patterns_dir", "load_rules", "pattern_schema", "rules_in_order"],
+    ".rewrite.engine": ["rules_in_order"],
+    ".rewrite.ruleset": ["builtin_patterns_dir", "load_rules", "pattern_schema"],
 }
 _WHERE = {name: module for module, names in _PUBLIC.items() for name in names}
 
@@ -59,4 +60,5 @@ if TYPE_CHECKING:
     from .options import OptimizeOptions
     from .pipeline import find_inputs, find_profiles, optimize
     from .result import Result
-    from .rewrite.ruleset import builtin_patterns_dir, load_rules, pattern_schema, rules_in_order
+    from .rewrite.engine import rules_in_order
+    from .rewrite.ruleset import builtin_patterns_dir, load_rules, pattern_schema

@@ -113,6 +113,29 @@ def runtime_only(op: str, opset: int) -> bool:
     return _runtime_schema(op, opset) is not None
 
 
+@functools.cache
+def onnx_since(op: str) -> int | None:
+    """The first opset at which ONNX itself defines `op` in its default domain (None: it never does)."""
+    versions = [s.since_version for s in onnx.defs.get_all_schemas_with_history()
+                if s.name == op and s.domain in ("", "ai.onnx")]
+    return min(versions) if versions else None
+
+
+def onnx_defines(op: str, opset: int) -> bool:
+    """Whether the ONNX default domain defines `op` at `opset` (what onnx.checker checks a node against)."""
+    since = onnx_since(op)
+    return since is not None and since <= opset
+
+
+def undefined_at(op: str, opset: int) -> str:
+    """Why an ONNX-domain `op` cannot be written into a model of `opset` ('' when ONNX defines it there)."""
+    if onnx_defines(op, opset):
+        return ""
+    since = onnx_since(op)
+    where = f"ONNX defines it from opset {since}" if since else "ONNX has no such op; only onnxruntime registers it"
+    return f"{op} is not an ONNX op at the model's opset {opset} ({where}): onnx.checker would reject the output"
+
+
 def _runtime_schema(op: str, opset: int | None) -> object | None:
     at = [s for s in _runtime_onnx_schemas().get(op, ()) if opset is None or s.since_version <= opset]
     return at[-1] if at else None

@@ -20,14 +20,14 @@ from .load.collisions import check_writes
 from .load.freeze import freeze_weights
 from .load.loader import LoadInfo, load_model
 from .load.static_shapes import fix_input_shapes
-from .load.write import approx_bytes, save_model
+from .load.write import approx_bytes, drop_unused_initializers, save_model
 from .opschema import RUNTIME_DOMAINS
 from .options import OptimizeOptions, check_choice, check_strings
 from .patterns.rules import Rule
 from .progress import Phase, quiet
 from .result import Result, op_counts
 from .rewrite.engine import EngineOptions, RuleSkip, run
-from .rewrite.rebuild import Rewritten
+from .rewrite.rebuild import Rewritten, defined_ops_only
 from .rewrite.ruleset import builtin_patterns_dir, load_rules
 from .select.decision_cache import DecisionCache
 from .select.region_select import region_selection
@@ -58,7 +58,7 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, output_path: str | os.P
     out = None if output_path is None else os.fspath(output_path)
     if out is not None and os.path.isdir(out) and not isinstance(model, onnx.ModelProto):
         out = os.path.join(out, os.path.basename(os.fspath(model)))  # an existing folder: OUT/<input's name>
-    with _source(model, opts, out) as (shown, path, notes):
+    with _source(model, opts, out) as (shown, path, notes, opts):
         result = _optimize(shown, path, out, opts, progress or quiet)
         result.load_notes[:0] = notes
         return result
@@ -66,9 +66,10 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, output_path: str | os.P
 
 @contextlib.contextmanager
 def _source(model: str | os.PathLike | onnx.ModelProto, opts: OptimizeOptions,
-            out: str | None) -> Iterator[tuple[str, str, list[str]]]:
-    """(name shown, file optimized, notes for the report): a ModelProto is saved to a temporary file (onnxruntime
-    and rebuilds read files); with --static the file is a copy with its dynamic input dims fixed; with
+            out: str | None) -> Iterator[tuple[str, str, list[str], OptimizeOptions]]:
+    """(name shown, file optimized, notes for the report, options): a ModelProto is saved to a temporary file
+    (onnxruntime and rebuilds read files); with --static the file is a copy with its dynamic input dims fixed, and
+    the options' shapes become one NAME:DIMS per input (the copy has no named dims for a DIM=V); with
     --freeze-weights, one without the graph inputs that are initializers."""
     try:
         tmp = tempfile.mkdtemp(prefix="onnxfuse-")
@@ -90,9 +91,10 @@ def _source(model: str | os.PathLike | onnx.ModelProto, opts: OptimizeOptions,
             static_dir = os.path.join(tmp, "static")
             os.mkdir(static_dir)
             try:
-                path = fix_input_shapes(path, opts.shapes, static_dir)
+                path, shapes = fix_input_shapes(path, opts.shapes, static_dir)
             except OSError as e:
                 raise write_error(e, "the copy with fixed input shapes") from None
+            opts = replace(opts, shapes=shapes)
         if opts.freeze_weights:
             _check_paths(path, None if opts.dry_run else out, opts.force)
             frozen_dir = os.path.join(tmp, "frozen")
@@ -104,7 +106,7 @@ def _source(model: str | os.PathLike | onnx.ModelProto, opts: OptimizeOptions,
             if n:
                 notes.append(f"{n} initializer(s) listed as graph inputs made constants (freeze_weights): the output "
                              "no longer takes them as inputs")
-        yield shown, path, notes
+        yield shown, path, notes, opts
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -154,6 +156,7 @@ def _optimize(shown: str, path: str, out: str | None, opts: OptimizeOptions, pro
                                        spent_s=sum(timings.values()) + timings.get("validate", 0.0),
                                        rewrite_s=timings.get("rewrite", 0.0), progress=progress)
     written: list[str] = []
+    drop_unused_initializers(state.proto.graph)  # what the rewrites left unread (the Result's model is the file's)
     if out is not None and not opts.dry_run:
         with _timed(timings, "write", progress):
             big = approx_bytes(state.proto) > 2**31 - 2**24
@@ -192,7 +195,8 @@ def _load(path: str, opts: OptimizeOptions) -> _Loaded:
 
 def _rewrite(loaded: _Loaded, rules: list[Rule], opts: OptimizeOptions) -> tuple[list[Rule], EngineOptions,
                                                                                     Rewritten]:
-    """Rules to a fixed point on the loaded model. Rules whose ops could not be validated here are held back."""
+    """Rules to a fixed point on the loaded model. Rules whose ops could not be validated here are held back; a
+    rewrite leaving an op the model's opset does not define is left out (rebuild.defined_ops_only)."""
     held_back: list[RuleSkip] = []
     if opts.validate and loaded.provider != opts.target:  # fused ops with no CPU kernel cannot be validated here
         for r in rules:
@@ -205,9 +209,9 @@ def _rewrite(loaded: _Loaded, rules: list[Rule], opts: OptimizeOptions) -> tuple
     model, info = loaded.model, loaded.info
     base = (facts(loaded.validator, model, info, opts.target, opts.fold) if loaded.validator is not None
             else EngineOptions(target=opts.target, fold=opts.fold))
-    eng = run(model, rules, replace(base))
-    eng.skipped.extend(held_back)
-    return rules, base, Rewritten(model, info, eng)
+    state = defined_ops_only(info.path, rules, base, set(), Rewritten(model, info, run(model, rules, replace(base))))
+    state.eng.skipped.extend(held_back)
+    return rules, base, state
 
 
 def _validate(path: str, rules: list[Rule], base: EngineOptions, deny: set[tuple[str, str]], state: Rewritten,

@@ -19,6 +19,7 @@ from importlib import resources
 import onnx
 
 from .errors import write_error
+from .ir import make_model
 from .opschema import input_type_str
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -148,12 +149,6 @@ def runs_on(target: str) -> str:
     return target if provider_registered(target) else "cpu"
 
 
-def available_providers() -> list[str]:
-    import onnxruntime as ort
-
-    return list(ort.get_available_providers())
-
-
 def elem_name(elem_type: int) -> str:
     """onnx.TensorProto.FLOAT16 -> 'float16' (the element type as kernel tables write it)."""
     return onnx.TensorProto.DataType.Name(elem_type).lower()
@@ -249,7 +244,7 @@ def _probe_nchwc() -> bool:
     graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "probe",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = make_model(graph, {"": 13})
     try:
         with tempfile.TemporaryDirectory(prefix="onnxfuse-nchwc-") as d:
             so = ort.SessionOptions()

@@ -1,10 +1,12 @@
 """Constant folding and If inlining: exact, bounded, and never applied to what is not known offline."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import onnx
 import onnx.helper as oh
+import pytest
 from conftest import make_model, op_types, ort_run, save
 
 from onnxfuse import OptimizeOptions, optimize
@@ -245,6 +247,37 @@ def test_static_fixes_input_dims_and_lets_shape_tests_fold(tmp_path, cli):
     assert [d.dim_value for d in got.graph.input[0].type.tensor_type.shape.dim] == [2, 8]
     x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
     np.testing.assert_array_equal(ort_run(got, {"x": x})[0], np.maximum(x, 0))
+
+
+@pytest.mark.parametrize("shapes", [["batch=2", "n=8"], ["x:2x8"], ["batch=2", "x:2x8"]],
+                         ids=["dims", "tensor", "both"])
+def test_static_takes_named_dims_and_tensor_shapes(tmp_path, cli, shapes):
+    """--static with --shape DIM=V (the dims the model names) as with NAME:DIMS: the same fixed output."""
+    src = save(_shape_if_model(), tmp_path / "in.onnx")
+    out = tmp_path / "static.onnx"
+    flags = [a for s in shapes for a in ("--shape", s)]
+    code, stdout, stderr = cli("optimize", src, out, "--no-builtin", "--no-measure", "--static", *flags)
+    assert code == 0, stderr
+    got = onnx.load(str(out))
+    assert op_types(got) == ["Relu"]
+    assert [d.dim_value for d in got.graph.input[0].type.tensor_type.shape.dim] == [2, 8]
+    x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
+    np.testing.assert_array_equal(ort_run(got, {"x": x})[0], np.maximum(x, 0))
+
+
+def test_static_named_dims_through_the_api(tmp_path):
+    r, got = _run(tmp_path, _shape_if_model(), replace(OPTS, static=True, shapes=["batch=3", "n=8"]))
+    assert op_types(got) == ["Relu"] and r.cleanups.get("if-inline") == 1
+    assert [d.dim_value for d in got.graph.input[0].type.tensor_type.shape.dim] == [3, 8]
+    assert r.inputs is not None and r.validation.startswith("passed")
+
+
+def test_static_with_a_mistyped_dim_names_the_typo(tmp_path, cli):
+    src = save(_shape_if_model(), tmp_path / "in.onnx")
+    code, stdout, stderr = cli("optimize", src, tmp_path / "o.onnx", "--static", "--shape", "bach=2",
+                               "--shape", "n=8")
+    assert code == 1 and "unknown dim 'bach'; the model's dims are: batch, n" in stderr
+    assert "Traceback" not in stderr
 
 
 def test_static_without_every_dim_is_a_clear_error(tmp_path, cli):

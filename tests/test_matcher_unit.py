@@ -16,7 +16,7 @@ from onnx import TensorProto
 from onnxfuse.ir import Model
 from onnxfuse.match.matcher import Matcher
 from onnxfuse.patterns.parser import parse_text
-from onnxfuse.rewrite.engine import EngineOptions, near_misses, order_rules, run
+from onnxfuse.rewrite.engine import EngineOptions, near_misses, rules_in_order, run
 
 
 @pytest.fixture(autouse=True)
@@ -466,7 +466,7 @@ def test_bigger_rules_are_tried_first():
   rewrite:
     Y: Exp(X)
 """)
-    assert [r.id for r in order_rules(rs)] == ["big", "small"]
+    assert [r.id for r in rules_in_order(rs)] == ["big", "small"]
     nodes = [oh.make_node("Exp", ["x"], ["e"], name="exp"), oh.make_node("Abs", ["e"], ["a"], name="abs"),
              oh.make_node("Relu", ["a"], ["r"], name="relu"), oh.make_node("Neg", ["r"], ["y"], name="neg")]
     m = model(nodes, [("x", [3])], [("y", [3])])

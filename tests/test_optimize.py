@@ -225,3 +225,48 @@ def test_tf_style_nhwc_model_loses_redundant_transposes(tmp_path):
     got = onnx.load(str(out))
     x = np.random.default_rng(1).standard_normal((1, 16, 16, 3)).astype(np.float32)
     np.testing.assert_allclose(ort_run(got, {"x": x})[0], ort_run(orig, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def _dead_weights_model() -> onnx.ModelProto:
+    """y = If(c) then Relu(x) + w_branch else Neg(x), with initializers nothing reads: `w_dead` (top level),
+    `e_dead` (inside the else branch), a dead Constant, and `w_input` (also a graph input: kept, it is an input).
+    `w_branch` is read only inside the then branch, by its outer-scope name: kept."""
+    import onnx.helper as oh
+    from onnx import TensorProto, numpy_helper
+
+    f = TensorProto.FLOAT
+    then_g = oh.make_graph([oh.make_node("Relu", ["x"], ["r"], name="relu"),
+                            oh.make_node("Add", ["r", "w_branch"], ["t"], name="add")], "then", [],
+                           [oh.make_tensor_value_info("t", f, [2, 3])])
+    else_g = oh.make_graph([oh.make_node("Neg", ["x"], ["e"], name="neg")], "else", [],
+                           [oh.make_tensor_value_info("e", f, [2, 3])],
+                           [numpy_helper.from_array(np.ones(3, np.float32), "e_dead")])
+    nodes = [oh.make_node("Constant", [], ["k_dead"], name="k", value=numpy_helper.from_array(np.ones(2, np.float32))),
+             oh.make_node("If", ["c"], ["y"], name="if", then_branch=then_g, else_branch=else_g)]
+    inits = [numpy_helper.from_array(np.arange(3, dtype=np.float32), "w_branch"),
+             numpy_helper.from_array(np.ones((4, 4), np.float32), "w_dead"),
+             numpy_helper.from_array(np.ones(3, np.float32), "w_input")]
+    g = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", f, [2, 3]),
+                                   oh.make_tensor_value_info("c", TensorProto.BOOL, []),
+                                   oh.make_tensor_value_info("w_input", f, [3])],
+                      [oh.make_tensor_value_info("y", f, [2, 3])], inits)
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+
+
+def test_output_drops_initializers_nothing_reads_and_keeps_outer_scope_reads(cli, tmp_path):
+    m = _dead_weights_model()
+    onnx.checker.check_model(m, full_check=True)
+    src, out = str(tmp_path / "in.onnx"), str(tmp_path / "out.onnx")
+    onnx.save(m, src)
+    code, stdout, stderr = cli("optimize", src, out)
+    assert code == 0, stderr
+    got = onnx.load(out)
+    assert sorted(t.name for t in got.graph.initializer) == ["w_branch", "w_input"]
+    assert [n.op_type for n in got.graph.node] == ["If"]
+    else_g = next(a.g for a in got.graph.node[0].attribute if a.name == "else_branch")
+    assert list(else_g.initializer) == []
+    onnx.checker.check_model(got, full_check=True)
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    for c in (True, False):
+        feeds = {"x": x, "c": np.array(c)}
+        np.testing.assert_array_equal(ort_run(got, feeds)[0], ort_run(m, feeds)[0])

@@ -106,3 +106,59 @@ def test_a_rule_held_back_for_lack_of_a_kernel_is_not_validated_here(cli):
     assert code == 0
     assert "not validated here conv-nhwc" in stdout and "ok conv-nhwc" not in stdout
     assert "1 rule(s): 0 ok, 1 not validated here, 0 FAIL" in stdout
+
+
+ERF_GELU = """rules:
+- id: my-gelu
+  doc: 0.5 * x * (1 + erf(x / sqrt(2))) -> Gelu (an ONNX op from opset 20 only)
+  match:
+    Y: Mul(Mul(X, Add(Erf(Div(X, S2)), ONE)), HALF)
+  where:
+    S2: {constant: true}
+    ONE: {constant: true}
+    HALF: {constant: true}
+  rewrite:
+    Y: Gelu(X)
+"""
+
+
+def _erf_gelu(opset):
+    import numpy as np
+    import onnx.helper as oh
+    from conftest import make_model
+
+    nodes = [oh.make_node("Div", ["x", "s2"], ["d"], name="d"), oh.make_node("Erf", ["d"], ["e"], name="e"),
+             oh.make_node("Add", ["e", "one"], ["a"], name="a"), oh.make_node("Mul", ["x", "a"], ["m"], name="m"),
+             oh.make_node("Mul", ["m", "half"], ["y"], name="y")]
+    return make_model(nodes, [("x", [2, 8])], [("y", [2, 8])],
+                      {"s2": np.float32(np.sqrt(2.0)), "one": np.float32(1.0), "half": np.float32(0.5)}, opset=opset)
+
+
+def test_a_rule_emitting_an_onnx_op_the_models_opset_does_not_define_is_held_back(cli, tmp_path):
+    """The engine's one check (rule_issue) for every rule, built-in or not: Gelu is ONNX's from opset 20, so on an
+    opset-18 model the rule is held back with the reason, which explain and optimize show; at opset 20 it fires
+    and the output passes the full onnx.checker."""
+    import json
+
+    import onnx
+    from conftest import op_types, save
+
+    rule = load_path(_file(tmp_path, "gelu.yaml", ERF_GELU))[0]
+    why = ("Gelu is not an ONNX op at the model's opset 18 (ONNX defines it from opset 20): onnx.checker would "
+           "reject the output")
+    assert rule_issue(rule, "cpu", 18) == why and rule_issue(rule, "cpu", 20) is None
+    path = str(tmp_path / "gelu.yaml")
+    src18 = save(_erf_gelu(18), tmp_path / "g18.onnx")
+    code, stdout, stderr = cli("explain", src18, "--patterns", path, "--json")
+    assert code == 0, stderr
+    assert {"rule": "my-gelu", "reason": why} in json.loads(stdout)["skipped_rules"]
+    code, stdout, stderr = cli("optimize", src18, str(tmp_path / "o18.onnx"), "--patterns", path, "--only", "my-gelu")
+    assert code == 0, stderr
+    assert f"my-gelu ({why})" in " ".join(stdout.split())
+    assert op_types(onnx.load(str(tmp_path / "o18.onnx"))) == op_types(_erf_gelu(18))
+    src20 = save(_erf_gelu(20), tmp_path / "g20.onnx")
+    code, stdout, stderr = cli("optimize", src20, str(tmp_path / "o20.onnx"), "--patterns", path, "--only", "my-gelu")
+    assert code == 0, stderr
+    got = onnx.load(str(tmp_path / "o20.onnx"))
+    assert op_types(got) == ["Gelu"]
+    onnx.checker.check_model(got, full_check=True)

@@ -347,3 +347,42 @@ def test_cuda_outputs_have_a_kernel_for_every_created_node(tmp_path, name):
                 if (issue := kernel_issue(n.domain, n.op_type, "cuda", types.get(n.input[0]) if n.input else None,
                                           opset=opset, source=table_source("cuda")))]
     assert problems == []
+
+
+def _loaded_models(monkeypatch) -> list:
+    """Every model handed to onnxruntime from now on (bytes or a path), as loaded."""
+    import onnx
+    import onnxruntime as ort
+
+    seen: list = []
+    real = ort.InferenceSession
+
+    def spy(model, *args, **kwargs):
+        seen.append(onnx.load_from_string(model) if isinstance(model, bytes)
+                    else onnx.load(str(model), load_external_data=False))
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", spy)
+    return seen
+
+
+def test_models_onnxfuse_builds_pin_the_lowest_ir_their_opsets_need(monkeypatch):
+    """The NCHWc probe and the self-test's models are built by onnxfuse itself: they carry the IR version their
+    opsets need (opset 13: IR 7), not the installed onnx's newest, which an older onnxruntime refuses."""
+    import onnx
+
+    from onnxfuse.inspect.selftest import check_rule
+    from onnxfuse.ir import min_ir_version
+    from onnxfuse.patterns.parser import load_path
+
+    seen = _loaded_models(monkeypatch)
+    from onnxfuse import targets
+
+    targets._probe_nchwc.__wrapped__()  # the cached probe, run again
+    assert [m.ir_version for m in seen] == [7] and onnx.IR_VERSION > 7
+    del seen[:]
+    rule = next(r for r in load_path(os.path.join(ROOT, "patterns", "activation.yaml")) if r.id == "silu")
+    assert check_rule(rule).ok
+    assert seen, "the self-test ran no model"
+    assert all(m.ir_version == min_ir_version(m.opset_import) < onnx.IR_VERSION for m in seen), \
+        sorted({(m.ir_version, tuple((o.domain, o.version) for o in m.opset_import)) for m in seen})

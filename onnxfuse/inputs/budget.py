@@ -8,6 +8,8 @@ import os
 import numpy as np
 import onnx
 
+from ..ir import make_model
+
 BUDGET_FRACTION = 0.25  # of the memory available when onnxfuse starts
 
 __all__ = ["BUDGET_FRACTION", "default_budget_bytes", "estimate_bytes", "fmt_bytes", "skeleton"]
@@ -41,7 +43,7 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     known = {i.name for i in g.input}
     graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
                        for t in big if t.name not in known)
-    m = onnx.helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+    m = make_model(graph, model.opset_import, model.ir_version)
     m.functions.extend(model.functions)
     return m
 

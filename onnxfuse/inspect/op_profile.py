@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 
 from ..inputs.shapes import parse_shape_specs
+from ..ir import make_model
 from ..options import check_count, check_strings
 from ..progress import Phase, quiet
 from ..select.timing import run_times
@@ -198,7 +199,7 @@ def measure_peaks(threads: int = 1) -> Peaks:
                       [oh.make_tensor_value_info("a", onnx.TensorProto.FLOAT, [n, n])],
                       [oh.make_tensor_value_info("c", onnx.TensorProto.FLOAT, [n, n])],
                       [onnx.numpy_helper.from_array(b, "b")])  # constant B: onnxruntime pre-packs it
-    s = make_session(oh.make_model(g, opset_imports=[oh.make_opsetid("", 13)], ir_version=8).SerializeToString(),
+    s = make_session(make_model(g, {"": 13}).SerializeToString(),
                        "all", "cpu", threads)
     feeds = {"a": b}
     gflops = 2 * n**3 / min(run_times(s, feeds, 12, warmup=2)) / 1e9
@@ -227,7 +228,7 @@ def _ort_copy_gbytes(threads: int) -> float:
                       [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [n])],
                       [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [n])],
                       [onnx.numpy_helper.from_array(np.array(1.0, np.float32), "one")])
-    s = make_session(oh.make_model(g, opset_imports=[oh.make_opsetid("", 13)], ir_version=8).SerializeToString(),
+    s = make_session(make_model(g, {"": 13}).SerializeToString(),
                        "all", "cpu", threads)
     feeds = {"x": np.ones(n, np.float32)}
     return 2 * 4 * n / min(run_times(s, feeds, 5, warmup=1)) / 1e9
@@ -242,7 +243,7 @@ def _conv_probe_gflops(threads: int) -> float:
                       [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64, 56, 56])],
                       [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 64, 56, 56])],
                       [onnx.numpy_helper.from_array(w, "w")])
-    s = make_session(oh.make_model(g, opset_imports=[oh.make_opsetid("", 13)], ir_version=8).SerializeToString(),
+    s = make_session(make_model(g, {"": 13}).SerializeToString(),
                        "all", "cpu", threads)
     feeds = {"x": np.ones((1, 64, 56, 56), np.float32)}
     flops = 2.0 * 64 * 56 * 56 * 64 * 9
@@ -262,7 +263,7 @@ def _chain_fraction(threads: int, chain: int = 200, runs: int = 40) -> float:
     nodes = [oh.make_node("Neg", [f"v{i}"], [f"v{i + 1}"]) for i in range(chain)]
     g = oh.make_graph(nodes, "calib", [oh.make_tensor_value_info("v0", onnx.TensorProto.FLOAT, [1])],
                       [oh.make_tensor_value_info(f"v{chain}", onnx.TensorProto.FLOAT, [1])])
-    data = oh.make_model(g, opset_imports=[oh.make_opsetid("", 13)], ir_version=8).SerializeToString()
+    data = make_model(g, {"": 13}).SerializeToString()
     feeds = {"v0": np.ones(1, np.float32)}
     plain = make_session(data, "all", "cpu", threads)
     events, plain_times = _profiled_events(data, feeds, "all", "cpu", threads, 10 + runs, plain)

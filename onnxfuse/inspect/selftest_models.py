@@ -12,6 +12,7 @@ import onnx
 import onnx.helper as oh
 from onnx import numpy_helper
 
+from ..ir import make_model
 from ..opschema import op_spec
 from ..patterns.rules import Rule
 from ..patterns.syntax import Alt, Call, Expr, Ref
@@ -209,8 +210,7 @@ class Builder:
             self.nodes.append(oh.make_node("Identity", [self.line(self.mut.extra_output)], ["extra_out"]))
             outputs.append(oh.make_tensor_value_info("extra_out", undefined, None))
         graph = oh.make_graph(self.nodes, f"selftest_{self.rule.id}", self.inputs, outputs, self.inits)
-        opsets = [oh.make_opsetid("", self.opset), oh.make_opsetid("com.microsoft", 1)]
-        model = oh.make_model(graph, opset_imports=opsets, ir_version=ir_version_for(self.opset))
+        model = make_model(graph, {"": self.opset, "com.microsoft": 1})
         inferred = onnx.shape_inference.infer_shapes(model)
         for o, io in zip(model.graph.output, inferred.graph.output, strict=True):
             o.type.CopyFrom(io.type)
@@ -219,13 +219,6 @@ class Builder:
             if not o.type.tensor_type.HasField("shape"):
                 o.type.tensor_type.shape.SetInParent()
         return model, self.feeds
-
-
-def ir_version_for(opset: int) -> int:
-    for ir, op in ((7, 12), (8, 14), (8, 18), (9, 20), (10, 22)):
-        if opset <= op:
-            return max(ir, 7)
-    return 10
 
 
 def rule_opsets(rule: Rule) -> list[int]:

@@ -141,7 +141,7 @@ def _check_model(proto: onnx.ModelProto, path: str, external: bool) -> str | Non
 
 def _checker_error(model: onnx.ModelProto) -> str | None:
     try:
-        onnx.checker.check_model(_runtime_only_masked(model))
+        onnx.checker.check_model(runtime_only_masked(model))
     except onnx.checker.ValidationError as e:
         if "topologically sorted" in str(e):
             return None  # acyclic (checked before) but out of order: the writer emits a sorted graph
@@ -160,7 +160,10 @@ def checker_error(proto: onnx.ModelProto) -> str | None:
 MASK_DOMAIN = "onnxfuse.runtime_only"  # the checker checks no schema in a domain it does not know
 
 
-def _runtime_only_masked(proto: onnx.ModelProto) -> onnx.ModelProto:
+def runtime_only_masked(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """`proto`, or a copy whose nodes of ops onnxruntime registers in the ONNX domain where ONNX has none
+    (opschema.runtime_only) sit in MASK_DOMAIN, for onnx.checker to pass over them: such a model is one
+    onnxruntime runs and onnxfuse reads (its own output never holds one: rebuild.defined_ops_only)."""
     opset = _default_opset(proto.opset_import)
     if opset is None or not any(runtime_only(n.op_type, opset) for n in iter_nodes(proto.graph)
                                 if n.domain in ("", "ai.onnx")):

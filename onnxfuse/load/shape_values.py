@@ -16,7 +16,6 @@ from ..ir import Graph
 from ..tensors import TensorType
 
 Dim = int | str | None
-_INT64 = onnx.TensorProto.INT64
 
 
 def _ints(node: onnx.NodeProto, name: str) -> list[int] | None:

@@ -18,6 +18,42 @@ EXTERNAL_THRESHOLD = 1024  # bytes: tensors at least this large go to the extern
 
 
 
+def drop_unused_initializers(graph: onnx.GraphProto) -> list[str]:
+    """Remove the initializers of `graph` and of its subgraphs (If/Loop/Scan bodies) that no node reads and that
+    are neither a graph input nor a graph output of their graph, and the Constant nodes nothing reads (onnxruntime
+    makes them initializers); a subgraph reading an outer value by name keeps it. onnxruntime warns on every load
+    of a model that keeps one ("Removing initializer ... It is not used by any node"). Returns the names removed."""
+    dropped: list[str] = []
+    _outer_reads(graph, dropped)
+    return dropped
+
+
+def _outer_reads(graph: onnx.GraphProto, dropped: list[str]) -> set[str]:
+    """Drop `graph`'s unread initializers and Constants (into `dropped`); return the names it reads from
+    enclosing graphs."""
+    reads = {o.name for o in graph.output}
+    for node in graph.node:
+        reads.update(i for i in node.input if i)
+        for a in node.attribute:
+            subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else \
+                list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []
+            for sub in subs:
+                reads |= _outer_reads(sub, dropped)
+    inputs = {v.name for v in graph.input}
+    for i in reversed(range(len(graph.initializer))):
+        name = graph.initializer[i].name
+        if name not in reads and name not in inputs:
+            dropped.append(name)
+            del graph.initializer[i]
+    for i in reversed(range(len(graph.node))):
+        node = graph.node[i]
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and not any(o in reads for o in node.output):
+            dropped.extend(o for o in node.output if o)
+            del graph.node[i]
+    defined = inputs | {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output if o}
+    return reads - defined
+
+
 def save_model(
     proto: onnx.ModelProto,
     out_path: str,

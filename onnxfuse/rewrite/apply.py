@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..ir import Graph, Node
+from ..ir import Graph, Node, make_model
 from ..load.shape_values import reshape_types, slice_types
 from ..match.matcher import ABSENT, SHAPE_ARITHMETIC, Binding
 from ..opschema import MS_DOMAIN, AttrSpec, attr_value, op_spec
@@ -265,7 +265,7 @@ def _infer_temp_types(graph: Graph, protos: list[onnx.NodeProto], temps: set[str
                   if t.shape is not None]
         g = onnx.helper.make_graph(list(protos), "temps", inputs, [], inits, value_info=shaped)
         try:
-            inferred = onnx.shape_inference.infer_shapes(onnx.helper.make_model(g, opset_imports=opsets))
+            inferred = onnx.shape_inference.infer_shapes(make_model(g, opsets))
         except Exception:  # noqa: BLE001 - best effort: the values just stay untyped
             break
         found = {vi.name: t for vi in inferred.graph.value_info

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from ..errors import PatternError
 from ..ir import Graph, Model, Node
 from ..match.matcher import Binding, Failure, Matcher
+from ..opschema import runtime_only, undefined_at
 from ..patterns.compute import ComputeError
 from ..patterns.rules import RewriteNode, Rule
 from ..targets import kernel_issue, kernels
@@ -58,14 +59,20 @@ class EngineResult:
     sweeps: int
 
 
-def order_rules(rules: list[Rule]) -> list[Rule]:
+def rules_in_order(rules: list[Rule]) -> list[Rule]:
+    """The order the engine tries rules in (within a stage: the early canonicalisations run to their fixed point
+    before the rest): bigger matches first, then file order."""
     return sorted(rules, key=lambda r: (-r.size, r.order))
 
 
 def rule_issue(rule: Rule, target: str, opset: int | None) -> str | None:
     """Why a rule cannot be used at all for this target/model (None when it can): not declared for the target,
-    outside its opset range, or an op it emits with no kernel on the target at the model's opset (`opset` None:
-    at any opset of the rule's range) or for any element type the rule allows there."""
+    outside its opset range, an ONNX-domain op it emits that ONNX does not define at the model's opset (the output
+    would fail onnx.checker), or an op it emits with no kernel on the target at the model's opset (`opset` None:
+    at any opset of the rule's range) or for any element type the rule allows there. An op onnxruntime registers
+    in the ONNX domain where ONNX has none (opschema.runtime_only: LayerNormalization below opset 17) may be made
+    as a step a later rule fuses further (Add + LayerNormalization -> SkipLayerNormalization); a rewrite that
+    leaves one in the result is left out (rebuild.defined_ops_only)."""
     if target not in rule.targets:
         return f"declared for {', '.join(rule.targets)} only"
     if opset is not None and not rule.opset_min <= opset <= rule.opset_max:
@@ -74,6 +81,9 @@ def rule_issue(rule: Rule, target: str, opset: int | None) -> str | None:
         if rn.call is None:
             continue
         domain, op = rn.call.domain, rn.call.op
+        if opset is not None and domain in ("", "ai.onnx") and not runtime_only(op, opset) and \
+                undefined_at(op, opset):  # a runtime-only op is made only to be fused further: see rebuild.py
+            return undefined_at(op, opset)
         issue = kernel_issue(domain, op, target, opset=opset)
         if issue is None and opset is None and not domain:  # no model: some opset of the rule's range will do
             ks = kernels(domain, op, target) or ()
@@ -168,7 +178,7 @@ def _downstream(graph: Graph, values: set[str], depth: int) -> set[int]:
 def run(model: Model, rules: list[Rule], options: EngineOptions) -> EngineResult:
     skipped: list[RuleSkip] = []
     active: list[Rule] = []
-    for rule in order_rules(rules):
+    for rule in rules_in_order(rules):
         issue = rule_issue(rule, options.target, model.opset)
         if issue:
             skipped.append(RuleSkip(rule.id, issue))
@@ -295,7 +305,7 @@ def near_misses(model: Model, rules: list[Rule], target: str, min_progress: int 
     out: list[NearMiss] = []
     for graph in model.graphs():
         index = _candidates(graph)
-        for rule in (r.for_target(target) for r in order_rules(rules)):  # target conditions join `require`
+        for rule in (r.for_target(target) for r in rules_in_order(rules)):  # target conditions join `require`
             matcher = Matcher(rule, graph)
             for op in sorted(rule.root_ops()):
                 for node in index.get(op, ()):

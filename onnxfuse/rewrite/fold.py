@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..ir import Graph, Model, Node, export_node
+from ..ir import Graph, Model, Node, export_node, make_model
 from ..load.shape_values import slice_types
 from .apply import Application, alias_value, drop_dead_producers
 
@@ -295,7 +295,7 @@ def _evaluate(graph: Graph, node: Node, inputs: list[np.ndarray | None]) -> list
         [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in outs if o])
     opsets = [onnx.helper.make_opsetid(d or "", v) for d, v in graph.model.opsets.items()]
     try:
-        model = onnx.helper.make_model(g, opset_imports=opsets)
+        model = make_model(g, opsets)
         feeds = {n: v for n, v in zip(names, inputs, strict=True) if v is not None}
         results = ReferenceEvaluator(model).run(None, feeds)
     except Exception:  # noqa: BLE001 - anything the evaluator cannot do simply stays unfolded

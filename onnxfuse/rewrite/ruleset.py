@@ -10,10 +10,10 @@ from ..errors import OnnxfuseError
 from ..patterns.parser import load_path
 from ..patterns.rules import Rule
 from ..patterns.spec import json_schema_text
-from .engine import order_rules, rule_issue
+from .engine import rule_issue
 from .fold import CLEANUP_STEPS
 
-__all__ = ["builtin_patterns_dir", "load_rules", "pattern_schema", "rules_in_order"]
+__all__ = ["builtin_patterns_dir", "load_rules", "pattern_schema"]
 
 
 def builtin_patterns_dir() -> str:
@@ -88,11 +88,6 @@ def rule_warnings(rules: list[Rule]) -> list[str]:
             out.append(f"{r.span}: warning: rule id {r.id!r} is also a built-in rule's ({builtin[r.id].span}): "
                        f"optimize refuses the pair (hint: {_collision_hint(r.id, builtin[r.id])})")
     return out
-
-
-def rules_in_order(rules: list[Rule]) -> list[Rule]:
-    """The order the engine tries rules in: early canonicalisations first, then bigger matches, then file order."""
-    return order_rules(rules)
 
 
 def pattern_schema() -> str:

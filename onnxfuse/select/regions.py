@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..ir import Graph, Model, Node
+from ..ir import Graph, Model, Node, make_model
 from ..rewrite.apply import Application
 from ..tensors import TensorType
 
@@ -372,7 +372,4 @@ def region_model(region: Region, fused: bool, opsets: dict[str, int], ir_version
         outputs.append(vi)
     inits = [numpy_helper.from_array(np.asarray(c.value()), name) for name, c in consts.items() if name in read]
     graph = onnx.helper.make_graph(list(nodes), "region", inputs, outputs, inits)
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(d, v)
-                                                         for d, v in sorted(opsets.items())])
-    model.ir_version = ir_version
-    return model.SerializeToString()
+    return make_model(graph, opsets, ir_version).SerializeToString()

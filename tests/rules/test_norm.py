@@ -1,6 +1,6 @@
 """patterns/norm.yaml: decomposed LayerNorm (opset 11-17 axes attribute, opset 18 axes input; Pow or Mul squares;
-Div or Reciprocal), RMSNorm (opset 23), residual Add + RMSNorm / LayerNorm -> Skip*LayerNormalization, BERT
-embeddings -> EmbedLayerNormalization."""
+Div or Reciprocal; below opset 17 a zero-skip SkipLayerNormalization), RMSNorm (opset 23), residual Add + RMSNorm /
+LayerNorm -> Skip*LayerNormalization, BERT embeddings -> EmbedLayerNormalization."""
 
 import numpy as np
 import onnx
@@ -84,15 +84,82 @@ def test_layernorm_decomposed_near_misses(opset, kw):
     check_misses(_layernorm(opset, **kw), "layernorm-decomposed")
 
 
-@pytest.mark.parametrize("opset", [11, 13])
-def test_layernorm_decomposed_below_opset_17(opset):
-    """Older exporters write LayerNorm out at opset 11-13: it becomes the LayerNormalization onnxruntime registers
-    in the ONNX domain there (its transformers optimizer emits the same), which onnxruntime runs; onnx.checker has
-    no schema for it, so the checker is not asked (check_fires would)."""
-    r, got = fuse(_layernorm(opset, eps=1e-6), "layernorm-decomposed")
-    assert r.fired == {"layernorm-decomposed": 1} and op_types(got) == ["LayerNormalization"]
-    assert got.graph.node[0].domain == ""
-    assert_same(_layernorm(opset, eps=1e-6), got, rand_feeds(_layernorm(opset)), 1e-4, 1e-4)
+def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The same model with x and y as [batch, seq, K]."""
+    for vi in list(model.graph.input) + list(model.graph.output):
+        dims = vi.type.tensor_type.shape.dim
+        dims[0].dim_param, dims[1].dim_param = "batch", "seq"
+    return model
+
+
+def _eps(node) -> float:
+    return next(oh.get_attribute_value(a) for a in node.attribute if a.name == "epsilon")
+
+
+@pytest.mark.parametrize("opset", [11, 12, 14, 16])
+def test_layernorm_below_opset_17_is_written_as_a_zero_skip_layernorm(opset):
+    """ONNX defines LayerNormalization from opset 17: below it the one layernorm-decomposed makes is a step only,
+    and layernorm-zero-skip writes it as com.microsoft.SkipLayerNormalization with a zero skip (folded to a
+    constant here, the shape being static). The output passes the full onnx.checker."""
+    m = _layernorm(opset, eps=1e-6)
+    r, got = fuse(m, "layernorm-decomposed", "layernorm-zero-skip")
+    assert r.fired == {"layernorm-decomposed": 1, "layernorm-zero-skip": 1}, r.fired
+    assert op_types(got) == ["Constant", "com.microsoft.SkipLayerNormalization"]
+    zero, sk = got.graph.node
+    assert list(sk.input) == ["x", zero.output[0], "gamma", "beta"] and abs(_eps(sk) - 1e-6) < 1e-12
+    assert not numpy_helper.to_array(zero.attribute[0].t).any() and zero.attribute[0].t.dims == [4, K]
+    onnx.checker.check_model(got, full_check=True)
+    assert_same(m, got, rand_feeds(m), 1e-4, 1e-4)
+
+
+def test_layernorm_zero_skip_builds_the_zeros_at_run_time_for_dynamic_dims():
+    m = _symbolic(_layernorm(14, eps=1e-6))
+    r, got = fuse(m, "layernorm-decomposed", "layernorm-zero-skip")
+    assert op_types(got) == ["Shape", "Slice", "Expand", "com.microsoft.SkipLayerNormalization"]
+    onnx.checker.check_model(got, full_check=True)
+    for dims in ({"batch": 1, "seq": 5}, {"batch": 3, "seq": 2}):
+        assert_same(m, got, rand_feeds(m, dims=dims), 1e-4, 1e-4)
+
+
+@pytest.mark.parametrize("opset", [12, 14])
+def test_layernorm_decomposed_alone_below_opset_17_is_left_out_and_says_why(opset):
+    """Without a rule to take it further, the LayerNormalization would stay in an opset-12 model, which ONNX does
+    not define there: the rewrite is left out, and the skipped rules say why."""
+    m = _layernorm(opset, eps=1e-6)
+    r, got = fuse(m, "layernorm-decomposed")
+    assert r.fired == {} and op_types(got) == op_types(m)
+    why = f"LayerNormalization is not an ONNX op at the model's opset {opset} (ONNX defines it from opset 17)"
+    assert [(s.rule, s.reason) for s in r.skipped] == [
+        ("layernorm-decomposed", f"left out at g, y: {why}: onnx.checker would reject the output")]
+    onnx.checker.check_model(got, full_check=True)
+
+
+def _residual(model: onnx.ModelProto) -> onnx.ModelProto:
+    """x = a + skip before the LayerNorm (a transformer block's residual)."""
+    for n in model.graph.node:
+        n.input[:] = ["xs" if v == "x" else v for v in n.input]
+    model.graph.node.insert(0, oh.make_node("Add", ["x", "skip"], ["xs"], name="residual"))
+    model.graph.input.append(oh.make_tensor_value_info("skip", TensorProto.FLOAT, SHAPE))
+    return model
+
+
+@pytest.mark.parametrize("opset", [12, 14])
+@pytest.mark.parametrize(("form", "want"), [
+    ("plain", ["Constant", "com.microsoft.SkipLayerNormalization"]),
+    ("residual", ["com.microsoft.SkipLayerNormalization"]),
+])
+def test_optimize_below_opset_17_writes_what_the_checker_accepts(cli, tmp_path, opset, form, want):
+    """Every built-in rule, validation on, through the CLI: an opset-12/14 model with a decomposed LayerNorm (alone,
+    or after a residual Add) comes out fused, passing onnx.checker's full check, with the original's numbers."""
+    m = _layernorm(opset, eps=1e-6) if form == "plain" else _residual(_layernorm(opset, eps=1e-6))
+    onnx.checker.check_model(m, full_check=True)
+    src, out = save(m, tmp_path / "in.onnx"), tmp_path / "out.onnx"
+    code, stdout, stderr = cli("optimize", src, str(out))
+    assert code == 0, stderr
+    got = onnx.load(str(out))
+    assert op_types(got) == want
+    onnx.checker.check_model(got, full_check=True)
+    assert_same(m, got, rand_feeds(m), 1e-4, 1e-4)
 
 
 def _rms(opset=23, square="pow", div="div", ax=(-1,), skip=False, extra_reader=None, gamma_input=False,
