@@ -48,11 +48,14 @@ def _ext_edit(tmp, edit):
 
 
 def _set_location(p, loc):
+    _set_external(p, "location", loc)
+
+
+def _set_external(p, key, value):
     m = onnx.load(str(p), load_external_data=False)
     for t in m.graph.initializer:
-        for e in t.external_data:
-            if e.key == "location":
-                e.value = loc
+        field = next((e for e in t.external_data if e.key == key), None) or t.external_data.add()
+        field.key, field.value = key, value
     p.write_bytes(m.SerializeToString())
 
 
@@ -80,6 +83,32 @@ CASES = [
      "outside the model's folder (refused)", 1),
     ("external data absolute path", lambda t: [_ext_edit(t, lambda p: _set_location(p, "/etc/passwd")), OUT],
      "outside the model's folder (refused)", 1),
+    ("external data offset not a number", lambda t: [_ext_edit(t, lambda p: _set_external(p, "offset", "abc")), OUT,
+                                                     "--no-validate"],
+     "tensor 'w' has external data offset 'abc': not a non-negative integer", 1),
+    ("external data offset negative", lambda t: [_ext_edit(t, lambda p: _set_external(p, "offset", "-4096")), OUT,
+                                                 "--no-validate"],
+     "tensor 'w' has external data offset '-4096': not a non-negative integer", 1),
+    ("external data offset past the end", lambda t: [_ext_edit(t, lambda p: _set_external(p, "offset", "4096")), OUT,
+                                                     "--no-validate"],
+     "external data file 'm.data' is truncated (tensor 'w' needs bytes 4096..4528, file has 432)", 1),
+    ("external data length not a number", lambda t: [_ext_edit(t, lambda p: _set_external(p, "length", "-5")), OUT,
+                                                     "--no-validate"],
+     "tensor 'w' has external data length '-5': not a non-negative integer", 1),
+    ("external data length other than the tensor's size",
+     lambda t: [_ext_edit(t, lambda p: _set_external(p, "length", "400")), OUT, "--no-validate"],
+     "tensor 'w' has external data length 400, but its type and dims need 432 bytes", 1),
+    ("external data location with a NUL byte",
+     lambda t: [_ext_edit(t, lambda p: _set_location(p, "m.da\0ta")), OUT, "--no-validate"],
+     "tensor 'w' has external data location 'm.da\\x00ta': it contains a NUL byte", 1),
+    ("external data location empty", lambda t: [_ext_edit(t, lambda p: _set_location(p, "")), OUT, "--no-validate"],
+     "tensor 'w' has external data without a location", 1),
+    ("external data location a folder",
+     lambda t: [_ext_edit(t, lambda p: [(p.parent / "sub").mkdir(), _set_location(p, "sub")]), OUT, "--no-validate"],
+     "external data file 'sub' for tensor 'w' is not a regular file", 1),
+    ("external data escaping through the folder", lambda t: [_ext_edit(t, lambda p: _set_location(p, "../x")), OUT,
+                                                            "--no-validate"],
+     "tensor 'w' has external data location '../x' outside the model's folder (refused)", 1),
     ("opset newer than onnx",
      lambda t: [_proto_edit(t, lambda m: setattr(m.opset_import[0], "version", onnx.defs.onnx_opset_version() + 3)),
                 OUT], "newer than the installed onnx", 1),
