@@ -227,7 +227,8 @@ def _result(shown: str, out: str | None, opts: OptimizeOptions, loaded: _Loaded,
         skipped=state.eng.skipped, rolled_back=rolled_back, checks=checks, validation=status, timings=timings,
         written=written, sweeps=state.eng.sweeps, measure=measured, repairs=list(state.info.repairs),
         load_notes=list(state.info.notes), inputs=v.plan if v is not None else None,
-        profiles=v.profiles() if v is not None else [], peak_rss_bytes=peak_rss_bytes(), model=state.proto)
+        profiles=v.profiles() if v is not None else [], peak_rss_bytes=peak_rss_bytes(), model=state.proto,
+        warnings=list(state.eng.warnings) + (list(measured.warnings) if measured is not None else []))
 
 
 def _check_paths(input_path: str, output_path: str | None, force: bool) -> None:

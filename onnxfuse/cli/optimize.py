@@ -117,7 +117,10 @@ def optimize(
 
 def _report_optimize(result, input: str, output: str, opts, bench_after: bool, html: str | None,
                      as_json: bool) -> None:
-    """Print the result (text or JSON), after benchmarking and profiling input against output if asked."""
+    """Print the result (text or JSON), after benchmarking and profiling input against output if asked; its
+    warnings go to stderr, one line each (JSON has them too)."""
+    for w in result.warnings:
+        print(f"onnxfuse: warning: {w}", file=sys.stderr)
     bench_res, profiles = None, None
     if bench_after:
         from .. import bench as run_bench
