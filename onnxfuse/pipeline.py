@@ -160,8 +160,11 @@ def _measure(path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOp
                              "has no CUDA execution provider"), state
     if opts.measure_by == "model":
         return measured_selection(path, rules, opts, base, deny, state, validator)
-    return region_selection(path, rules, opts, base, deny, state, validator, DecisionCache(enabled=opts.cache),
-                            spent_s, rewrite_s, progress)
+    cache = DecisionCache(enabled=opts.cache)
+    report, state = region_selection(path, rules, opts, base, deny, state, validator, cache, spent_s, rewrite_s,
+                                     progress)
+    report.warnings.extend(cache.warnings)  # the cache never fails a run: what it left out is said
+    return report, state
 
 
 def _load(path: str, opts: OptimizeOptions) -> _Loaded:

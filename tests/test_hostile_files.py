@@ -57,3 +57,20 @@ def test_a_pattern_file_over_16_mb_is_refused(tmp_path):
     code, _, stderr = _cli("patterns", "check", path)
     assert code == 1
     assert _one_line(stderr) == f"{path}: larger than 16 MB, the most a pattern file may hold (refused)"
+
+
+def test_a_fifo_as_the_decision_cache_is_ignored_with_a_warning(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    fifo = _fifo(cache / "decisions.json")
+    env = {"ONNXFUSE_CACHE_DIR": str(cache)}
+    warning = (f"onnxfuse: warning: {fifo}: is a FIFO, not a regular file; the decision cache ignores it and leaves "
+               "it as it is (`onnxfuse cache clear` removes it)")
+    code, _, stderr = _cli("optimize", CNN, tmp_path / "o.onnx", "--measure-budget", "2", env=env)
+    assert code == 0, stderr
+    assert [line for line in stderr.splitlines() if "warning" in line] == [warning]
+    assert (tmp_path / "o.onnx").exists()
+    assert os.path.exists(fifo) and not os.path.isfile(fifo)  # left as it is
+    code, stdout, stderr = _cli("cache", "show", env=env)
+    assert code == 0 and _one_line(stderr) == warning
+    assert "0 decision(s)" in stdout
