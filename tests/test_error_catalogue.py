@@ -141,6 +141,16 @@ CASES = [
     ("--inputs file missing", lambda t: [CNN, OUT, "--inputs", str(t / "none.npz")], "none.npz", 1),
     ("--inputs with a wrong name", lambda t: [CNN, OUT, "--inputs", _npz(t, image=np.zeros((1, 3, 32, 32), np.float32))],
      "image", 1),
+    ("--inputs declaring more than the memory budget",
+     lambda t: [CNN, OUT, "--inputs", _npz_declaring(t, (1 << 24, 3, 32, 32))],
+     "in.npz: array 'x' declares shape (16777216, 3, 32, 32) float32 (192.0 GB), more than the memory budget "
+     "leaves for it (", 1),
+    ("--inputs declaring a shape the model cannot take",
+     lambda t: [CNN, OUT, "--inputs", _npz_declaring(t, (1 << 20, 1 << 20))],
+     "in.npz: input 'x' has rank 2 (shape (1048576, 1048576)), the model expects rank 4 [batch, 3, 32, 32]", 1),
+    ("--inputs array holding objects",
+     lambda t: [CNN, OUT, "--inputs", _npz_declaring(t, (1, 3, 32, 32), "|O")],
+     "in.npz: array 'x' holds Python objects (object), not numbers", 1),
     ("unknown flag", lambda t: [CNN, OUT, "--fast"], "No such option: --fast", 2),
     ("bad flag value", lambda t: [CNN, OUT, "--target", "tpu"], "--target tpu: expected cpu or cuda", 1),
     ("unknown rule id", lambda t: [CNN, OUT, "--skip", "nope"], "--skip nope: no rule with that id", 1),
@@ -155,6 +165,19 @@ def _custom_domain_model(t):
     m = make_model([oh.make_node("Foo", ["x"], ["y"], domain="my.custom")], [("x", [2])], [("y", [2])])
     m.opset_import.append(oh.make_opsetid("my.custom", 1))
     return save(m, t / "u.onnx")
+
+
+def _npz_declaring(t, shape, dtype="<f4"):
+    """An .npz whose one array's header declares `shape` but holds no data (a 192 GB header is 128 bytes)."""
+    import io
+    import zipfile
+
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, {"descr": dtype, "fortran_order": False, "shape": shape})
+    p = t / "in.npz"
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("x.npy", head.getvalue())
+    return str(p)
 
 
 def _npz(t, **arrays):

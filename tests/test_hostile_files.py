@@ -74,3 +74,14 @@ def test_a_fifo_as_the_decision_cache_is_ignored_with_a_warning(tmp_path):
     code, stdout, stderr = _cli("cache", "show", env=env)
     assert code == 0 and _one_line(stderr) == warning
     assert "0 decision(s)" in stdout
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_an_inputs_file_that_is_not_a_regular_file_is_refused(tmp_path, kind):
+    path = _fifo(tmp_path / "in.npz") if kind == "fifo" else "/dev/zero"
+    what = "a FIFO" if kind == "fifo" else "a character device"
+    code, _, stderr = _cli("optimize", CNN, tmp_path / "o.onnx", "--no-measure", "--inputs", path)
+    assert code == 1
+    assert _one_line(stderr) == (f"onnxfuse: error: {path}: is {what}, not an .npz file (an inputs file must be a "
+                                 "regular file)")
+    assert not (tmp_path / "o.onnx").exists()
