@@ -85,3 +85,14 @@ def test_an_inputs_file_that_is_not_a_regular_file_is_refused(tmp_path, kind):
     assert _one_line(stderr) == (f"onnxfuse: error: {path}: is {what}, not an .npz file (an inputs file must be a "
                                  "regular file)")
     assert not (tmp_path / "o.onnx").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_model_that_is_not_a_regular_file_is_refused(tmp_path, kind):
+    path = _fifo(tmp_path / "m.onnx") if kind == "fifo" else "/dev/zero"
+    what = "a FIFO" if kind == "fifo" else "a character device"
+    code, _, stderr = _cli("optimize", path, tmp_path / "o.onnx", "--no-measure")
+    assert code == 1
+    assert _one_line(stderr) == (f"onnxfuse: error: {path}: is {what}, not an ONNX model file (a model must be a "
+                                 "regular file)")
+    assert not (tmp_path / "o.onnx").exists()

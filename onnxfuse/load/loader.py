@@ -10,6 +10,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from ..errors import ModelError
+from ..files import not_regular
 from ..ir import Graph, Model, shell_copy
 from ..opschema import runtime_only
 from ..tensors import all_tensors, external_ref, iter_nodes, type_from_proto
@@ -45,6 +46,9 @@ def load_model(path: str) -> tuple[Model, LoadInfo]:
         raise ModelError(f"{path}: no such file")
     if os.path.isdir(path):
         raise ModelError(f"{path}: is a directory, expected an .onnx file")
+    kind = not_regular(os.stat(path).st_mode)
+    if kind is not None:  # a FIFO or a device: never opened (a FIFO would wait for a writer, /dev/zero never ends)
+        raise ModelError(f"{path}: is {kind}, not an ONNX model file (a model must be a regular file)")
     if not os.access(path, os.R_OK):
         raise ModelError(f"{path}: permission denied")
     size = os.path.getsize(path)
