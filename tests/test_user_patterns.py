@@ -214,3 +214,17 @@ def test_patterns_check_names_a_rule_whose_rewrite_is_its_match(tmp_path, cli):
         "again on its own output every sweep, until the limit of 32 sweeps (hint: rewrite into something else, or "
         "delete the rule)"]
     assert "same.yaml: 1 rules, 1 warning(s)" in stdout and "undo.yaml: ok (2 rules)" in stdout
+
+
+def test_a_batch_names_the_model_of_each_warning(tmp_path, cli):
+    rules = tmp_path / "same.yaml"
+    rules.write_text(SAME)
+    src = tmp_path / "in"
+    src.mkdir()
+    paths = [_relu_model(src), save(make_model([oh.make_node("Relu", ["x"], ["y"], name="r")], [("x", [3])],
+                                               [("y", [3])]), src / "relu3.onnx")]
+    (tmp_path / "out").mkdir()
+    code, _, stderr = cli("optimize", *paths, tmp_path / "out", "--no-builtin", "--patterns", rules, "--jobs", "1")
+    assert code == 0, stderr
+    for p in paths:
+        assert LIMIT.format("relu-same").replace("warning: ", f"warning: {p}: ", 1) in stderr.splitlines(), stderr

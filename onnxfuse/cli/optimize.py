@@ -175,7 +175,10 @@ def _optimize_batch(inputs: list[str], out_dir: str, opts, jobs: int | None, rec
         finished.append(d)
         if d["error"]:
             print(f"onnxfuse: error: {_failure_line(d)}", file=sys.stderr, flush=True)
-        elif not as_json:
+            return
+        for w in d.get("warnings", []):
+            print(f"onnxfuse: warning: {d['input']}: {w}", file=sys.stderr, flush=True)
+        if not as_json:
             print(_batch_line(d), flush=True)
 
     try:
