@@ -58,6 +58,10 @@ class OptimizeOptions:
             check_seconds("measure_budget_s", self.measure_budget_s)
         if self.inputs_npz is not None and not isinstance(self.inputs_npz, str):
             raise OnnxfuseError("expected the path of an .npz file", option="inputs_npz", value=self.inputs_npz)
+        # the environment too: a value it cannot use is refused, not ignored
+        from .targets import nchwc_setting
+
+        nchwc_setting()
         return self
 
     @property

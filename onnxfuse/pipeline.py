@@ -176,8 +176,11 @@ def _measure(path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOp
                              "has no CUDA execution provider"), state
     if opts.measure_by == "model":
         return measured_selection(path, rules, opts, base, deny, state, validator)
-    return region_selection(path, rules, opts, base, deny, state, validator, DecisionCache(enabled=opts.cache),
-                            spent_s, rewrite_s, progress)
+    cache = DecisionCache(enabled=opts.cache)
+    report, state = region_selection(path, rules, opts, base, deny, state, validator, cache, spent_s, rewrite_s,
+                                     progress)
+    report.warnings.extend(cache.warnings)  # the cache never fails a run: what it left out is said
+    return report, state
 
 
 def _load(path: str, opts: OptimizeOptions) -> _Loaded:
@@ -244,7 +247,8 @@ def _result(shown: str, out: str | None, opts: OptimizeOptions, loaded: _Loaded,
         skipped=state.eng.skipped, rolled_back=rolled_back, checks=checks, validation=status, timings=timings,
         written=written, sweeps=state.eng.sweeps, measure=measured, repairs=list(state.info.repairs),
         load_notes=list(state.info.notes), inputs=v.plan if v is not None else None,
-        profiles=v.profiles() if v is not None else [], peak_rss_bytes=peak_rss_bytes(), model=state.proto)
+        profiles=v.profiles() if v is not None else [], peak_rss_bytes=peak_rss_bytes(), model=state.proto,
+        warnings=list(state.eng.warnings) + (list(measured.warnings) if measured is not None else []))
 
 
 def _check_paths(input_path: str, output_path: str | None, force: bool) -> None:

@@ -52,6 +52,7 @@ class Result:
     inputs: InputPlan | None = None  # the shapes validation and measuring ran on, and why (first profile)
     profiles: list[tuple[str, float, InputPlan]] = field(default_factory=list)  # every profile validated
     peak_rss_bytes: int = 0  # of this process, at the end
+    warnings: list[str] = field(default_factory=list)  # what the run says without failing, one line each
     model: onnx.ModelProto | None = field(default=None, repr=False)
 
     @property
@@ -82,6 +83,7 @@ class Result:
             "profiles": [{"name": n, "weight": w, "inputs": p.to_json()} for n, w, p in self.profiles],
             "peak_rss_bytes": self.peak_rss_bytes,
             "load": {"repairs": self.repairs, "notes": self.load_notes},
+            "warnings": self.warnings,
         }
 
 

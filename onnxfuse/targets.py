@@ -18,7 +18,7 @@ from importlib import resources
 
 import onnx
 
-from .errors import write_error
+from .errors import OnnxfuseError, write_error
 from .ir import make_model
 from .opschema import input_type_str
 
@@ -216,16 +216,26 @@ def assume_cpu_nchwc(value: bool) -> Iterator[None]:
 NCHWC_ENV = "ONNXFUSE_CPU_NCHWC"  # "1" / "0": decide for the CPU that will run the model, not this one
 
 
+def nchwc_setting() -> bool | None:
+    """ONNXFUSE_CPU_NCHWC: True for 1, False for 0, None when unset or empty (this machine is asked); any other
+    value is refused (OnnxfuseError), not ignored: optimize checks it before anything loads."""
+    raw = os.environ.get(NCHWC_ENV, "")
+    env = raw.strip()
+    if env in ("", "0", "1"):
+        return None if not env else env == "1"
+    raise OnnxfuseError(f"{NCHWC_ENV}={raw!r}: expected 1 (the CPU that will run the model runs convolutions in "
+                        "onnxruntime's NCHWc layout: x86 with AVX2 or AVX-512) or 0 (it does not: ARM, x86 without "
+                        "AVX2); unset, this machine's onnxruntime is asked")
+
+
 def cpu_nchwc() -> bool:
     """Whether onnxruntime runs CPU convolutions in its blocked NCHWc layout: assume_cpu_nchwc's value inside
     its block; else ONNXFUSE_CPU_NCHWC=1 or 0 (optimizing here for another CPU: 0 for ARM); else this machine's
     answer (_probe_nchwc)."""
     if _ASSUMED_NCHWC:
         return _ASSUMED_NCHWC[-1]
-    env = os.environ.get(NCHWC_ENV, "").strip()
-    if env in ("0", "1"):
-        return env == "1"
-    return _probe_nchwc()
+    setting = nchwc_setting()
+    return _probe_nchwc() if setting is None else setting
 
 
 @functools.cache

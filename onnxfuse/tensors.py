@@ -5,6 +5,7 @@ node, subgraphs included."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -14,8 +15,8 @@ from onnx import numpy_helper
 
 from .errors import ModelError
 
-__all__ = ["TensorType", "all_tensors", "constant_node_value", "dtype_name", "external_info", "is_inexact", "iter_nodes", "read_external_tensor",
-           "type_from_proto"]
+__all__ = ["ExternalRef", "TensorType", "all_tensors", "constant_node_value", "dtype_name", "external_info",
+           "external_ref", "is_inexact", "iter_nodes", "read_external_tensor", "type_from_proto"]
 
 
 @dataclass(frozen=True)
@@ -91,14 +92,65 @@ def external_info(t: onnx.TensorProto) -> dict[str, str]:
     return {e.key: e.value for e in t.external_data}
 
 
-def read_external_tensor(t: onnx.TensorProto, base_dir: str) -> np.ndarray:
+@dataclass(frozen=True)
+class ExternalRef:
+    """Where an external tensor's bytes are: `location` (relative to the model's folder), `offset`, and `length`
+    (None: to the end of the file)."""
+
+    location: str
+    offset: int
+    length: int | None
+
+
+_DIGITS = re.compile(r"[0-9]+")
+_PACKED = {onnx.TensorProto.INT4, onnx.TensorProto.UINT4} | (
+    {onnx.TensorProto.FLOAT4E2M1} if hasattr(onnx.TensorProto, "FLOAT4E2M1") else set())
+
+
+def external_ref(t: onnx.TensorProto) -> ExternalRef:
+    """The external data fields of `t`, checked: a ModelError names the tensor and the bad field (a location
+    that is empty or holds a NUL byte, an offset or length that is not a non-negative decimal integer, a length
+    other than the bytes its type and dims need). Whether the location stays inside the model's folder and the
+    file holds the bytes is the loader's check (it knows the folder)."""
     info = external_info(t)
-    path = os.path.join(base_dir, info.get("location", ""))
-    offset = int(info.get("offset", 0))
-    length = int(info["length"]) if "length" in info else None
+    loc = info.get("location", "")
+    if not loc:
+        raise ModelError(f"tensor {t.name!r} has external data without a location")
+    if "\0" in loc:
+        raise ModelError(f"tensor {t.name!r} has external data location {loc!r}: it contains a NUL byte")
+    fields: dict[str, int | None] = {}
+    for key in ("offset", "length"):
+        text = info.get(key)
+        if text is not None and not _DIGITS.fullmatch(text):
+            raise ModelError(f"tensor {t.name!r} has external data {key} {text!r}: not a non-negative integer")
+        fields[key] = None if text is None else int(text)
+    need = _stored_bytes(t)
+    if fields["length"] is not None and need is not None and fields["length"] != need:
+        raise ModelError(f"tensor {t.name!r} has external data length {fields['length']}, but its type and dims "
+                         f"need {need} bytes")
+    return ExternalRef(loc, fields["offset"] or 0, fields["length"])
+
+
+def _stored_bytes(t: onnx.TensorProto) -> int | None:
+    """The raw bytes a tensor of t's type and dims holds; None where that is not fixed (strings, unknown types)."""
+    if t.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return None
+    try:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except (KeyError, ValueError, TypeError):
+        return None
+    n = 1
+    for d in t.dims:
+        n *= d
+    return (n + 1) // 2 if t.data_type in _PACKED else n * itemsize
+
+
+def read_external_tensor(t: onnx.TensorProto, base_dir: str) -> np.ndarray:
+    ref = external_ref(t)
+    path = os.path.join(base_dir, ref.location)
     with open(path, "rb") as f:
-        f.seek(offset)
-        data = f.read() if length is None else f.read(length)
+        f.seek(ref.offset)
+        data = f.read() if ref.length is None else f.read(ref.length)
     copy = onnx.TensorProto()
     copy.CopyFrom(t)
     del copy.external_data[:]

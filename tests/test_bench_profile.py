@@ -210,3 +210,32 @@ def test_headroom_split_by_what_could_remove_it():
     assert p.to_json()["headroom_split"] == h.__dict__
     line = split_line(p)
     assert "outside GEMM work 0.300 ms (19%)" in line and "between kernels 0.350 ms (22%)" in line
+
+
+def test_profile_at_one_batch_size_profiles_there():
+    """`profile --batch 4`: one batch size is where the model is profiled (optimize's inputs use batch 2 here),
+    not a sweep of one point silently ignored."""
+    at_default = profile(CNN, runs=3, known=False)
+    at_4 = profile(CNN, runs=3, batches=[4], known=False)
+    total = lambda r: sum(n.flops * n.calls_per_run for n in r.by_node)  # noqa: E731
+    assert total(at_4) == pytest.approx(2 * total(at_default))
+
+
+def test_profile_at_one_batch_size_is_refused_where_it_cannot_apply(cli, tmp_path):
+    import onnx.helper as oh
+    from conftest import make_model, save
+
+    fixed = save(make_model([oh.make_node("Relu", ["x"], ["y"])], [("x", [2, 3])], [("y", [2, 3])]), tmp_path / "f.onnx")
+    code, _, stderr = cli("profile", fixed, "--batch", "4", "--runs", "3")
+    assert code == 1
+    assert stderr.strip() == ("onnxfuse: error: --batch 4: profiling at one batch size needs a model whose inputs "
+                              "share a dynamic first (batch) dimension")
+    code, _, stderr = cli("profile", CNN, "--batch", "4", "--shape", "batch=2", "--runs", "3")
+    assert code == 1
+    assert stderr.strip() == "onnxfuse: error: --batch 4: the shapes given set the batch size to 2"
+    npz = tmp_path / "in.npz"
+    np.savez(npz, x=np.zeros((2, 3, 32, 32), np.float32))
+    code, _, stderr = cli("profile", CNN, "--batch", "4", "--inputs", npz, "--runs", "3")
+    assert code == 1
+    assert stderr.strip() == ("onnxfuse: error: --batch 4: profiling at one batch size cannot take an inputs file "
+                              "(its arrays fix the batch size)")

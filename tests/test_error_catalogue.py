@@ -48,11 +48,14 @@ def _ext_edit(tmp, edit):
 
 
 def _set_location(p, loc):
+    _set_external(p, "location", loc)
+
+
+def _set_external(p, key, value):
     m = onnx.load(str(p), load_external_data=False)
     for t in m.graph.initializer:
-        for e in t.external_data:
-            if e.key == "location":
-                e.value = loc
+        field = next((e for e in t.external_data if e.key == key), None) or t.external_data.add()
+        field.key, field.value = key, value
     p.write_bytes(m.SerializeToString())
 
 
@@ -80,6 +83,32 @@ CASES = [
      "outside the model's folder (refused)", 1),
     ("external data absolute path", lambda t: [_ext_edit(t, lambda p: _set_location(p, "/etc/passwd")), OUT],
      "outside the model's folder (refused)", 1),
+    ("external data offset not a number", lambda t: [_ext_edit(t, lambda p: _set_external(p, "offset", "abc")), OUT,
+                                                     "--no-validate"],
+     "tensor 'w' has external data offset 'abc': not a non-negative integer", 1),
+    ("external data offset negative", lambda t: [_ext_edit(t, lambda p: _set_external(p, "offset", "-4096")), OUT,
+                                                 "--no-validate"],
+     "tensor 'w' has external data offset '-4096': not a non-negative integer", 1),
+    ("external data offset past the end", lambda t: [_ext_edit(t, lambda p: _set_external(p, "offset", "4096")), OUT,
+                                                     "--no-validate"],
+     "external data file 'm.data' is truncated (tensor 'w' needs bytes 4096..4528, file has 432)", 1),
+    ("external data length not a number", lambda t: [_ext_edit(t, lambda p: _set_external(p, "length", "-5")), OUT,
+                                                     "--no-validate"],
+     "tensor 'w' has external data length '-5': not a non-negative integer", 1),
+    ("external data length other than the tensor's size",
+     lambda t: [_ext_edit(t, lambda p: _set_external(p, "length", "400")), OUT, "--no-validate"],
+     "tensor 'w' has external data length 400, but its type and dims need 432 bytes", 1),
+    ("external data location with a NUL byte",
+     lambda t: [_ext_edit(t, lambda p: _set_location(p, "m.da\0ta")), OUT, "--no-validate"],
+     "tensor 'w' has external data location 'm.da\\x00ta': it contains a NUL byte", 1),
+    ("external data location empty", lambda t: [_ext_edit(t, lambda p: _set_location(p, "")), OUT, "--no-validate"],
+     "tensor 'w' has external data without a location", 1),
+    ("external data location a folder",
+     lambda t: [_ext_edit(t, lambda p: [(p.parent / "sub").mkdir(), _set_location(p, "sub")]), OUT, "--no-validate"],
+     "external data file 'sub' for tensor 'w' is not a regular file", 1),
+    ("external data escaping through the folder", lambda t: [_ext_edit(t, lambda p: _set_location(p, "../x")), OUT,
+                                                            "--no-validate"],
+     "tensor 'w' has external data location '../x' outside the model's folder (refused)", 1),
     ("opset newer than onnx",
      lambda t: [_proto_edit(t, lambda m: setattr(m.opset_import[0], "version", onnx.defs.onnx_opset_version() + 3)),
                 OUT], "newer than the installed onnx", 1),
@@ -123,6 +152,16 @@ CASES = [
     ("--inputs file missing", lambda t: [CNN, OUT, "--inputs", str(t / "none.npz")], "none.npz", 1),
     ("--inputs with a wrong name", lambda t: [CNN, OUT, "--inputs", _npz(t, image=np.zeros((1, 3, 32, 32), np.float32))],
      "image", 1),
+    ("--inputs declaring more than the memory budget",
+     lambda t: [CNN, OUT, "--inputs", _npz_declaring(t, (1 << 24, 3, 32, 32))],
+     "in.npz: array 'x' declares shape (16777216, 3, 32, 32) float32 (192.0 GB), more than the memory budget "
+     "leaves for it (", 1),
+    ("--inputs declaring a shape the model cannot take",
+     lambda t: [CNN, OUT, "--inputs", _npz_declaring(t, (1 << 20, 1 << 20))],
+     "in.npz: input 'x' has rank 2 (shape (1048576, 1048576)), the model expects rank 4 [batch, 3, 32, 32]", 1),
+    ("--inputs array holding objects",
+     lambda t: [CNN, OUT, "--inputs", _npz_declaring(t, (1, 3, 32, 32), "|O")],
+     "in.npz: array 'x' holds Python objects (object), not numbers", 1),
     ("unknown flag", lambda t: [CNN, OUT, "--fast"], "No such option: --fast", 2),
     ("bad flag value", lambda t: [CNN, OUT, "--target", "tpu"], "--target tpu: expected cpu or cuda", 1),
     ("unknown rule id", lambda t: [CNN, OUT, "--skip", "nope"], "--skip nope: no rule with that id", 1),
@@ -145,6 +184,19 @@ def _custom_domain_model(t):
     m = make_model([oh.make_node("Foo", ["x"], ["y"], domain="my.custom")], [("x", [2])], [("y", [2])])
     m.opset_import.append(oh.make_opsetid("my.custom", 1))
     return save(m, t / "u.onnx")
+
+
+def _npz_declaring(t, shape, dtype="<f4"):
+    """An .npz whose one array's header declares `shape` but holds no data (a 192 GB header is 128 bytes)."""
+    import io
+    import zipfile
+
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, {"descr": dtype, "fortran_order": False, "shape": shape})
+    p = t / "in.npz"
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("x.npy", head.getvalue())
+    return str(p)
 
 
 def _npz(t, **arrays):

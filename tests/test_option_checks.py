@@ -147,3 +147,31 @@ def test_batch_sweep_on_a_fixed_batch_names_the_option(cli, tmp_path):
                               "dynamic first (batch) dimension")
     with pytest.raises(OnnxfuseError, match=r"^batches='1,2': a batch sweep needs"):
         onnxfuse.bench([src], batches=[1, 2], budget_s=0.2)
+
+
+NCHWC_LINE = ("ONNXFUSE_CPU_NCHWC={!r}: expected 1 (the CPU that will run the model runs convolutions in onnxruntime's "
+              "NCHWc layout: x86 with AVX2 or AVX-512) or 0 (it does not: ARM, x86 without AVX2); unset, this "
+              "machine's onnxruntime is asked")
+
+
+@pytest.mark.parametrize("value", ["banana", "yes", "2", "-1"])
+def test_a_cpu_nchwc_setting_it_cannot_use_is_refused(cli, tmp_path, monkeypatch, value):
+    """The environment is checked like a flag, before anything loads (it was silently ignored: this machine was
+    probed instead)."""
+    monkeypatch.setenv("ONNXFUSE_CPU_NCHWC", value)
+    code, stdout, stderr = cli("optimize", CNN, tmp_path / "o.onnx")
+    assert code == 1 and stdout == ""
+    assert stderr.strip() == "onnxfuse: error: " + NCHWC_LINE.format(value)
+    assert not (tmp_path / "o.onnx").exists()
+    code, _, stderr = cli("explain", CNN)
+    assert code == 1 and stderr.strip() == "onnxfuse: error: " + NCHWC_LINE.format(value)
+    with pytest.raises(OnnxfuseError, match=r"^ONNXFUSE_CPU_NCHWC="):
+        onnxfuse.optimize(CNN)
+
+
+@pytest.mark.parametrize("value,expected", [("1", True), (" 0 ", False), ("", None)])
+def test_the_accepted_cpu_nchwc_settings(monkeypatch, value, expected):
+    from onnxfuse.targets import nchwc_setting
+
+    monkeypatch.setenv("ONNXFUSE_CPU_NCHWC", value)
+    assert nchwc_setting() is expected

@@ -144,3 +144,87 @@ def test_a_rule_that_matches_its_own_output_is_named(tmp_path, cli):
     assert code == 1 and stdout == ""
     assert stderr.startswith("onnxfuse: error: rule 'neg-grow' keeps matching its own output") and "\n" == stderr[-1:]
     assert not (tmp_path / "o.onnx").exists()
+
+
+SAME = """rules:
+- id: relu-same
+  match:
+    Y: Relu(X)
+  rewrite:
+    Y: Relu(X)
+"""
+UNDOING = """rules:
+- id: relu-to-abs
+  match:
+    Y: Relu(X)
+  rewrite:
+    Y: Abs(X)
+- id: abs-to-relu
+  match:
+    Y: Abs(X)
+  rewrite:
+    Y: Relu(X)
+"""
+LIMIT = ("onnxfuse: warning: the rules reached no fixed point: the graph still changed after 32 sweeps (stopped "
+         "there); still firing: {} (a rule whose rewrite is its own match, or rules that undo each other; --skip "
+         "one of them)")
+
+
+def _relu_model(tmp_path):
+    return save(make_model([oh.make_node("Relu", ["x"], ["y"], name="r")], [("x", [2])], [("y", [2])]),
+                tmp_path / "relu.onnx")
+
+
+def test_a_rule_whose_rewrite_is_its_match_is_warned_about_at_the_sweep_limit(tmp_path, cli):
+    rules = tmp_path / "same.yaml"
+    rules.write_text(SAME)
+    code, stdout, stderr = cli("optimize", _relu_model(tmp_path), tmp_path / "o.onnx", "--no-builtin",
+                               "--patterns", rules, "--json")
+    assert code == 0, stderr
+    assert stderr.strip().splitlines() == [LIMIT.format("relu-same")]
+    import json
+    assert json.loads(stdout)["warnings"] == [LIMIT.format("relu-same").removeprefix("onnxfuse: warning: ")]
+    assert (tmp_path / "o.onnx").exists()
+
+
+def test_two_rules_that_undo_each_other_are_both_named(tmp_path, cli):
+    rules = tmp_path / "undo.yaml"
+    rules.write_text(UNDOING)
+    code, stdout, stderr = cli("optimize", _relu_model(tmp_path), tmp_path / "o.onnx", "--no-builtin",
+                               "--patterns", rules)
+    assert code == 0, stderr
+    assert stderr.strip().splitlines() == [LIMIT.format("abs-to-relu, relu-to-abs")]
+    assert "32 sweep(s)" in stdout
+
+
+def test_a_fixed_point_gives_no_warning(tmp_path, cli):
+    rules = tmp_path / "user.yaml"
+    rules.write_text(USER_RULES)
+    code, _, stderr = cli("optimize", _model(tmp_path), tmp_path / "o.onnx", "--patterns", rules)
+    assert code == 0 and "warning" not in stderr, stderr
+
+
+def test_patterns_check_names_a_rule_whose_rewrite_is_its_match(tmp_path, cli):
+    (tmp_path / "same.yaml").write_text(SAME)
+    (tmp_path / "undo.yaml").write_text(UNDOING)
+    code, stdout, stderr = cli("patterns", "check", tmp_path / "same.yaml", tmp_path / "undo.yaml")
+    assert code == 0
+    assert stderr.strip().splitlines() == [
+        f"{tmp_path / 'same.yaml'}:2:7: warning: rule 'relu-same' rewrites its match into the same nodes: it fires "
+        "again on its own output every sweep, until the limit of 32 sweeps (hint: rewrite into something else, or "
+        "delete the rule)"]
+    assert "same.yaml: 1 rules, 1 warning(s)" in stdout and "undo.yaml: ok (2 rules)" in stdout
+
+
+def test_a_batch_names_the_model_of_each_warning(tmp_path, cli):
+    rules = tmp_path / "same.yaml"
+    rules.write_text(SAME)
+    src = tmp_path / "in"
+    src.mkdir()
+    paths = [_relu_model(src), save(make_model([oh.make_node("Relu", ["x"], ["y"], name="r")], [("x", [3])],
+                                               [("y", [3])]), src / "relu3.onnx")]
+    (tmp_path / "out").mkdir()
+    code, _, stderr = cli("optimize", *paths, tmp_path / "out", "--no-builtin", "--patterns", rules, "--jobs", "1")
+    assert code == 0, stderr
+    for p in paths:
+        assert LIMIT.format("relu-same").replace("warning: ", f"warning: {p}: ", 1) in stderr.splitlines(), stderr

@@ -93,7 +93,7 @@ def profile(
     inputs: InputsOpt = None,
     runs: Annotated[int, typer.Option("--runs", help="Profiled runs (after 10 warm-up runs).")] = 30,
     nodes: Annotated[bool, typer.Option("--nodes", help="Also list the slowest nodes.")] = False,
-    batch: Annotated[str | None, typer.Option("--batch", help="Batch sizes for the utilization signal, e.g. 1,8.")]
+    batch: Annotated[str | None, typer.Option("--batch", help="Batch sizes for the utilization signal, e.g. 1,8; one size (e.g. 8): profile at that batch size.")]
     = None,
     html: Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (docs/json.md).")] = False,

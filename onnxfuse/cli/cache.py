@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Annotated
 
 import typer
@@ -13,15 +14,20 @@ from .app import cache_app
 @cache_app.command("show")
 def cache_show(as_json: Annotated[bool, typer.Option("--json", help="Print every decision as JSON.")] = False,
                ) -> None:
-    """Where the decision cache is and what it holds (region decisions, whole-model confirmations)."""
+    """Where the decision cache is and what it holds (region decisions, whole-model confirmations). A file that
+    is not a cache, or entries of the wrong shape, are named in one warning line on stderr (exit 0: optimize
+    ignores them the same way)."""
     from ..select.decision_cache import DecisionCache
 
     summary = DecisionCache().summary()
+    for w in summary["warnings"]:
+        print(f"onnxfuse: warning: {w}", file=sys.stderr)
     if as_json:
         print(json.dumps({"schema": "onnxfuse.cache/1", **summary}, indent=2))
         return
     kinds = ", ".join(f"{n} {k}" for k, n in sorted(summary["by_kind"].items())) or "empty"
-    print(f"{summary['path']}: {summary['decisions']} decision(s) ({kinds}), {summary['bytes']} bytes")
+    skipped = f", {summary['skipped']} malformed skipped" if summary["skipped"] else ""
+    print(f"{summary['path']}: {summary['decisions']} decision(s) ({kinds}){skipped}, {summary['bytes']} bytes")
     for key, d in sorted(summary["entries"].items(), key=lambda kv: kv[1].get("when", "")):
         print("  " + _cache_line(key, d))
 

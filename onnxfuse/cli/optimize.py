@@ -122,7 +122,10 @@ def optimize(
 
 def _report_optimize(result, input: str, output: str, opts, bench_after: bool, html: str | None,
                      as_json: bool) -> None:
-    """Print the result (text or JSON), after benchmarking and profiling input against output if asked."""
+    """Print the result (text or JSON), after benchmarking and profiling input against output if asked; its
+    warnings go to stderr, one line each (JSON has them too)."""
+    for w in result.warnings:
+        print(f"onnxfuse: warning: {w}", file=sys.stderr)
     bench_res, profiles = None, None
     if bench_after:
         from .. import bench as run_bench
@@ -177,7 +180,10 @@ def _optimize_batch(inputs: list[str], out_dir: str, opts, jobs: int | None, rec
         finished.append(d)
         if d["error"]:
             print(f"onnxfuse: error: {_failure_line(d)}", file=sys.stderr, flush=True)
-        elif not as_json:
+            return
+        for w in d.get("warnings", []):
+            print(f"onnxfuse: warning: {d['input']}: {w}", file=sys.stderr, flush=True)
+        if not as_json:
             print(_batch_line(d), flush=True)
 
     try:

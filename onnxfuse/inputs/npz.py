@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-import os
 import zipfile
 
 import numpy as np
 
 from ..errors import InputSpecError, first_line
+from ..files import NotRegularFile, open_regular
 from ..tensors import is_inexact
+from .budget import BUDGET_FRACTION, default_budget_bytes, fmt_bytes
 from .shapes import InputInfo, ShapeSpec, fmt_shape, np_dtype
 
 # ---- npz -----------------------------------------------------------------------------------------------------
 
 
 def load_npz(path: str, inputs: list[InputInfo]) -> dict[str, np.ndarray]:
-    arrays = _read_npz(path)
-    names = [i.name for i in inputs]
-    extra = sorted(set(arrays) - set(names))
-    if extra:
-        raise InputSpecError(
-            f"{path}: array '{extra[0]}' is not a model input; model inputs are: {', '.join(names) or '(none)'}"
-        )
+    """The model's inputs from `path`. Each array's .npy header is read and checked against the model's input
+    (name, rank, fixed dims) and the memory budget before its data is read: an archive whose header declares
+    32 GB is one line, not a MemoryError."""
+    arrays = _read_npz(path, inputs)
     feeds: dict[str, np.ndarray] = {}
     bound: dict[str, tuple[int, str]] = {}  # symbolic dim -> (value, input that fixed it)
     for info in inputs:
@@ -31,19 +29,96 @@ def load_npz(path: str, inputs: list[InputInfo]) -> dict[str, np.ndarray]:
     return feeds
 
 
-def _read_npz(path: str) -> dict[str, np.ndarray]:
-    if not os.path.isfile(path):
-        raise InputSpecError(f"inputs file not found: {path}")
+def _read_npz(path: str, inputs: list[InputInfo]) -> dict[str, np.ndarray]:
+    """The arrays of a regular .npz file (a FIFO or a device is refused before it is read), each read only
+    after its header passed _check_header."""
     try:
-        data = np.load(path, allow_pickle=False)
-        if not isinstance(data, np.lib.npyio.NpzFile):
+        f = open_regular(path)
+    except FileNotFoundError:
+        raise InputSpecError(f"inputs file not found: {path}") from None
+    except NotRegularFile as e:
+        if e.kind == "a directory":
+            raise InputSpecError(f"inputs file not found: {path}") from None
+        raise InputSpecError(f"{path}: is {e.kind}, not an .npz file (an inputs file must be a regular "
+                             "file)") from None
+    except OSError as exc:
+        raise InputSpecError(f"{path}: cannot read .npz file: {first_line(str(exc))}") from None
+    with f:
+        if f.read(6) == b"\x93NUMPY":
             raise InputSpecError(f"{path}: not an .npz archive (save inputs with numpy.savez)")
-        with data:
-            return {name: data[name] for name in data.files}
-    except InputSpecError:
-        raise
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise InputSpecError(f"{path}: cannot read .npz file: {first_line(str(exc))}") from exc
+        f.seek(0)
+        try:
+            with zipfile.ZipFile(f) as z:
+                return _read_members(path, z, inputs)
+        except InputSpecError:
+            raise
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError, NotImplementedError) as exc:
+            raise InputSpecError(f"{path}: cannot read .npz file: {first_line(str(exc))}") from None
+
+
+def _read_members(path: str, z: zipfile.ZipFile, inputs: list[InputInfo]) -> dict[str, np.ndarray]:
+    by_name = {i.name: i for i in inputs}
+    budget = default_budget_bytes()
+    out: dict[str, np.ndarray] = {}
+    total = 0
+    for member in z.infolist():
+        if member.is_dir():
+            continue
+        name = member.filename.removesuffix(".npy")
+        if name not in by_name:
+            raise InputSpecError(f"{path}: array '{name}' is not a model input; model inputs are: "
+                                 f"{', '.join(by_name) or '(none)'}")
+        with z.open(member) as m:
+            shape, _, dtype = _header(path, name, m)
+        total += _check_header(path, by_name[name], shape, dtype, budget - total)
+        with z.open(member) as m:  # read_array reads the header again
+            out[name] = np.lib.format.read_array(m, allow_pickle=False)
+    return out
+
+
+def _header(path: str, name: str, m) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, fortran order, dtype) from the .npy header of one archive member, nothing else read."""
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(m)
+        if version == (1, 0):
+            return fmt.read_array_header_1_0(m)
+        if version == (2, 0):
+            return fmt.read_array_header_2_0(m)
+    except ValueError as exc:
+        raise InputSpecError(f"{path}: array '{name}' is not an .npy array ({first_line(str(exc))})") from None
+    raise InputSpecError(f"{path}: array '{name}' has .npy format version {version[0]}.{version[1]}, which "
+                         "onnxfuse does not read (save inputs with numpy.savez)")
+
+
+def _check_header(path: str, info: InputInfo, shape: tuple[int, ...], dtype: np.dtype, left: int) -> int:
+    """The bytes the declared array holds; refused when it cannot be the model's input (rank, fixed dims) or
+    would not fit what is left of the memory budget."""
+    if dtype.hasobject:
+        raise InputSpecError(f"{path}: array '{info.name}' holds Python objects ({dtype}), not numbers")
+    if info.shape is not None:
+        _check_shape(path, info, shape)
+    nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if nbytes > left:
+        raise InputSpecError(f"{path}: array '{info.name}' declares shape {tuple(shape)} {dtype} "
+                             f"({fmt_bytes(nbytes)}), more than the memory budget leaves for it ({fmt_bytes(left)}: "
+                             f"{BUDGET_FRACTION:.0%} of the memory available)")
+    return nbytes
+
+
+def _check_shape(path: str, info: InputInfo, shape: tuple[int, ...]) -> None:
+    assert info.shape is not None
+    if len(shape) != len(info.shape):
+        raise InputSpecError(
+            f"{path}: input '{info.name}' has rank {len(shape)} (shape {tuple(shape)}), "
+            f"the model expects rank {len(info.shape)} {fmt_shape(info.shape)}"
+        )
+    for axis, (want, got) in enumerate(zip(info.shape, shape, strict=True)):
+        if isinstance(want, int) and want != got:
+            raise InputSpecError(
+                f"{path}: input '{info.name}' has shape {tuple(shape)}, the model expects "
+                f"{fmt_shape(info.shape)} (dim {axis} must be {want})"
+            )
 
 
 def _check_npz_array(
@@ -52,17 +127,8 @@ def _check_npz_array(
     arr = _coerce_dtype(path, info, arr)
     if info.shape is None:
         return arr
-    if arr.ndim != len(info.shape):
-        raise InputSpecError(
-            f"{path}: input '{info.name}' has rank {arr.ndim} (shape {tuple(arr.shape)}), "
-            f"the model expects rank {len(info.shape)} {fmt_shape(info.shape)}"
-        )
-    for axis, (want, got) in enumerate(zip(info.shape, arr.shape, strict=True)):
-        if isinstance(want, int) and want != got:
-            raise InputSpecError(
-                f"{path}: input '{info.name}' has shape {tuple(arr.shape)}, the model expects "
-                f"{fmt_shape(info.shape)} (dim {axis} must be {want})"
-            )
+    _check_shape(path, info, arr.shape)
+    for want, got in zip(info.shape, arr.shape, strict=True):
         if isinstance(want, str):
             _check_symbolic(path, info.name, want, got, bound)
     return arr

@@ -205,29 +205,40 @@ def dynamic_batch_dim(proto: onnx.ModelProto) -> str | None:
     return names.pop() if len(names) == 1 else None
 
 
-def batch_sweep(sessions: dict[str, object], proto: onnx.ModelProto, spec, batches: list[int], min_runs: int,
-                budget_s: float, progress: Progress | None = None) -> list[BatchPoint]:
+def batch_dim_or_refuse(proto: onnx.ModelProto, batches: list[int], what: str = "a batch sweep") -> str:
+    """dynamic_batch_dim, or one InputSpecError naming `batches` when the model has none."""
     dim = dynamic_batch_dim(proto)
     if dim is None:
         from ..errors import InputSpecError
 
-        raise InputSpecError("a batch sweep needs a model whose inputs share a dynamic first (batch) dimension",
+        raise InputSpecError(f"{what} needs a model whose inputs share a dynamic first (batch) dimension",
                              option="batches", value=",".join(map(str, batches)))
+    return dim
+
+
+def at_batch(proto: onnx.ModelProto, spec: ShapeSpec | None, dim: str, b: int) -> ShapeSpec:
+    """`spec` with the batch dimension `dim` (dynamic_batch_dim; "" when unnamed) set to `b`."""
+    base = spec or ShapeSpec()
+    tensors = {name: [b, *dims[1:]] for name, dims in base.tensors.items()}
+    dims = dict(base.dims)
+    if dim:
+        dims[dim] = b
+    else:
+        for i in proto.graph.input:
+            if i.name not in tensors:
+                shape = resolve_shapes(model_inputs(proto), ShapeSpec(tensors, dims))[i.name]
+                tensors[i.name] = [b, *shape[1:]]
+    return ShapeSpec(tensors, dims)
+
+
+def batch_sweep(sessions: dict[str, object], proto: onnx.ModelProto, spec, batches: list[int], min_runs: int,
+                budget_s: float, progress: Progress | None = None) -> list[BatchPoint]:
+    dim = batch_dim_or_refuse(proto, batches)
     points = []
     for n, b in enumerate(batches):
         if progress:
             progress(f"batch {b}", n / len(batches))
-        base = spec or ShapeSpec()
-        tensors = {name: [b, *dims[1:]] for name, dims in base.tensors.items()}
-        dims = dict(base.dims)
-        if dim:
-            dims[dim] = b
-        else:
-            for i in proto.graph.input:
-                if i.name not in tensors:
-                    shape = resolve_shapes(model_inputs(proto), ShapeSpec(tensors, dims))[i.name]
-                    tensors[i.name] = [b, *shape[1:]]
-        feeds = make_inputs(proto, ShapeSpec(tensors, dims))
+        feeds = make_inputs(proto, at_batch(proto, spec, dim, b))
         times = time_interleaved(sessions, feeds, max(10, min_runs // 2), budget_s / len(batches))
         med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         points.append(BatchPoint(b, med, {k: b / (m / 1e3) for k, m in med.items()}))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
+from ..errors import OnnxfuseError
 from ..inputs.shapes import parse_shape_specs
 from ..ir import make_model
 from ..options import check_count, check_strings
@@ -330,12 +331,13 @@ def profile(path: str, provider: str = "cpu", threads: int | str = 1, level: str
             latency_ms: float | None = None, batches: list[int] | None = None,
             progress: Phase | None = None, known: bool = True) -> ProfileResult:
     """Profile one model on the inputs optimize would use (probed; `shapes`/`inputs_npz` as in optimize).
-    With two or more `batches`, the third memory-bound signal (throughput against batch size) is measured
-    with a batch sweep. With `known`, what onnxfuse knows about each remaining cost's op type (remaining.py:
+    With one of `batches`, the model is profiled at that batch size (its dynamic first dimension); with two or
+    more, at the inputs optimize would use, and the third memory-bound signal (throughput against batch size)
+    is measured with a batch sweep. With `known`, what onnxfuse knows about each remaining cost's op type (remaining.py:
     rules that would rewrite it, are held back, nearly match; the layout boundaries). `progress(phase)` as each
     step starts: finding inputs, profiled runs, batch sweep, what onnxfuse knows (progress.py)."""
     from ..validate.runtime import resolve_threads
-    from .latency import bench, check_bench_options, probed_inputs
+    from .latency import at_batch, batch_dim_or_refuse, bench, check_bench_options, probed_inputs
 
     threads = resolve_threads(threads) if isinstance(threads, str) else threads  # "auto": one per physical core
 
@@ -346,6 +348,17 @@ def profile(path: str, provider: str = "cpu", threads: int | str = 1, level: str
     progress = progress or quiet
     progress("finding inputs")
     proto = onnx.load(path, load_external_data=False)
+    if batches and len(batches) == 1:  # one batch size: profiled there
+        b = batches[0]
+        if inputs_npz is not None:
+            raise OnnxfuseError("profiling at one batch size cannot take an inputs file (its arrays fix the batch "
+                                "size)", option="batches", value=str(b))
+        dim = batch_dim_or_refuse(proto, batches, "profiling at one batch size")
+        given = ([spec.dims[dim]] if spec and dim in spec.dims else []) + [d[0] for d in (spec.tensors.values()
+                                                                                          if spec else ()) if d]
+        if any(g != b for g in given):
+            raise OnnxfuseError(f"the shapes given set the batch size to {given[0]}", option="batches", value=str(b))
+        spec = at_batch(proto, spec, dim, b)
     plain = make_session(path, level, provider, threads) if latency_ms is None else None  # unprofiled runs
     feeds = probed_inputs(path, proto, spec, inputs_npz, provider, plain)
     progress("profiled runs")

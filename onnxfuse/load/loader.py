@@ -10,9 +10,10 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from ..errors import ModelError
+from ..files import not_regular
 from ..ir import Graph, Model, shell_copy
 from ..opschema import runtime_only
-from ..tensors import all_tensors, external_info, iter_nodes, type_from_proto
+from ..tensors import all_tensors, external_ref, iter_nodes, type_from_proto
 from .lazy import lazy_weights
 from .ort_check import file_key, ort_probe
 from .repair import repair_model, unrepairable
@@ -45,6 +46,9 @@ def load_model(path: str) -> tuple[Model, LoadInfo]:
         raise ModelError(f"{path}: no such file")
     if os.path.isdir(path):
         raise ModelError(f"{path}: is a directory, expected an .onnx file")
+    kind = not_regular(os.stat(path).st_mode)
+    if kind is not None:  # a FIFO or a device: never opened (a FIFO would wait for a writer, /dev/zero never ends)
+        raise ModelError(f"{path}: is {kind}, not an ONNX model file (a model must be a regular file)")
     if not os.access(path, os.R_OK):
         raise ModelError(f"{path}: permission denied")
     size = os.path.getsize(path)
@@ -98,26 +102,33 @@ def _recheck(proto: onnx.ModelProto, path: str, refused: str | None) -> None:
 
 
 def _check_external_data(proto: onnx.ModelProto, base_dir: str, path: str) -> int:
+    """Every external tensor's fields are well formed (tensors.external_ref), its file is a regular file inside
+    the model's folder, and it holds the bytes; returns their total."""
     total = 0
     real_base = os.path.realpath(base_dir)
     for t in all_tensors(proto.graph):
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
-        info = external_info(t)
-        loc = info.get("location", "")
+        try:
+            ref = external_ref(t)
+        except ModelError as e:
+            raise ModelError(f"{path}: {e.message}") from None
+        loc = ref.location
         full = os.path.realpath(os.path.join(base_dir, loc))
-        if not loc or os.path.isabs(loc) or os.path.commonpath([real_base, full]) != real_base:
+        if os.path.isabs(loc) or os.path.commonpath([real_base, full]) != real_base:
             raise ModelError(
                 f"{path}: tensor {t.name!r} has external data location {loc!r} outside the model's folder (refused)"
             )
-        if not os.path.isfile(full):
+        if not os.path.exists(full):
             raise ModelError(f"{path}: external data file {loc!r} for tensor {t.name!r} is missing")
-        offset = int(info.get("offset", 0))
-        length = int(info.get("length", os.path.getsize(full) - offset))
-        if offset + length > os.path.getsize(full):
+        if not os.path.isfile(full):
+            raise ModelError(f"{path}: external data file {loc!r} for tensor {t.name!r} is not a regular file")
+        size = os.path.getsize(full)
+        length = size - ref.offset if ref.length is None else ref.length
+        if ref.offset + max(length, 0) > size or length < 0:
             raise ModelError(
                 f"{path}: external data file {loc!r} is truncated (tensor {t.name!r} needs bytes "
-                f"{offset}..{offset + length}, file has {os.path.getsize(full)})"
+                f"{ref.offset}..{ref.offset + max(length, 0)}, file has {size})"
             )
         total += length
     return total

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from ..errors import PatternError
+from ..files import NotRegularFile, TooLarge, read_regular
 from .compute import CompiledExpr
 from .parse_match import check_match_names, parse_match, parse_where, value_names
 from .parse_rewrite import (
@@ -104,14 +105,27 @@ def _check_tags(node: yaml.Node, c: Collector) -> None:
             _check_tags(v, c)
 
 
+MAX_PATTERN_BYTES = 16 << 20  # a pattern file holding more is refused (it is read only up to this bound)
+
+
 def load_file(path: str, builtin: bool = False, order_base: int = 0) -> list[Rule]:
+    """The rules of one pattern file: a regular file (a FIFO or a device is refused before it is read) of at
+    most MAX_PATTERN_BYTES."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = read_regular(path, MAX_PATTERN_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise PatternError(f"{path}: no such pattern file") from None
     except IsADirectoryError:
         raise PatternError(f"{path}: is a directory (use load_path for folders)") from None
+    except NotRegularFile as e:
+        if e.kind == "a directory":
+            raise PatternError(f"{path}: is a directory (use load_path for folders)") from None
+        raise PatternError(f"{path}: is {e.kind}, not a pattern file (a pattern file must be a regular file)") from None
+    except TooLarge:
+        raise PatternError(f"{path}: larger than {MAX_PATTERN_BYTES >> 20} MB, the most a pattern file may "
+                           "hold (refused)") from None
+    except PermissionError:
+        raise PatternError(f"{path}: permission denied") from None
     except (OSError, UnicodeDecodeError) as e:
         raise PatternError(f"{path}: cannot read ({e})") from None
     return parse_text(text, path, builtin, order_base)

@@ -57,6 +57,7 @@ class EngineResult:
     applications: list[Application]
     skipped: list[RuleSkip]
     sweeps: int
+    warnings: list[str] = field(default_factory=list)  # one line each: rules still firing at MAX_SWEEPS
 
 
 def rules_in_order(rules: list[Rule]) -> list[Rule]:
@@ -195,20 +196,23 @@ def run(model: Model, rules: list[Rule], options: EngineOptions) -> EngineResult
     # so a prefix that bisection validates gives its last rewrite's nodes the inputs the full run gives them
     exact = len(apps)
     sweeps = 0
+    warnings: list[str] = []
     for stage in ([r for r in active if r.early], [r for r in active if not r.early]):
-        n, stopped = _sweep(model, stage, options, apps, exact)
+        n, stopped = _sweep(model, stage, options, apps, exact, warnings)
         sweeps += n
         if stopped:
             break
     if options.fold and apps:
         apps.extend(fold(model, options.deny))  # rules may have made more values constant
-    return EngineResult(apps, skipped, sweeps)
+    return EngineResult(apps, skipped, sweeps, warnings)
 
 
 def _sweep(model: Model, active: list[Rule], options: EngineOptions, apps: list[Application],
-           exact: int = 0) -> tuple[int, bool]:
+           exact: int = 0, warnings: list[str] | None = None) -> tuple[int, bool]:
     """Apply `active` (in order) to a fixed point. Returns (sweeps, stopped at options.max_rewrites rule
-    rewrites; the first `exact` of `apps` are not rule rewrites)."""
+    rewrites; the first `exact` of `apps` are not rule rewrites). When MAX_SWEEPS sweeps still change the graph
+    (a rule whose rewrite is its own match, two rules that undo each other), it stops there and `warnings` gets
+    one line naming the rules that fired in the last two sweeps."""
     if options.max_rewrites is not None and len(apps) - exact >= options.max_rewrites:
         return 0, True
     if not active:
@@ -217,9 +221,11 @@ def _sweep(model: Model, active: list[Rule], options: EngineOptions, apps: list[
     depth = max((r.size for r in active), default=1) + 1
     dirty: dict[int, set[str]] | None = None  # values changed by the previous sweep, per graph; None: all
     limit = GROWTH_FACTOR * _live_count(model) + GROWTH_SLACK
+    first = len(apps)  # where this sweep's rewrites start in apps
     for sweeps in range(1, MAX_SWEEPS + 1):  # noqa: B007
         _check_growth(model, limit, apps, sweeps)
         changed = False
+        previous, first = first, len(apps)  # the previous sweep's and this one's rewrites start there
         touched: dict[int, set[str]] = {}
         for graph in list(model.graphs()):
             if dirty is not None and id(graph) not in dirty:
@@ -262,7 +268,17 @@ def _sweep(model: Model, active: list[Rule], options: EngineOptions, apps: list[
         if not changed:
             break
         dirty = touched
+    else:
+        if warnings is not None:
+            # the last two sweeps: a rule undoing another's rewrite sees it only in the next sweep
+            warnings.append(sweep_limit_warning(sorted({a.rule for a in apps[previous:]})))
     return sweeps, False
+
+
+def sweep_limit_warning(rules: list[str]) -> str:
+    return (f"the rules reached no fixed point: the graph still changed after {MAX_SWEEPS} sweeps (stopped "
+            f"there); still firing: {', '.join(rules)} (a rule whose rewrite is its own match, or rules that undo "
+            "each other; --skip one of them)")
 
 
 GROWTH_FACTOR, GROWTH_SLACK = 4, 1000  # a graph rules made larger than this has a rule matching its own output

@@ -10,7 +10,8 @@ from ..errors import OnnxfuseError
 from ..patterns.parser import load_path
 from ..patterns.rules import Rule
 from ..patterns.spec import json_schema_text
-from .engine import rule_issue
+from ..patterns.syntax import Call, Ref
+from .engine import MAX_SWEEPS, rule_issue
 from .fold import CLEANUP_STEPS
 
 __all__ = ["builtin_patterns_dir", "load_rules", "pattern_schema"]
@@ -82,12 +83,37 @@ def rule_warnings(rules: list[Rule]) -> list[str]:
             out.append(f"{r.span}: warning: rule {r.id!r} can never be used on its targets ({why}) "
                        "(hint: target a provider that has the kernel, or emit another op; see "
                        f"`onnxfuse patterns list --target cuda`)")
+        if rewrites_into_itself(r):
+            out.append(f"{r.span}: warning: rule {r.id!r} rewrites its match into the same nodes: it fires again on "
+                       f"its own output every sweep, until the limit of {MAX_SWEEPS} sweeps (hint: rewrite into "
+                       "something else, or delete the rule)")
         same = r.id in builtin and (os.path.realpath(r.span.file), r.span.line) == (
             os.path.realpath(builtin[r.id].span.file), builtin[r.id].span.line)  # checking the built-in files
         if not r.builtin and r.id in builtin and not same:
             out.append(f"{r.span}: warning: rule id {r.id!r} is also a built-in rule's ({builtin[r.id].span}): "
                        f"optimize refuses the pair (hint: {_collision_hint(r.id, builtin[r.id])})")
     return out
+
+
+def rewrites_into_itself(rule: Rule) -> bool:
+    """The rewrite is the match again, line for line (same names, ops and operands; no attributes on either side):
+    a rule that always matches its own output. Rules with attributes or alternatives are not compared."""
+    nodes = rule.rewrite
+    if len(nodes) != len(rule.lines) or any(
+            n.call is None or len(n.outputs) != 1 or n.attrs or n.copy_attrs is not None for n in nodes):
+        return False
+    match = {name: _plain(e) for name, e in rule.lines.items()}
+    return all(match.get(n.outputs[0]) is not None and match.get(n.outputs[0]) == _plain(n.call) for n in nodes)
+
+
+def _plain(e) -> tuple | None:
+    """An expression without its offsets; None where it holds attributes or alternatives."""
+    if isinstance(e, Ref):
+        return ("ref", e.name, e.optional)
+    if isinstance(e, Call) and not e.kwargs:
+        args = [_plain(a) for a in e.args]
+        return None if any(a is None for a in args) else ("call", e.domain, e.op, tuple(args))
+    return None
 
 
 def pattern_schema() -> str:

@@ -19,6 +19,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from ..files import NotRegularFile, TooLarge, read_regular
+from .cache_entries import entry_problem
+
 __all__ = ["DecisionCache", "cache_dir", "environment_key"]
 
 FORMAT = 1
@@ -27,6 +30,7 @@ FORMAT = 1
 # measured slower as a whole is dropped) makes earlier decisions miss instead of being reused.
 PROTOCOL = 3
 FILE = "decisions.json"
+MAX_BYTES = 256 << 20  # a cache file holding more is ignored (read only up to this bound)
 
 
 def cache_dir() -> str:
@@ -65,26 +69,70 @@ class DecisionCache:
     entries: dict[str, dict] = field(default_factory=dict)
     new: dict[str, dict] = field(default_factory=dict)
     loaded: bool = False
+    warnings: list[str] = field(default_factory=list)  # what reading the file left out, one line each
+    usable: bool = True  # False: the path holds a FIFO, a device, a folder or a huge file: never written
+    skipped: int = 0  # malformed decisions left out by the last read
 
     @property
     def path(self) -> str:
         return os.path.join(self.directory, FILE)
 
     def _read(self) -> dict[str, dict]:
+        """The decisions on disk; what cannot be used is left out with one warning line (warnings), never an
+        error: a file that is not a regular file (a FIFO is never opened, so never waited on) or is over
+        MAX_BYTES is ignored and left as it is (`usable` False: save writes nothing); a file that is not JSON or
+        not a cache is ignored (the next save replaces it); entries of the wrong shape (cache_entries.py) are
+        skipped (the next save drops them)."""
+        self.usable = True
         try:
-            with open(self.path) as f:
-                data = json.load(f)
-        except (OSError, ValueError):
+            data = json.loads(read_regular(self.path, MAX_BYTES))
+        except FileNotFoundError:
             return {}
-        return data.get("decisions", {}) if isinstance(data, dict) and data.get("format") == FORMAT else {}
+        except NotRegularFile as e:
+            return self._ignored(f"is {e.kind}, not a regular file", keep=True)
+        except TooLarge:
+            return self._ignored(f"is larger than {MAX_BYTES >> 20} MB", keep=True)
+        except (OSError, RecursionError) as e:
+            return self._ignored(f"cannot be read ({type(e).__name__})", keep=True)
+        except ValueError:  # not JSON, or not UTF-8
+            return self._ignored("is not JSON")
+        if not isinstance(data, dict) or not isinstance(data.get("decisions"), dict):
+            return self._ignored("is not a decision cache (an object with 'format' and 'decisions')")
+        if data.get("format") != FORMAT:
+            return {}  # another format's decisions: not ours to read (save replaces them)
+        good: dict[str, dict] = {}
+        bad: list[str] = []
+        for key, entry in data["decisions"].items():
+            problem = entry_problem(entry)
+            if problem is None:
+                good[key] = entry
+            else:
+                bad.append(f"{key[:12]}: {problem}")
+        self.skipped = len(bad)
+        if bad:
+            self._warn(f"{self.path}: {len(bad)} malformed decision(s) skipped ({'; '.join(bad[:3])}"
+                       + ("; ..." if len(bad) > 3 else "") + ")")
+        return good
 
-    def get(self, key: str) -> dict | None:
+    def _ignored(self, why: str, keep: bool = False) -> dict[str, dict]:
+        self.usable = not keep
+        self._warn(f"{self.path}: {why}; the decision cache ignores it" + (" and leaves it as it is" if keep else "")
+                   + " (`onnxfuse cache clear` removes it)")
+        return {}
+
+    def _warn(self, line: str) -> None:
+        if line not in self.warnings:
+            self.warnings.append(line)
+
+    def get(self, key: str, kinds: tuple[str, ...] | None = None) -> dict | None:
+        """The decision under `key`; None when there is none, or (`kinds`) it is not of a kind the caller reads."""
         if not self.enabled:
             return None
         if not self.loaded:
             self.entries = self._read()
             self.loaded = True
-        return self.new.get(key) or self.entries.get(key)
+        hit = self.new.get(key) or self.entries.get(key)
+        return None if hit is None or (kinds is not None and hit.get("kind") not in kinds) else hit
 
     def put(self, key: str, value: dict) -> None:
         if self.enabled:
@@ -98,6 +146,8 @@ class DecisionCache:
         with contextlib.suppress(OSError):
             os.makedirs(self.directory, exist_ok=True)
             merged = {**self._read(), **self.new}
+            if not self.usable:
+                return
             fd, tmp = tempfile.mkstemp(prefix=".decisions-", dir=self.directory)
             try:
                 with os.fdopen(fd, "w") as f:
@@ -112,7 +162,7 @@ class DecisionCache:
     def clear(self) -> int:
         """Remove the cache file; returns how many decisions it held."""
         n = len(self._read())
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
             os.unlink(self.path)
         self.entries, self.new = {}, {}
         return n
@@ -122,6 +172,6 @@ class DecisionCache:
         kinds: dict[str, int] = {}
         for v in data.values():
             kinds[v.get("kind", "?")] = kinds.get(v.get("kind", "?"), 0) + 1
-        size = os.path.getsize(self.path) if os.path.exists(self.path) else 0
+        size = os.path.getsize(self.path) if os.path.isfile(self.path) else 0
         return {"path": self.path, "decisions": len(data), "by_kind": kinds, "bytes": size,
-                "entries": data}
+                "entries": data, "skipped": self.skipped, "warnings": list(self.warnings)}

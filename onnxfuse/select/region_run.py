@@ -259,11 +259,11 @@ class RegionRun:
         return GroupEffect(rep.label, rep.rules, len(c.keys), keep, ratio, source="timed",
                            instances=len(c.regions), floor=floor, seconds_each=each)
 
-    def _cached(self, key: str) -> dict | None:
+    def _cached(self, key: str, kinds: tuple[str, ...]) -> dict | None:
         """A cached decision, unless it is "not reached" and this run was given (--measure-budget) a larger
         budget than the run that did not reach it: then it is timed now. Runs with the automatic budget reuse
         every decision, so two runs with the same flags write the same model."""
-        hit = self.cache.get(key)
+        hit = self.cache.get(key, kinds)
         if (hit is not None and hit.get("source") == "budget" and self.opts.measure_budget_s is not None
                 and self.budget > hit.get("budget", 0.0)):
             return None
@@ -273,7 +273,7 @@ class RegionRun:
         todo = []
         for c in classes:
             rep = c.regions[0]
-            hit = self._cached(digest("region", c.sig, self.env))
+            hit = self._cached(digest("region", c.sig, self.env), ("region",))
             if hit is not None:
                 c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), bool(hit["keep"]),
                                          Ratio(*hit["ratio"]) if hit.get("ratio") else None,
@@ -351,7 +351,7 @@ class RegionRun:
 
     def compared(self, key: str) -> Comparison | None:
         """A whole-model comparison decided by an earlier run (see _cached)."""
-        hit = self._cached(key)
+        hit = self._cached(key, ("model", "on model"))
         if hit is None:
             return None
         timed = hit.get("source") != "budget"

@@ -54,7 +54,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     selection_key = digest("selection", _file_digest(input_path, state.info.external_data), repr(sorted(a.key for a in state.eng.applications)),
                            repr([sorted((k, v.dtype.str, v.shape) for k, v in f.items()) for _, f in run.profiles]),
                            run.env)
-    hit = cache.get(selection_key) if cache.enabled else None
+    hit = cache.get(selection_key, ("selection",)) if cache.enabled else None
     if hit is not None and (not hit["undecided"] or opts.measure_budget_s is None
                             or opts.measure_budget_s <= hit["budget"]):
         with phase("rebuild"):

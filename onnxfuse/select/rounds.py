@@ -80,6 +80,7 @@ class MeasureReport:
     phase_peaks: dict[str, int] = field(default_factory=dict)  # the process's peak RSS at the end of each phase
     # the whole-model confirmation per shape profile (prefill, decode): (name, weight, candidate / original)
     profiles: list[tuple[str, float, Ratio]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # e.g. what the decision cache left out, one line each
 
     def to_json(self) -> dict:
         return {
@@ -94,6 +95,7 @@ class MeasureReport:
             "strategy": self.strategy, "confirmed": self.confirmed, "undecided": self.undecided,
             "budget_s": self.budget_s, "phases": self.phases, "phase_peak_rss_bytes": self.phase_peaks,
             "profiles": [{"name": n, "weight": w, "ratio": asdict(r)} for n, w, r in self.profiles],
+            "warnings": self.warnings,
         }
 
     @property
