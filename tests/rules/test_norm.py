@@ -260,7 +260,9 @@ def test_rmsnorm_zero_skip_fires(opset, square, div):
 
 def test_rmsnorm_zero_skip_near_misses():
     r, _ = fuse(_rms(23), "rmsnorm-zero-skip")  # RMSNormalization there
-    assert r.fired == {} and r.skipped[0].reason == "model opset 23 outside the rule's range 1..22"
+    assert r.fired == {} and r.skipped[0].reason == "model opset 23 outside the rule's range 10..22"
+    r, _ = fuse(_rms(9), "rmsnorm-zero-skip")  # the Slice it writes takes its bounds as inputs from opset 10
+    assert r.fired == {} and r.skipped[0].reason == "model opset 9 outside the rule's range 10..22"
     check_misses(_rms(18, gamma_input=True), "rmsnorm-zero-skip")
     check_misses(_rms(18, ax=(1,)), "rmsnorm-zero-skip")
     check_misses(_rms(18, extra_reader="r"), "rmsnorm-zero-skip", "has 1 consumer(s) outside the match")
