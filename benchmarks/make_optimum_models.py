@@ -1,7 +1,8 @@
 """Export small transformers through Hugging Face Optimum (`optimum-onnx`), the way its users get them: a corpus of
 graphs written by another tool than onnxfuse's own generators, for the attention/norm/GELU concept rules.
 
-Each model is built from a small config with random weights (seeded; nothing is downloaded) and exported with
+Each model is built from a small config with random weights (seeded, biases non-zero as in a trained model;
+nothing is downloaded) and exported with
 `optimum.exporters.onnx.onnx_export_from_model`, Optimum's default post-processing and opset. Needs a Python with
 torch, transformers and optimum-onnx (not onnxfuse's dependencies):
 
@@ -80,6 +81,9 @@ def _export(name: str, out_dir: str) -> str:
         cfg = getattr(transformers, cfg_cls)(**{**SMALL, **extra})
         model = getattr(transformers, model_cls)(cfg)
     model.eval()
+    with torch.no_grad():  # trained models have non-zero biases (transformers initializes them to 0, and a rule
+        for p in model.parameters():  # that drops an Add of zeros would hide the bias fusions)
+            p.add_(torch.randn_like(p) * 0.02)
     with tempfile.TemporaryDirectory() as tmp:
         onnx_export_from_model(model, tmp, task=task, do_validation=False)
         files = sorted(glob.glob(os.path.join(tmp, "*.onnx")))
