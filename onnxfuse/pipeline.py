@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import onnx
 
-from .errors import ModelError, OnnxfuseError
+from .errors import InputSpecError, ModelError, OnnxfuseError
 from .inputs import InputPlan, discover_profiles, parse_profiles, parse_shape_specs
 from .ir import Model
 from .load.freeze import freeze_weights
@@ -190,8 +190,14 @@ def _rewrite(loaded: _Loaded, rules: list[Rule], opts: OptimizeOptions) -> tuple
                                                 "is installed to validate it (--no-validate applies it unchecked)"))
         rules = [r for r in rules if r.id not in {h.rule for h in held_back}]
     model, info = loaded.model, loaded.info
-    base = (facts(loaded.validator, model, info, opts.target, opts.fold) if loaded.validator is not None
-            else EngineOptions(target=opts.target, fold=opts.fold))
+    base = EngineOptions(target=opts.target, fold=opts.fold)
+    if loaded.validator is not None:
+        try:
+            base = facts(loaded.validator, model, info, opts.target, opts.fold)
+        except InputSpecError:
+            # no inputs the original runs on: the rules rewrite without what runs would show; if one fires,
+            # validation needs those inputs and says so in one line; if none does, nothing needs them
+            pass
     eng = run(model, rules, replace(base))
     eng.skipped.extend(held_back)
     return rules, base, Rewritten(model, info, eng)

@@ -185,12 +185,12 @@ class Validator:
         some dynamic input dim kept its size there, a dim the same in both runs is not taken as fixed.
         At most OBSERVE_MAX values, up to OBSERVE_CHUNK (and about OBSERVE_BYTES) per run, and about
         OBSERVE_BUDGET_S seconds of runs (the values nearest the inputs first); {} when the original cannot be run so."""
+        if not names:
+            return {}  # nothing to observe: the original is not run for it
         _ = self.runs  # settles the inputs and times the original's runs
         # chunks of a run and a second run at up to twice each dim (up to 4x the work where two dims double)
         runs_allowed = max(1, int(OBSERVE_BUDGET_S / max(self.run_s, 1e-3)) // 5)
         names = names[:min(OBSERVE_MAX, runs_allowed * OBSERVE_CHUNK)]
-        if not names:
-            return {}
         plan = self.runs[0].plan
         # a second run with every dynamic dim halved (else doubled) shows what follows the inputs; where the model
         # refuses both (dims tied: past + new, a position table), the timing inputs (another batch) are the second
