@@ -293,7 +293,7 @@ def find_profiles(model: str | os.PathLike, shapes: list[str] | None = None, inp
     spec = parse_shape_specs(shapes)
     run_on = None
     if probe:
-        sess = make_session(path, "disable", runs_on(target))
+        sess = make_session(path, "disable", runs_on(target), arena=False)
 
         def run_on(feeds: dict) -> dict:
             return run_session(sess, feeds)

@@ -82,7 +82,7 @@ class Validator:
         settles the inputs: discovered from the model and probed on it (see inputs/discover.py)."""
         if self._runs is None:
             t = time.perf_counter()
-            ref = make_session(self.input_path, "disable", self.provider)
+            ref = make_session(self.input_path, "disable", self.provider, arena=False)
             self.session_s = time.perf_counter() - t
 
             def timed_run(feeds: dict) -> dict:
@@ -159,7 +159,7 @@ class Validator:
         for sign in (1, -1):
             cand = Candidate(jittered(self.proto, types, sign), info)
             try:
-                sess = make_session(cand.source, "disable", self.provider)
+                sess = make_session(cand.source, "disable", self.provider, arena=False)
                 for r in self.runs:
                     got = run(sess, r.plan.feeds)
                     noise = max([noise] + [c.min_tolerance for c in compare_outputs(r.reference, got)
@@ -248,7 +248,7 @@ class Validator:
     def at_all(self, r: ProfileRun) -> dict:
         """The original's outputs at ORT_ENABLE_ALL on a profile's inputs."""
         if r.at_all is None:
-            r.at_all = run(make_session(self.input_path, "all", self.provider), r.plan.feeds)
+            r.at_all = run(make_session(self.input_path, "all", self.provider, arena=False), r.plan.feeds)
         return r.at_all
 
     def timing_profiles(self) -> list[tuple[float, dict]]:
@@ -304,7 +304,7 @@ def _matches_at(level: str) -> Check:
     def matches(v: Validator, cand: Candidate, proto: onnx.ModelProto) -> Outcome | None:
         """onnxruntime loads and runs the candidate at this level, and every output matches the original's."""
         try:
-            sess = make_session(cand.source, level, v.provider)
+            sess = make_session(cand.source, level, v.provider, arena=False)
             outs = [run(sess, r.plan.feeds) for r in v.runs]
             del sess  # one session at a time: big models must not be held twice
         except OnnxfuseError as e:
