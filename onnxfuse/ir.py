@@ -269,11 +269,12 @@ class Graph:
             g = g.parent
         return False
 
-    def const_value(self, name: str) -> np.ndarray | None:
-        """The value of a constant, read lazily (external data included); None when not constant."""
+    def const_value(self, name: str, keep: bool = True) -> np.ndarray | None:
+        """The value of a constant, read lazily (external data included); None when not constant. `keep=False`:
+        not kept in the model's cache (a big weight read once, for a look, is not held for the whole run)."""
         owner = self._owner(name) if name else self
         if owner is not self:
-            return owner.const_value(name)
+            return owner.const_value(name, keep)
         if not self.is_constant(name):
             return None
         cache = self.model.value_cache
@@ -288,7 +289,8 @@ class Graph:
             value = self.model.tensor_to_array(t)
         else:
             value = constant_node_value(self.producer[source].proto)
-        cache[key] = value
+        if keep:
+            cache[key] = value
         return value
 
     def fresh_name(self, base: str) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import onnx
 
-from .errors import ModelError, OnnxfuseError, write_error
+from .errors import InputSpecError, ModelError, OnnxfuseError, write_error
 from .inputs import InputPlan, discover_profiles, parse_profiles, parse_shape_specs
 from .ir import Model
 from .load.collisions import check_writes
@@ -210,8 +210,14 @@ def _rewrite(loaded: _Loaded, rules: list[Rule], opts: OptimizeOptions) -> tuple
                                                 "is installed to validate it (--no-validate applies it unchecked)"))
         rules = [r for r in rules if r.id not in {h.rule for h in held_back}]
     model, info = loaded.model, loaded.info
-    base = (facts(loaded.validator, model, info, opts.target, opts.fold) if loaded.validator is not None
-            else EngineOptions(target=opts.target, fold=opts.fold))
+    base = EngineOptions(target=opts.target, fold=opts.fold)
+    if loaded.validator is not None:
+        try:
+            base = facts(loaded.validator, model, info, opts.target, opts.fold)
+        except InputSpecError:
+            # no inputs the original runs on: the rules rewrite without what runs would show; if one fires,
+            # validation needs those inputs and says so in one line; if none does, nothing needs them
+            pass
     state = defined_ops_only(info.path, rules, base, set(), Rewritten(model, info, run(model, rules, replace(base))))
     state.eng.skipped.extend(held_back)
     return rules, base, state
@@ -309,7 +315,7 @@ def find_profiles(model: str | os.PathLike, shapes: list[str] | None = None, inp
     spec = parse_shape_specs(shapes)
     run_on = None
     if probe:
-        sess = make_session(path, "disable", runs_on(target))
+        sess = make_session(path, "disable", runs_on(target), arena=False)
 
         def run_on(feeds: dict) -> dict:
             return run_session(sess, feeds)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -145,9 +146,24 @@ def _stored_bytes(t: onnx.TensorProto) -> int | None:
     return (n + 1) // 2 if t.data_type in _PACKED else n * itemsize
 
 
+# element types whose external bytes are the array's little-endian bytes as they are (no packing, no strings)
+_PLAIN_DTYPES = {getattr(onnx.TensorProto, k): np.dtype(v) for k, v in (
+    ("FLOAT", "float32"), ("DOUBLE", "float64"), ("FLOAT16", "float16"), ("INT8", "int8"), ("INT16", "int16"),
+    ("INT32", "int32"), ("INT64", "int64"), ("UINT8", "uint8"), ("UINT16", "uint16"), ("UINT32", "uint32"),
+    ("UINT64", "uint64"), ("BOOL", "bool"))}
+
+
 def read_external_tensor(t: onnx.TensorProto, base_dir: str) -> np.ndarray:
     ref = external_ref(t)
     path = os.path.join(base_dir, ref.location)
+    dtype = _PLAIN_DTYPES.get(t.data_type) if sys.byteorder == "little" else None
+    n = int(np.prod(t.dims, dtype=np.int64))
+    if dtype is not None and (ref.length is None or ref.length == n * dtype.itemsize):
+        with open(path, "rb") as f:  # straight into the array: one copy of the weight, not three
+            f.seek(ref.offset)
+            arr = np.fromfile(f, dtype=dtype, count=n)
+        if arr.size == n:
+            return arr.reshape(tuple(t.dims))
     with open(path, "rb") as f:
         f.seek(ref.offset)
         data = f.read() if ref.length is None else f.read(ref.length)

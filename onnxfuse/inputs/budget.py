@@ -35,14 +35,20 @@ def default_budget_bytes() -> int:
 
 
 def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The graph without its large weights (they become typed inputs): cheap to copy and to infer."""
+    """The graph without its large weights (each an initializer of its type and dims whose data is external in a
+    file that does not exist: inference never reads it, and onnx's data propagation does not walk it as it walks a
+    1-D graph input): cheap to copy and to infer."""
     g = model.graph
-    small = [t for t in g.initializer if int(np.prod(t.dims)) <= 4096 and not t.data_location]
-    big = [t for t in g.initializer if not (int(np.prod(t.dims)) <= 4096 and not t.data_location)]
-    graph = onnx.helper.make_graph(list(g.node), g.name, list(g.input), list(g.output), small)
-    known = {i.name for i in g.input}
-    graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                       for t in big if t.name not in known)
+    inits = []
+    for t in g.initializer:
+        if int(np.prod(t.dims)) <= 4096 and not t.data_location:
+            inits.append(t)
+            continue
+        stub = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims,
+                                data_location=onnx.TensorProto.EXTERNAL)
+        stub.external_data.add(key="location", value="onnxfuse-shape-inference-stub")
+        inits.append(stub)
+    graph = onnx.helper.make_graph(list(g.node), g.name, list(g.input), list(g.output), inits)
     m = make_model(graph, model.opset_import, model.ir_version)
     m.functions.extend(model.functions)
     return m

@@ -277,7 +277,7 @@ def reshape_multiples(model: onnx.ModelProto, inputs: list[InputInfo],
                 if old is None or old[0] == "multiple":
                     m = m if old is None else math.lcm(m, old[1])
                     out[key] = ("multiple", m, name if old is None or m == old[1] else f"{old[2]}, {name}")
-        elif len(free) == len([d for d in left.values() if not isinstance(d, int)]) and k % fixed == 0:
+        elif len(free) == len([d for d in left.values() if not isinstance(d, int)]) and fixed and k % fixed == 0:
             out[key] = ("exact", k // fixed, name)  # no batch left over: the size is fully known
     return out
 

@@ -110,7 +110,7 @@ def _input_info(vi: onnx.ValueInfoProto) -> InputInfo:
 
 
 def _dim(d: onnx.TensorShapeProto.Dimension) -> Dim:
-    if d.HasField("dim_value") and d.dim_value > 0:
+    if d.HasField("dim_value") and d.dim_value >= 0:  # a declared 0 is a fixed, empty dim: onnxruntime runs it
         return int(d.dim_value)
     if d.HasField("dim_param") and d.dim_param:
         return d.dim_param

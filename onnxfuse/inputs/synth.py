@@ -121,6 +121,58 @@ def gather_bound(index: GraphIndex, name: str) -> int | None:
     return min(bounds) if bounds else None
 
 
+# ---- shape and index operands (Expand's shape, Reshape's target, Slice's bounds, ...) ----------------------------
+
+# (op, input index) -> what the values there mean; an integer graph input read there (through Casts) gets values
+# valid for it, not random ones: a random Expand shape is "invalid expand shape" in onnxruntime
+_SHAPE_OPERANDS = {("Expand", 1): "expand shape", ("Tile", 1): "tile repeats", ("Reshape", 1): "reshape target",
+                   ("ConstantOfShape", 0): "output shape", ("Slice", 1): "slice starts", ("Slice", 2): "slice ends",
+                   ("Slice", 3): "slice axes", ("Slice", 4): "slice steps"}
+_SHAPE_PASS = {"Cast", "Identity"}
+
+
+def shape_operand(index: GraphIndex, name: str) -> str | None:
+    """What a value is to the ops that read it (through Casts) when it is a shape or index operand of one
+    (see _SHAPE_OPERANDS); None when it is none, or two different ones."""
+    roles: set[str] = set()
+    seen: set[str] = set()
+    stack = [name]
+    while stack:
+        value = stack.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        for node in index.consumers.get(value, []):
+            if node.domain not in ("", "ai.onnx"):
+                continue
+            if node.op_type in _SHAPE_PASS:
+                stack.extend(o for o in node.output[:1] if o)
+                continue
+            roles.update(r for (op, k), r in _SHAPE_OPERANDS.items()
+                         if op == node.op_type and k < len(node.input) and node.input[k] == value)
+    return roles.pop() if len(roles) == 1 else None
+
+
+def _operand_values(role: str, shape: list[int]) -> np.ndarray:
+    """Values valid for a shape or index operand whatever the data: ones for an Expand shape, Tile repeats or a
+    ConstantOfShape's shape (broadcasts and copies that change nothing); [-1, 1, ...] for a Reshape target (the
+    data flattened, then ones); Slice bounds that take everything (starts 0, ends past the end, axes 0..k-1, steps
+    1)."""
+    n = int(np.prod(shape, dtype=np.int64))
+    if role == "reshape target":
+        flat = np.ones(n, dtype=np.int64)
+        flat[:1] = -1
+    elif role == "slice starts":
+        flat = np.zeros(n, dtype=np.int64)
+    elif role == "slice ends":
+        flat = np.full(n, np.iinfo(np.int32).max, dtype=np.int64)
+    elif role == "slice axes":
+        flat = np.arange(n, dtype=np.int64)
+    else:
+        flat = np.ones(n, dtype=np.int64)
+    return flat.reshape(shape)
+
+
 # ---- value synthesis ------------------------------------------------------------------------------------------
 
 
@@ -153,6 +205,20 @@ def _int_values(
     return values.astype(dtype)
 
 
+_NORMAL_CHUNK = 1 << 20
+
+
+def _normal(shape: list[int], dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:
+    """rng.standard_normal(shape) rounded through float32 to `dtype`, drawn a chunk at a time (the same values: the
+    generator's stream is the same in pieces), so a 256 MB input never has a 512 MB float64 copy beside it."""
+    out = np.empty(shape, dtype=dtype)
+    flat = out.reshape(-1)
+    for lo in range(0, flat.size, _NORMAL_CHUNK):
+        hi = min(lo + _NORMAL_CHUNK, flat.size)
+        flat[lo:hi] = rng.standard_normal(hi - lo).astype(np.float32).astype(dtype)
+    return out
+
+
 def _synthesize_one(
     info: InputInfo, shape: list[int], bound: int | None, rng: np.random.Generator
 ) -> np.ndarray:
@@ -162,7 +228,7 @@ def _synthesize_one(
     if dtype.kind in "iu":
         return _int_values(info.name, shape, dtype, bound, rng)
     if is_inexact(dtype) and dtype.kind != "c":
-        return rng.standard_normal(size=shape).astype(np.float32).astype(dtype)
+        return _normal(shape, dtype, rng)
     if dtype.kind == "c":
         return (rng.standard_normal(size=shape) + 1j * rng.standard_normal(size=shape)).astype(dtype)
     if dtype.kind in "OSU":
@@ -178,6 +244,11 @@ def synthesize(
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for info in inputs:
-        bound = gather_bound(index, info.name) if np_dtype(info).kind in "iu" else None
+        is_int = np_dtype(info).kind in "iu"
+        operand = shape_operand(index, info.name) if is_int else None
+        if operand is not None:
+            feeds[info.name] = _operand_values(operand, shapes[info.name]).astype(np_dtype(info))
+            continue
+        bound = gather_bound(index, info.name) if is_int else None
         feeds[info.name] = _synthesize_one(info, shapes[info.name], bound, rng)
     return feeds

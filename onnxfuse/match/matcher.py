@@ -15,6 +15,7 @@ from ..patterns.syntax import Alt, Call, Expr, Ref
 from ..tensors import dtype_name
 
 ABSENT = ""
+_CONST_CHUNK = 1 << 20  # elements of a constant compared at a time (Matcher._const_ok)
 # Ops that compute shapes and indices; a chain of them that only feeds a match is removed with it.
 SHAPE_ARITHMETIC = frozenset({"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Size",
                               "Reshape", "Add", "Sub", "Mul", "Div", "Constant", "Identity", "Equal", "Where",
@@ -257,7 +258,13 @@ class Matcher:
             self._fail(b, value, f"{name} ({value!r}) is {'not ' if con.constant else ''}a constant")
             return None
         if con.const is not None:
-            v = g.const_value(value)
+            t = g.type_of(value)
+            size = None if t is None or t.shape is None or not all(isinstance(d, int) for d in t.shape) else \
+                int(np.prod(t.shape, dtype=np.int64))
+            if size is not None and size > _CONST_CHUNK and con.const.size > 1 and size != con.const.size:
+                self._fail(b, value, f"{name}: const of {size} elements not within tolerance of {_fmt(con.const)}")
+                return None
+            v = g.const_value(value, keep=size is None or size <= _CONST_CHUNK)  # a big weight is not held
             if v is None:
                 self._fail(b, value, f"{name} ({value!r}) is not a constant, rule needs {_fmt(con.const)}")
                 return None
@@ -299,21 +306,22 @@ class Matcher:
     @staticmethod
     def _const_ok(v: np.ndarray, con: Constraint) -> bool:
         assert con.const is not None
-        try:
-            actual = np.asarray(v, dtype=np.float64)
-        except (TypeError, ValueError):
+        v = np.asarray(v)
+        wanted = np.asarray(con.const, dtype=np.float64).reshape(-1)
+        if v.size == 0 or (wanted.size != 1 and v.size != wanted.size):
             return False
-        if actual.size == 0:
-            return False
-        wanted = con.const
-        if wanted.size == 1:
-            wanted_b = np.full(actual.shape, float(wanted.reshape(-1)[0]))
-        elif actual.size == wanted.size:
-            actual = actual.reshape(-1)
-            wanted_b = wanted.reshape(-1)
-        else:
-            return False
-        return bool(np.all(np.abs(actual - wanted_b) <= con.atol + con.rtol * np.abs(wanted_b)))
+        flat = v.reshape(-1)
+        # the first element alone first, then in chunks: a big weight is never copied whole as float64 (a 128 MB
+        # constant compared with a scalar took 2.8 s and 1 GB of temporaries)
+        for lo, hi in [(0, 1)] + [(k, min(k + _CONST_CHUNK, flat.size)) for k in range(1, flat.size, _CONST_CHUNK)]:
+            try:
+                actual = flat[lo:hi].astype(np.float64)
+            except (TypeError, ValueError):
+                return False
+            want = wanted if wanted.size == 1 else wanted[lo:hi]
+            if not bool(np.all(np.abs(actual - want) <= con.atol + con.rtol * np.abs(want))):
+                return False
+        return True
 
     @staticmethod
     def _unify(pattern: tuple[int | str, ...], shape: tuple[int | str | None, ...] | None,

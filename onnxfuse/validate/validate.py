@@ -82,7 +82,7 @@ class Validator:
         settles the inputs: discovered from the model and probed on it (see inputs/discover.py)."""
         if self._runs is None:
             t = time.perf_counter()
-            ref = make_session(self.input_path, "disable", self.provider)
+            ref = make_session(self.input_path, "disable", self.provider, arena=False)
             self.session_s = time.perf_counter() - t
 
             def timed_run(feeds: dict) -> dict:
@@ -159,7 +159,7 @@ class Validator:
         for sign in (1, -1):
             cand = Candidate(jittered(self.proto, types, sign), info)
             try:
-                sess = make_session(cand.source, "disable", self.provider)
+                sess = make_session(cand.source, "disable", self.provider, arena=False)
                 for r in self.runs:
                     got = run(sess, r.plan.feeds)
                     noise = max([noise] + [c.min_tolerance for c in compare_outputs(r.reference, got)
@@ -185,12 +185,12 @@ class Validator:
         some dynamic input dim kept its size there, a dim the same in both runs is not taken as fixed.
         At most OBSERVE_MAX values, up to OBSERVE_CHUNK (and about OBSERVE_BYTES) per run, and about
         OBSERVE_BUDGET_S seconds of runs (the values nearest the inputs first); {} when the original cannot be run so."""
+        if not names:
+            return {}  # nothing to observe: the original is not run for it
         _ = self.runs  # settles the inputs and times the original's runs
         # chunks of a run and a second run at up to twice each dim (up to 4x the work where two dims double)
         runs_allowed = max(1, int(OBSERVE_BUDGET_S / max(self.run_s, 1e-3)) // 5)
         names = names[:min(OBSERVE_MAX, runs_allowed * OBSERVE_CHUNK)]
-        if not names:
-            return {}
         plan = self.runs[0].plan
         # a second run with every dynamic dim halved (else doubled) shows what follows the inputs; where the model
         # refuses both (dims tied: past + new, a position table), the timing inputs (another batch) are the second
@@ -248,7 +248,7 @@ class Validator:
     def at_all(self, r: ProfileRun) -> dict:
         """The original's outputs at ORT_ENABLE_ALL on a profile's inputs."""
         if r.at_all is None:
-            r.at_all = run(make_session(self.input_path, "all", self.provider), r.plan.feeds)
+            r.at_all = run(make_session(self.input_path, "all", self.provider, arena=False), r.plan.feeds)
         return r.at_all
 
     def timing_profiles(self) -> list[tuple[float, dict]]:
@@ -304,7 +304,7 @@ def _matches_at(level: str) -> Check:
     def matches(v: Validator, cand: Candidate, proto: onnx.ModelProto) -> Outcome | None:
         """onnxruntime loads and runs the candidate at this level, and every output matches the original's."""
         try:
-            sess = make_session(cand.source, level, v.provider)
+            sess = make_session(cand.source, level, v.provider, arena=False)
             outs = [run(sess, r.plan.feeds) for r in v.runs]
             del sess  # one session at a time: big models must not be held twice
         except OnnxfuseError as e:
