@@ -217,6 +217,12 @@ def run(session: onnxruntime.InferenceSession, feeds: dict[str, np.ndarray]) -> 
     try:
         values = session.run(names, feeds)
     except Exception as exc:  # ORT raises many pybind exception types
+        if "NCHWc block" in str(exc):  # com.microsoft.nchwc ops saved on a CPU of another vector width
+            raise ModelError(
+                "onnxruntime cannot run the model on this CPU: it holds onnxruntime's NCHWc layout ops "
+                f"(com.microsoft.nchwc), laid out for another CPU's vector width ({first_line(str(exc))})",
+                hint="give onnxfuse the model as it was before onnxruntime optimized it at ORT_ENABLE_ALL, or save "
+                     "onnxruntime's optimized model on the machine that runs it") from exc
         raise InputSpecError(
             f"onnxruntime failed to run the model: {first_line(str(exc))}",
             hint="check --shape / --inputs against the model's expected input shapes",
