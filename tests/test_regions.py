@@ -175,6 +175,34 @@ def test_a_slower_whole_model_confirmation_writes_the_original(tmp_path, monkeyp
     onnx.checker.check_model(onnx.load(str(out)))
 
 
+def _with_exact_rewrite(path):
+    """Conv -> Relu (conv-relu: a region that is timed) -> + 0 (add-zero: removes a node, exact) -> Sigmoid."""
+    rng = np.random.default_rng(0)
+    nodes = [oh.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), oh.make_node("Relu", ["c"], ["r"]),
+             oh.make_node("Add", ["r", "zero"], ["z"]), oh.make_node("Sigmoid", ["z"], ["y"])]
+    inits = {"w": rng.standard_normal((8, 8, 3, 3)).astype(np.float32), "b": rng.standard_normal(8).astype(np.float32),
+             "zero": np.zeros(1, np.float32)}
+    onnx.save(make_model(nodes, [("x", [1, 8, 16, 16])], [("y", [1, 8, 16, 16])], inits), path)
+    return path
+
+
+def test_a_selection_dropped_as_slower_keeps_the_exact_rewrites(tmp_path, monkeypatch, fake_timer):
+    """The confirmation measures the kept selection slower: the timed rewrites are dropped, and the exact ones
+    (a node removed), which were not timed and cannot have made it slower, stay, as where nothing is measured;
+    the rerun that reuses the selection writes the same bytes."""
+    monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    src = _with_exact_rewrite(str(tmp_path / "m.onnx"))
+    fake_timer(0.8, 1.2)
+    r = optimize(src, str(tmp_path / "o.onnx"), OptimizeOptions())
+    assert r.measure.dropped_everything and r.measure.final.verdict == "slower"
+    assert r.fired == {"add-zero": 1}
+    assert [x.op_type for x in onnx.load(str(tmp_path / "o.onnx")).graph.node] == ["Conv", "Relu", "Sigmoid"]
+    assert {g.source: g.kept for g in r.measure.groups} == {"timed": False, "exact": True}
+    r2 = optimize(src, str(tmp_path / "o2.onnx"), OptimizeOptions())
+    assert "earlier run" in r2.measure.note and r2.fired == {"add-zero": 1}
+    assert (tmp_path / "o.onnx").read_bytes() == (tmp_path / "o2.onnx").read_bytes()
+
+
 def test_the_confirmation_reports_each_profile(tmp_path, monkeypatch, cli):
     """With shape profiles (a KV-cache decoder's prefill and decode), the whole-model confirmation gives each
     profile's ratio besides their weighted total, in the report, its JSON and the decision cache."""
