@@ -155,6 +155,7 @@ def _optimize(tmp_path, name, **kw):
 @pytest.mark.parametrize("ratio,kept", [(0.8, True), (1.0, False), (1.2, False)])
 def test_a_region_class_is_kept_only_when_faster_beyond_noise(tmp_path, monkeypatch, ratio, kept):
     monkeypatch.setattr(rr, "interleaved", _fake_interleaved(ratio))
+    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # budgets and deadlines: not the load
     r, _ = _optimize(tmp_path, "o.onnx", cache=False)
     timed = [g for g in r.measure.groups if g.source == "timed"]
     assert timed and all(g.kept is kept for g in timed)
@@ -169,6 +170,7 @@ def test_a_slower_whole_model_confirmation_writes_the_original(tmp_path, monkeyp
     fake = _fake_interleaved(0.8)
     fake.whole = 1.2
     monkeypatch.setattr(rr, "interleaved", fake)
+    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # budgets and deadlines: not the load
     r, out = _optimize(tmp_path, "o.onnx", cache=False)
     assert r.measure.dropped_everything and r.measure.final.verdict == "slower"
     assert not any(k.startswith("com.microsoft") for k in r.ops_after)
@@ -210,6 +212,7 @@ def test_the_confirmation_reports_each_profile(tmp_path, monkeypatch, cli):
     fake = _fake_interleaved(0.8)
     fake.whole, fake.per_profile = 0.9, [0.85, 0.97]
     monkeypatch.setattr(rr, "interleaved", fake)
+    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # budgets and deadlines: not the load
     profiles = ["small:batch=1", "large:batch=3@2"]
     r, _ = _optimize(tmp_path, "o.onnx", profiles=profiles)
     assert r.measure.confirmed == "timed"
@@ -323,6 +326,7 @@ def test_rules_shadowed_by_a_dropped_region_are_timed_in_a_second_pass(tmp_path,
 
     monkeypatch.setattr(rr.RegionRun, "time_class", fake_time_class)
     monkeypatch.setattr(rr, "interleaved", _fake_interleaved(1.0))  # the confirmation: no change
+    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # the second pass fits whatever the load
     r = optimize(BERT, str(tmp_path / "out.onnx"), OptimizeOptions(cache=False))
     assert "self-attention" not in r.fired and r.fired.get("matmul-scale", 0) >= 2, r.fired
     rows = {g.group: g for g in r.measure.groups if g.source == "timed"}
@@ -341,9 +345,10 @@ def test_a_budget_that_cannot_even_capture_measures_nothing_and_keeps_only_exact
     onnx.checker.check_model(onnx.load(str(out)))
 
 
-def test_a_model_of_the_same_architecture_reuses_the_decisions(tmp_path, monkeypatch):
+def test_a_model_of_the_same_architecture_reuses_the_decisions(tmp_path, monkeypatch, fake_timer):
     """Other weights, same graph and shapes: every class is decided from the cache, nothing is timed."""
     monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    fake_timer()  # a busy machine could leave every class undecided in the first run
     first = _gelu_chain(str(tmp_path / "a.onnx"), seed=0)
     second = _gelu_chain(str(tmp_path / "b.onnx"), seed=1)
     r1 = optimize(first, str(tmp_path / "a.opt.onnx"), OptimizeOptions())
