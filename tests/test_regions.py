@@ -460,16 +460,21 @@ def test_a_region_reading_a_few_integers_is_shape_arithmetic_only_if_it_writes_i
     assert cls(onnx.TensorProto.INT64).shape_only
 
 
-def test_a_whole_model_comparison_runs_on_to_its_minimum_time():
+def test_a_whole_model_comparison_runs_on_to_its_minimum_time(monkeypatch):
     """20 runs of a 0.1 ms model are 2 ms of timing, too few for a verdict: runs continue to min_seconds (and
-    stop at min_runs without it, or at MAX_RUNS)."""
-    import time as _time
+    stop at min_runs without it, or at MAX_RUNS). A fake clock: a run takes 0.1 ms of it (a real sleep of 0.1 ms
+    takes a millisecond or more on a busy machine, and 20 rounds then passed min_seconds)."""
+    clock = [0.0]
+    monkeypatch.setattr(rt.time, "perf_counter", lambda: clock[0])
 
     class S:
         def run(self, _out, _feeds):
-            _time.sleep(0.0001)
+            clock[0] += 0.0001
     sessions = {"a": S(), "b": S()}
-    far = _time.perf_counter() + 60
+    far = 60.0
     short = rt.interleaved(sessions, [(1.0, {})], 20, far, far)
     long = rt.interleaved(sessions, [(1.0, {})], 20, far, far, min_seconds=0.05)
     assert len(short["a"]) == 20 and 20 < len(long["a"]) <= rt.MAX_RUNS
+    assert len(long["a"]) == pytest.approx(0.05 / 0.0002, abs=1)  # two sessions a round, until 50 ms
+    capped = rt.interleaved(sessions, [(1.0, {})], 20, far, far, min_seconds=10.0)
+    assert len(capped["a"]) == rt.MAX_RUNS
