@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 
 import numpy as np
 import onnx
@@ -98,3 +99,39 @@ def stepping_clock(step=0.4):
         return t[0]
 
     return now
+
+
+def fake_interleaved(region=0.8, whole=0.9):
+    """A stand-in for region timing's `interleaved` (select/region_run.py): a region's fused version ("f") takes
+    `region` of its original's time, and in a whole-model comparison (the confirmation, a group decided on the
+    model) the candidate ("c", "c2") takes `whole` of its base's; the sessions are still made for real. `calls`
+    lists the sessions of each call."""
+    def fake(sessions, profiles, min_runs, deadline, hard_deadline=None, per_profile=None, min_seconds=0.0):
+        fake.calls.append(sorted(sessions))
+        rng = np.random.default_rng(0)
+        base = 1e-3 * (1 + 0.001 * rng.standard_normal(30))
+        out = {k: list(base * (region if k == "f" else whole if k in ("c", "c2") else 1.0)) for k in sessions}
+        if per_profile is not None:
+            for p in range(len(profiles)):
+                for k, ts in out.items():
+                    per_profile[k, p] = ts
+        return out
+    fake.calls = []
+    return fake
+
+
+@pytest.fixture
+def fake_timer(monkeypatch):
+    """Measured selection on fake timings and a fake clock: what it keeps no longer depends on how busy the
+    machine is. `fake_timer(region, whole)` installs fake_interleaved(region, whole) and makes time.perf_counter
+    a clock that advances 0.1 ms per reading, so that budgets, deadlines and the costs the budget plans with (a
+    session, a run, a rebuild) are the same every run. Returns the fake (its `calls`)."""
+    from onnxfuse.select import region_run
+
+    def install(region=0.8, whole=0.9):
+        fake = fake_interleaved(region, whole)
+        monkeypatch.setattr(region_run, "interleaved", fake)
+        monkeypatch.setattr(time, "perf_counter", stepping_clock(1e-4))
+        return fake
+
+    return install

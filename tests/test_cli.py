@@ -153,14 +153,16 @@ def test_written_model_is_valid(cli, tmp_path):
 
 
 def test_optimize_measures_by_default(cli, tmp_path):
-    """The real timer runs (no timing assertions here: benchmarks measure speed); the report shows it."""
-    code, stdout, stderr = cli("optimize", CNN, tmp_path / "o.onnx", "--json", "--measure-budget", "3",
+    """The real timer runs (no timing assertions here: benchmarks measure speed); the report shows it. The budget
+    is far above what this 1 ms model needs (timing stops at its minimum runs well before), so that a busy machine
+    still measures: with 3 s, the plan's estimate of capture alone could pass 60% of it ('not measured')."""
+    code, stdout, stderr = cli("optimize", CNN, tmp_path / "o.onnx", "--json", "--measure-budget", "60",
                                measure=True)
     assert code == 0, stderr
     m = json.loads(stdout)["measure"]
     assert m["provider"] == "cpu" and m["threads"] == 1 and m["rounds"] >= 1
     assert {g["group"] for g in m["groups"]} >= {"com.microsoft.FusedConv"}
-    assert m["strategy"] == "regions" and m["budget_s"] == 3 and m["note"] == ""
+    assert m["strategy"] == "regions" and m["budget_s"] == 60 and m["note"] == ""
     assert set(m["phases"]) >= {"regions", "capture", "time regions"}
     assert m["undecided"] == sum(g["source"] == "budget" for g in m["groups"])
     assert m["confirmed"] == "timed" and (m["final_verdict"] in ("faster", "slower", "no significant change") or m["final_verdict"].startswith("within the noise floor")) or \

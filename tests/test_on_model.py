@@ -64,6 +64,7 @@ def test_a_rule_measured_on_the_model_is_decided_there_not_as_a_region(se_model,
     comparison, with it against without it, decides."""
     fake = _fake(1.2, whole)
     monkeypatch.setattr(rr, "interleaved", fake)
+    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # budgets and deadlines: not the load
     out = tmp_path / "o.onnx"
     r = optimize(se_model, str(out), OptimizeOptions(cache=False))
     (row,) = _rows(r)
@@ -78,6 +79,7 @@ def test_a_rule_measured_on_the_model_is_decided_there_not_as_a_region(se_model,
 def test_the_decision_on_the_model_is_cached_and_a_rerun_writes_the_same_bytes(se_model, tmp_path, monkeypatch):
     monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(rr, "interleaved", _fake(0.8, 0.9))
+    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # budgets and deadlines: not the load
     r1 = optimize(se_model, str(tmp_path / "a.onnx"), OptimizeOptions())
     assert [g.kept for g in _rows(r1)] == [True]
 
@@ -105,6 +107,7 @@ def test_a_budget_that_does_not_reach_it_leaves_it_out_and_says_so(se_model, tmp
 def test_without_such_rules_nothing_is_timed_on_the_model(se_model, tmp_path, monkeypatch):
     fake = _fake(0.8, 0.9)
     monkeypatch.setattr(rr, "interleaved", fake)
+    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # budgets and deadlines: not the load
     r = optimize(se_model, str(tmp_path / "o.onnx"), OptimizeOptions(cache=False, skip=["se-gate-broadcast"]))
     assert "on model" not in r.measure.phases and not _rows(r)
     assert sum("f" not in s for s in fake.calls) == 1  # the confirmation only

@@ -33,9 +33,11 @@ def _cnn_feeds(m: onnx.ModelProto) -> dict:
     return {x.name: RNG.standard_normal(shape).astype(np.float32)}
 
 
-def test_initializers_as_inputs_through_the_measured_path(tmp_path):
+def test_initializers_as_inputs_through_the_measured_path(tmp_path, fake_timer):
     """IR >= 4 with every initializer also a graph input: overridable defaults. The measured path captures region
-    inputs from a run that does not feed them (it once looked them up among the fed values: KeyError)."""
+    inputs from a run that does not feed them (it once looked them up among the fed values: KeyError). The clock
+    is fake: on a busy machine the budget's plan could skip capture ("not measured"), and nothing would be found."""
+    fake_timer()
     m = _cnn()
     for t in m.graph.initializer:
         m.graph.input.append(oh.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
@@ -49,7 +51,8 @@ def test_initializers_as_inputs_through_the_measured_path(tmp_path):
     _same_outputs(src, str(tmp_path / "o.onnx"), _cnn_feeds(m))
 
 
-def test_default_domain_spelled_ai_onnx(tmp_path):
+def test_default_domain_spelled_ai_onnx(tmp_path, fake_timer):
+    fake_timer(0.8, 0.9)  # regions and selection faster: what is kept does not depend on the machine's load
     m = _cnn()
     for o in m.opset_import:
         if o.domain == "":
@@ -60,7 +63,10 @@ def test_default_domain_spelled_ai_onnx(tmp_path):
     r = optimize(src, tmp_path / "o.onnx", OptimizeOptions(measure_budget_s=2.0))
     assert r.validation.startswith("passed")
     assert any("'ai.onnx'" in d for d in r.repairs)
-    assert "conv-bn-fold" in r.fired  # exact: kept whatever the timing says
+    # conv-bn-fold is exact arithmetic, but not an exact rewrite to measured selection: it makes a Conv, and the
+    # fusion that reads it (conv-relu, conv-hardswish) joins its region, timed; kept here as those are (fake timer)
+    assert r.fired.get("conv-bn-fold", 0) >= 1 and r.measure.confirmed == "timed"
+    assert all(g.kept for g in r.measure.groups if "conv-bn-fold" in g.rules)
     _same_outputs(src, str(tmp_path / "o.onnx"), _cnn_feeds(m))
     # the rules match the normalized nodes (FusedConv is timed when measured, so unmeasured here)
     optimize(src, tmp_path / "u.onnx", OptimizeOptions(measure=False))
@@ -138,9 +144,11 @@ def _quantized(tmp_path) -> str:
     return str(tmp_path / "enc_dq.onnx")
 
 
-def test_dynamic_quantization_tolerance_from_the_model(tmp_path):
+def test_dynamic_quantization_tolerance_from_the_model(tmp_path, fake_timer):
     """quantize_dynamic's graph: a reordered float32 sum before DynamicQuantizeLinear moves values by a whole step.
-    The tolerance is measured on the original (jittered quantizer inputs), stated, and the output is written."""
+    The tolerance is measured on the original (jittered quantizer inputs), stated, and the output is written.
+    Fake timings: the output checked on other inputs below is the same selection every run."""
+    fake_timer()
     src = _quantized(tmp_path)
     assert "DynamicQuantizeLinear" in op_types(src)
     r = optimize(src, tmp_path / "o.onnx", OptimizeOptions(measure_budget_s=2.0, shapes=["s=128"]))

@@ -155,6 +155,7 @@ def _optimize(tmp_path, name, **kw):
 @pytest.mark.parametrize("ratio,kept", [(0.8, True), (1.0, False), (1.2, False)])
 def test_a_region_class_is_kept_only_when_faster_beyond_noise(tmp_path, monkeypatch, ratio, kept):
     monkeypatch.setattr(rr, "interleaved", _fake_interleaved(ratio))
+    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # budgets and deadlines: not the load
     r, _ = _optimize(tmp_path, "o.onnx", cache=False)
     timed = [g for g in r.measure.groups if g.source == "timed"]
     assert timed and all(g.kept is kept for g in timed)
@@ -169,10 +170,39 @@ def test_a_slower_whole_model_confirmation_writes_the_original(tmp_path, monkeyp
     fake = _fake_interleaved(0.8)
     fake.whole = 1.2
     monkeypatch.setattr(rr, "interleaved", fake)
+    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # budgets and deadlines: not the load
     r, out = _optimize(tmp_path, "o.onnx", cache=False)
     assert r.measure.dropped_everything and r.measure.final.verdict == "slower"
     assert not any(k.startswith("com.microsoft") for k in r.ops_after)
     onnx.checker.check_model(onnx.load(str(out)))
+
+
+def _with_exact_rewrite(path):
+    """Conv -> Relu (conv-relu: a region that is timed) -> + 0 (add-zero: removes a node, exact) -> Sigmoid."""
+    rng = np.random.default_rng(0)
+    nodes = [oh.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), oh.make_node("Relu", ["c"], ["r"]),
+             oh.make_node("Add", ["r", "zero"], ["z"]), oh.make_node("Sigmoid", ["z"], ["y"])]
+    inits = {"w": rng.standard_normal((8, 8, 3, 3)).astype(np.float32), "b": rng.standard_normal(8).astype(np.float32),
+             "zero": np.zeros(1, np.float32)}
+    onnx.save(make_model(nodes, [("x", [1, 8, 16, 16])], [("y", [1, 8, 16, 16])], inits), path)
+    return path
+
+
+def test_a_selection_dropped_as_slower_keeps_the_exact_rewrites(tmp_path, monkeypatch, fake_timer):
+    """The confirmation measures the kept selection slower: the timed rewrites are dropped, and the exact ones
+    (a node removed), which were not timed and cannot have made it slower, stay, as where nothing is measured;
+    the rerun that reuses the selection writes the same bytes."""
+    monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    src = _with_exact_rewrite(str(tmp_path / "m.onnx"))
+    fake_timer(0.8, 1.2)
+    r = optimize(src, str(tmp_path / "o.onnx"), OptimizeOptions())
+    assert r.measure.dropped_everything and r.measure.final.verdict == "slower"
+    assert r.fired == {"add-zero": 1}
+    assert [x.op_type for x in onnx.load(str(tmp_path / "o.onnx")).graph.node] == ["Conv", "Relu", "Sigmoid"]
+    assert {g.source: g.kept for g in r.measure.groups} == {"timed": False, "exact": True}
+    r2 = optimize(src, str(tmp_path / "o2.onnx"), OptimizeOptions())
+    assert "earlier run" in r2.measure.note and r2.fired == {"add-zero": 1}
+    assert (tmp_path / "o.onnx").read_bytes() == (tmp_path / "o2.onnx").read_bytes()
 
 
 def test_the_confirmation_reports_each_profile(tmp_path, monkeypatch, cli):
@@ -182,6 +212,7 @@ def test_the_confirmation_reports_each_profile(tmp_path, monkeypatch, cli):
     fake = _fake_interleaved(0.8)
     fake.whole, fake.per_profile = 0.9, [0.85, 0.97]
     monkeypatch.setattr(rr, "interleaved", fake)
+    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # budgets and deadlines: not the load
     profiles = ["small:batch=1", "large:batch=3@2"]
     r, _ = _optimize(tmp_path, "o.onnx", profiles=profiles)
     assert r.measure.confirmed == "timed"
@@ -198,16 +229,19 @@ def test_the_confirmation_reports_each_profile(tmp_path, monkeypatch, cli):
     assert "candidate / original latency at 1 thread(s), weighted total over the shape profiles" in text
 
 
-def test_decisions_are_cached_and_a_second_run_writes_the_same_bytes(tmp_path, monkeypatch):
+def test_decisions_are_cached_and_a_second_run_writes_the_same_bytes(tmp_path, monkeypatch, fake_timer):
+    """On fake timings (what real ones decide on a busy machine is no test: a first run that kept nothing
+    confirmed nothing, and the second had no confirmation to reuse): regions faster, the selection faster."""
     monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    fake_timer(0.8, 0.9)
     r1, out1 = _optimize(tmp_path, "a.onnx")
     assert {g.source for g in r1.measure.groups} >= {"timed"}, [(g.group, g.source) for g in r1.measure.groups]
+    assert r1.measure.confirmed == "timed" and any(g.kept for g in r1.measure.groups)
     assert os.path.exists(tmp_path / "cache" / "decisions.json")
 
     def no_timing(*a, **k):
         raise AssertionError("a cached decision was timed again")
 
-    real = rr.interleaved
     monkeypatch.setattr(rr, "interleaved", no_timing)
     r2, out2 = _optimize(tmp_path, "b.onnx")
     assert "timed" not in {g.source for g in r2.measure.groups}
@@ -216,9 +250,10 @@ def test_decisions_are_cached_and_a_second_run_writes_the_same_bytes(tmp_path, m
     # the same file again: the whole selection is reused, nothing is captured or timed
     assert "capture" not in r2.measure.phases and "earlier run" in r2.measure.note
     assert [(g.group, g.kept) for g in r2.measure.groups] == [(g.group, g.kept) for g in r1.measure.groups]
-    monkeypatch.setattr(rr, "interleaved", real)
+    again = fake_timer(0.8, 0.9)
     r3, _ = _optimize(tmp_path, "c.onnx", cache=False)  # --no-cache times again
-    assert "cached" not in {g.source for g in r3.measure.groups}
+    assert "cached" not in {g.source for g in r3.measure.groups} and "timed" in {g.source for g in r3.measure.groups}
+    assert again.calls
 
 
 def test_a_budget_too_small_leaves_the_unreached_regions_as_the_original(tmp_path, monkeypatch):
@@ -291,6 +326,7 @@ def test_rules_shadowed_by_a_dropped_region_are_timed_in_a_second_pass(tmp_path,
 
     monkeypatch.setattr(rr.RegionRun, "time_class", fake_time_class)
     monkeypatch.setattr(rr, "interleaved", _fake_interleaved(1.0))  # the confirmation: no change
+    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # the second pass fits whatever the load
     r = optimize(BERT, str(tmp_path / "out.onnx"), OptimizeOptions(cache=False))
     assert "self-attention" not in r.fired and r.fired.get("matmul-scale", 0) >= 2, r.fired
     rows = {g.group: g for g in r.measure.groups if g.source == "timed"}
@@ -309,9 +345,10 @@ def test_a_budget_that_cannot_even_capture_measures_nothing_and_keeps_only_exact
     onnx.checker.check_model(onnx.load(str(out)))
 
 
-def test_a_model_of_the_same_architecture_reuses_the_decisions(tmp_path, monkeypatch):
+def test_a_model_of_the_same_architecture_reuses_the_decisions(tmp_path, monkeypatch, fake_timer):
     """Other weights, same graph and shapes: every class is decided from the cache, nothing is timed."""
     monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    fake_timer()  # a busy machine could leave every class undecided in the first run
     first = _gelu_chain(str(tmp_path / "a.onnx"), seed=0)
     second = _gelu_chain(str(tmp_path / "b.onnx"), seed=1)
     r1 = optimize(first, str(tmp_path / "a.opt.onnx"), OptimizeOptions())
@@ -423,16 +460,21 @@ def test_a_region_reading_a_few_integers_is_shape_arithmetic_only_if_it_writes_i
     assert cls(onnx.TensorProto.INT64).shape_only
 
 
-def test_a_whole_model_comparison_runs_on_to_its_minimum_time():
+def test_a_whole_model_comparison_runs_on_to_its_minimum_time(monkeypatch):
     """20 runs of a 0.1 ms model are 2 ms of timing, too few for a verdict: runs continue to min_seconds (and
-    stop at min_runs without it, or at MAX_RUNS)."""
-    import time as _time
+    stop at min_runs without it, or at MAX_RUNS). A fake clock: a run takes 0.1 ms of it (a real sleep of 0.1 ms
+    takes a millisecond or more on a busy machine, and 20 rounds then passed min_seconds)."""
+    clock = [0.0]
+    monkeypatch.setattr(rt.time, "perf_counter", lambda: clock[0])
 
     class S:
         def run(self, _out, _feeds):
-            _time.sleep(0.0001)
+            clock[0] += 0.0001
     sessions = {"a": S(), "b": S()}
-    far = _time.perf_counter() + 60
+    far = 60.0
     short = rt.interleaved(sessions, [(1.0, {})], 20, far, far)
     long = rt.interleaved(sessions, [(1.0, {})], 20, far, far, min_seconds=0.05)
     assert len(short["a"]) == 20 and 20 < len(long["a"]) <= rt.MAX_RUNS
+    assert len(long["a"]) == pytest.approx(0.05 / 0.0002, abs=1)  # two sessions a round, until 50 ms
+    capped = rt.interleaved(sessions, [(1.0, {})], 20, far, far, min_seconds=10.0)
+    assert len(capped["a"]) == rt.MAX_RUNS

@@ -138,7 +138,7 @@ def _print_final(m, console: Console) -> None:
     """The whole-model confirmation: candidate / original, and per shape profile where there are several."""
     if m.final is not None:
         what = ("no rewrite group kept (the kept selection measured slower as a whole, or none made it faster; "
-                "exact folding, if any, stays)" if m.dropped_everything else "kept rewrites")
+                "exact rewrites and folding, if any, stay)" if m.dropped_everything else "kept rewrites")
         whole = ("weighted total over the shape profiles (each profile counts by its weight, relative to the "
                  "original's time there)" if m.profiles else "whole model")
         console.print(f"measure: {what}; candidate / original latency at {m.threads} thread(s), {whole}: {m.final} -> "

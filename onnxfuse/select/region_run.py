@@ -150,8 +150,9 @@ class RegionRun:
         selection is validated again (validated)."""
         kept = {tuple(k) for k in hit["kept"]}
         dropped = {tuple(k) for k in hit["dropped"]}
-        if hit["dropped_everything"]:
-            kept, dropped = set(), kept | dropped
+        if hit["dropped_everything"]:  # the exact rewrites stay (recorded since they do; older entries: none)
+            exact = {tuple(k) for k in hit.get("exact", [])}
+            kept, dropped = exact, (kept | dropped) - exact
         candidate = self.build(kept, dropped) if dropped else state
         old = hit["report"]
         r = self.report

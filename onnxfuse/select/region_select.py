@@ -134,11 +134,14 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
         # never slower: beyond the noise floor, or with the whole interval above 1 (by SIGNIFICANT) even where two
         # sessions of one candidate differ as much: a selection measured slower has no evidence that it helps
         if ratio is not None and "slower" in (ratio.verdict_beyond(report.floor), ratio.verdict_beyond(0.0)):
+            # every timed decision is undone; the exact rewrites (removing nodes, shape arithmetic), which cannot
+            # have made it slower, stay, as where nothing is measured (RegionRun.unmeasured)
             report.dropped_everything = True
+            exact = _exact_keys(all_regions, all_classes)
             for gr in report.groups:
-                gr.kept = False
+                gr.kept = gr.source == "exact"
             with phase("rebuild"):
-                candidate = run.build(set(), {k for r in regions for k in r.keys})
+                candidate = run.build(exact, {k for r in regions for k in r.keys} - exact)
     else:
         report.dropped_everything = True
         report.confirmed = "not needed: no rewrite kept"
@@ -146,6 +149,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
                               "dropped": sorted(map(list, dropped)), "report": report.to_json(),
                               "undecided": report.undecided, "budget": run.budget,
                               "dropped_everything": report.dropped_everything, **run.tag,
+                              "exact": sorted(map(list, _exact_keys(all_regions, all_classes))),
                               "rules": sorted({k[0] for k in kept})})
     cache.save()
     report.seconds = time.perf_counter() - run.t0
@@ -167,6 +171,13 @@ def _file_digest(path: str, external: bool) -> str:
             st = os.stat(os.path.join(folder, loc))
             h.update(f"{loc}:{st.st_size}:{st.st_mtime_ns}".encode())
     return h.hexdigest()
+
+
+def _exact_keys(regions: list[Region], classes: list[RegionClass]) -> set[Key]:
+    """The rewrites kept without timing because they are exact: regions that only remove nodes, and classes that
+    act on shape values only."""
+    return ({k for r in regions if r.untimeable.endswith("(exact)") for k in r.keys}
+            | {k for c in classes if c.decision is not None and c.decision.source == "exact" for k in c.keys})
 
 
 def _untimed_rows(regions: list[Region]) -> list[GroupEffect]:
