@@ -903,6 +903,16 @@ def test_attention_causal_tril_mask_has_the_dims_it_is_made_of():
         np.testing.assert_allclose(ort_run(got, feeds)[0], ort_run(m, feeds)[0], rtol=1e-5, atol=1e-5)
 
 
+def test_attention_causal_tril_takes_a_folded_query_length_only_where_it_is_the_scores_dim():
+    """With the query length static (one new token), folding makes S a number; the rule takes it only when it is
+    the scores' dim -2 (a mask of 2 rows broadcast over 1 query row is another computation)."""
+    m = _causal(s=1, squeezed_end=True)
+    for n in [n for n in m.graph.node if n.name in ("nd1", "nd")]:
+        m.graph.node.remove(n)
+    m.graph.node.insert(0, oh.make_node("Constant", [], ["nd"], value=numpy_helper.from_array(np.array(2, np.int64))))
+    check_misses(m, "attention-causal-tril", "int(default(ND, sc.dims[2])) == sc.dims[2]")
+
+
 @pytest.mark.parametrize("kw", [
     {"tril": np.triu(np.ones((1, 1, P, P))).astype(np.uint8)},          # not lower-triangular
     {"tril": np.tril(np.ones((1, 1, P, P)), 1).astype(np.uint8)},       # one diagonal too many
