@@ -19,9 +19,14 @@ def explain(
     rule: Annotated[str | None, typer.Option("--rule", "-r", help="Only this rule (shows every attempt).")] = None,
     patterns: PatternsOpt = None,
     target: TargetOpt = "cpu",
-    as_json: Annotated[bool, typer.Option("--json", help="Print the explanation as JSON.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the explanation as JSON (every near miss, "
+                                          "with `hidden` saying why a row is left out by default).")] = False,
+    show_all: Annotated[bool, typer.Option("--all", help="Also the near misses of rules that cannot apply on "
+                                           "this model and target (outside their opset range, not declared for "
+                                           "the target, no kernel).")] = False,
 ) -> None:
-    """Why fusions did not happen: the near misses of every rule, with the node and constraint that failed."""
+    """Why fusions did not happen: the near misses of the rules that can apply here, closest first, with the
+    node and constraint that failed."""
     from .. import explain as run_explain
 
     ex = run_explain(model, patterns or [], parse_target(target), rule)
@@ -29,14 +34,23 @@ def explain(
         print(json.dumps(ex.to_json(), indent=2))
         return
     from ..inspect.report import print_near_misses
+    from ..words import count
 
     if ex.fired:
-        out.print("would fire: " + ", ".join(f"{k} x{v}" for k, v in sorted(ex.fired.items())))
-    for s in ex.skipped:
-        if rule is not None and s.rule != rule:
-            continue
-        out.print(f"[dim]rule {s.rule} not used for {target}: {s.reason}[/dim]")
-    print_near_misses(ex.near_misses, out)
+        out.print("would fire (rewriting alone, before validation and measured selection; optimize reports what "
+                  "it keeps): " + ", ".join(f"{k} x{v}" for k, v in sorted(ex.fired.items())))
+    skipped = [s for s in ex.skipped if rule is None or s.rule == rule]
+    shown = ex.near_misses if show_all or rule is not None else [m for m in ex.near_misses if not m.hidden]
+    if show_all or rule is not None:
+        for s in skipped:
+            out.print(f"[dim]rule {s.rule} not used for {target}: {s.reason}[/dim]")
+    elif skipped:
+        hidden = len(ex.near_misses) - len(shown)
+        out.print(f"[dim]{count(len(skipped), 'rule')} cannot apply on this model and {target} (outside their "
+                  f"opset range, not declared for {target}, or no kernel)" + (
+                      f"; {count(hidden, 'near miss', 'near misses')} of theirs hidden" if hidden else "")
+                  + ": --all shows them and why[/dim]")
+    print_near_misses(shown, out)
     if ex.misaligned:
         worst = sorted(ex.misaligned, key=lambda m: -m.waste)
         out.print(f"alignment: {len(worst)} conv/matmul dims are not a multiple of {ex.vector_width} (fp32 lanes on "

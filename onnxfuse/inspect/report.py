@@ -31,7 +31,7 @@ def print_result(r: Result, console: Console) -> None:
     for line in r.load_notes:
         console.print(f"[dim]note on load: {escape(line)}[/dim]")
     if r.fired:
-        t = Table(title="rules fired", title_justify="left")
+        t = Table(title="rules fired (the rewrites kept in the output)", title_justify="left")
         t.add_column("rule")
         t.add_column("count", justify="right")
         t.add_column("creates")
@@ -150,15 +150,17 @@ def _print_final(m, console: Console) -> None:
 
 
 def print_near_misses(misses: list[NearMiss], console: Console) -> None:
+    """The near misses, closest first; `matched` is the nodes of the pattern the attempt matched."""
     if not misses:
         console.print("no near misses: every candidate either fused or failed at its first node")
         return
-    t = Table(title=f"near misses ({len(misses)})", title_justify="left")
-    for col in ("rule", "candidate", "failed at", "why"):
-        t.add_column(col, overflow="fold")
+    t = Table(title=f"near misses ({len(misses)}, closest first)", title_justify="left")
+    for col in ("rule", "matched", "candidate", "failed at", "why"):
+        t.add_column(col, overflow="fold", justify="right" if col == "matched" else "left")
     for m in misses:
-        t.add_row(m.rule, f"{m.op} {m.node}", m.at, m.reason + (" (before the fusions ran)"
-                                                               if m.graph != "rewritten" else ""))
+        t.add_row(m.rule, f"{m.progress}/{m.size}" if m.size else str(m.progress), f"{m.op} {m.node}", m.at,
+                  m.reason + (" (before the fusions ran)" if m.graph != "rewritten" else "")
+                  + (f" ({m.hidden})" if m.hidden else ""))
     console.print(t)
 
 
