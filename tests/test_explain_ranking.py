@@ -62,6 +62,8 @@ def test_rows_of_rules_that_cannot_apply_are_hidden_and_counted(cli, tmp_path):
     text = " ".join(stdout.split())
     assert code == 0 and "late-rule" in text
     assert "rule late-rule not used for cpu: model opset 17 outside the rule's range 23..10000" in text
+    (row,) = [ln for ln in stdout.splitlines() if ln.startswith("│ late-rule ")]  # piped: one line per row
+    assert row.rstrip(" │").endswith("(rule cannot apply here: model opset 17 outside the rule's range 23..10000)")
 
 
 def test_near_misses_closest_first_and_json_complete(cli, tmp_path):

@@ -4,6 +4,7 @@ other modules of cli/, the entry point in main.py)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from typing import Annotated
 
@@ -20,7 +21,16 @@ app.add_typer(patterns_app, name="patterns")
 cache_app = typer.Typer(no_args_is_help=True, help="Show or clear the measured-decision cache.")
 app.add_typer(cache_app, name="cache")
 
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+out = Console(highlight=False)
+PIPED_WIDTH = 10_000  # output that is not a terminal is not wrapped (a line stays one line for grep)
+
+
+def fit_output() -> None:
+    """Set the console's width for this command: $COLUMNS where it is set, else the terminal's width on a
+    terminal, else (piped, redirected) wide enough that no line is wrapped and no table cell is cut."""
+    columns = os.environ.get("COLUMNS", "")
+    out.width = int(columns) if columns.isdigit() and int(columns) > 0 else (
+        None if sys.stdout.isatty() else PIPED_WIDTH)  # type: ignore[assignment]
 
 
 def _print_version(value: bool) -> None:

@@ -18,7 +18,7 @@ try:  # typer >= 0.20 vendors click; older typer uses the click package
 except ImportError:  # pragma: no cover
     from click.exceptions import NoArgsIsHelpError, UsageError  # type: ignore[no-redef]
 
-from .app import FLAGS, app
+from .app import FLAGS, app, fit_output
 from .optimize import BatchInterrupted
 
 # the commands register on the apps as their modules are imported, in the order `--help` lists them
@@ -36,6 +36,7 @@ def run(argv: list[str] | None = None) -> int:
     """The commands (main.py's `main` is the process entry point and calls this): one line per error, exit
     code 1 (input problem), 2 (usage), 130 (interrupted: Ctrl-C), 143 (terminated: SIGTERM, under
     signals.handled())."""
+    fit_output()
     try:
         rv = app(args=argv, prog_name="onnxfuse", standalone_mode=False)
         if rv == 130:  # typer turned Ctrl-C (or SIGTERM) into an exit code; the atomic writer left nothing behind
