@@ -213,7 +213,7 @@ def test_patterns_check_names_a_rule_whose_rewrite_is_its_match(tmp_path, cli):
         f"{tmp_path / 'same.yaml'}:2:7: warning: rule 'relu-same' rewrites its match into the same nodes: it fires "
         "again on its own output every sweep, until the limit of 32 sweeps (hint: rewrite into something else, or "
         "delete the rule)"]
-    assert "same.yaml: 1 rules, 1 warning(s)" in stdout and "undo.yaml: ok (2 rules)" in stdout
+    assert "same.yaml: 1 rule, 1 warning" in stdout and "undo.yaml: ok (2 rules)" in stdout
 
 
 def test_a_batch_names_the_model_of_each_warning(tmp_path, cli):

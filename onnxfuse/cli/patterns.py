@@ -112,9 +112,12 @@ def _rule_source(path: str, line: int) -> str:
 @patterns_app.command("check")
 def patterns_check(files: Annotated[list[str], typer.Argument(help="Pattern files or folders.")]) -> None:
     """Validate pattern files; print every problem as file:line:col: error: ..., and as warnings the rules that
-    can never be used (no kernel on any of their targets) or whose id is a built-in rule's."""
+    can never be used (no kernel on any of their targets), whose id is a built-in rule's, or that a built-in rule
+    takes the nodes of on their own example (it fires first)."""
     from .. import PatternError, load_rules
+    from ..inspect.selftest import shadowed_by
     from ..rewrite.ruleset import rule_warnings
+    from ..words import count
 
     problems = 0
     for f in files:
@@ -123,10 +126,15 @@ def patterns_check(files: Annotated[list[str], typer.Argument(help="Pattern file
         try:
             rules = load_rules([f], builtin=False)
             warnings = rule_warnings(rules)
+            try:  # as optimize --patterns F loads them: the built-ins, then the file's
+                loaded = load_rules([f])
+            except OnnxfuseError:  # an id a built-in has (warned above; a built-in file itself): no run has both
+                loaded = []
+            warnings += [w for r in loaded if not r.builtin and (w := shadowed_by(r, loaded)) is not None]
             for w in warnings:
                 print(w, file=sys.stderr)
-            out.print(f"{f}: {len(rules)} rules, {len(warnings)} warning(s)" if warnings else
-                      f"{f}: ok ({len(rules)} rules)")
+            out.print(f"{f}: {count(len(rules), 'rule')}, {count(len(warnings), 'warning')}" if warnings else
+                      f"{f}: ok ({count(len(rules), 'rule')})")
         except PatternError as e:
             diags = getattr(e, "diagnostics", None) or [e.message]
             for d in diags:

@@ -90,10 +90,15 @@ def print_result(r: Result, console: Console) -> None:
             t.row(c.name, c.dtype, "x".join(map(str, c.shape)) or "scalar", f"{c.max_abs:.2e}",
                   f"{c.max_rel:.2e}", f"{c.cosine:.6f}", f"{c.min_tolerance:.1e}",
                   f"{c.tolerance.rtol:g}/{c.tolerance.atol:g}",
-                  "[green]pass[/green]" if c.passed else "[red]FAIL[/red]")
+                  ("[green]pass[/green]" if c.passed else "[red]FAIL[/red]")
+                  + (f" ({c.decided_by})" if c.decided_by in ("atol", "rtol") else ""))
             if c.note:
                 t.row("", f"[dim]{c.note}[/dim]", "", "", "", "", "", "", "")
         console.print(t.table)
+        if any(c.decided_by in ("atol", "rtol") for c in r.checks):
+            console.print("[dim]ok: each element must be within atol + rtol * |original| (tol is rtol/atol); "
+                          "(atol) or (rtol): the larger term where an output came closest to its bound. Under "
+                          "(atol), max rel can be large: it comes from values near zero[/dim]")
     if r.measure is not None:
         print_measure(r.measure, console)
     console.print("time: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in r.timings.items()))

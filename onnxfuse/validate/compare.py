@@ -10,6 +10,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from ..tensors import is_inexact
+from ..words import count
 
 __all__ = ["OutputCheck", "Tolerance", "compare_one", "compare_outputs", "default_tolerance", "is_inexact"]
 
@@ -63,6 +64,8 @@ class OutputCheck:
     ref_nan: int
     new_nan: int
     note: str
+    decided_by: str = ""  # the tolerance that bounds the closest-to-failing element: "atol" (atol >= rtol * |ref|
+    # there) or "rtol"; "exact" (compared exactly), "equal" (no element differs), "" (not compared)
 
 
 def compare_outputs(
@@ -157,7 +160,8 @@ def _compare_exact_objects(name: str, ref: np.ndarray, got: np.ndarray, tol: Tol
         passed=differing == 0,
         ref_nan=0,
         new_nan=0,
-        note=f"{differing} elements differ" if differing else "",
+        note=f"{count(differing, 'element differs', 'elements differ')}" if differing else "",
+        decided_by="exact",
     )
 
 
@@ -168,6 +172,7 @@ class _Stats:
     cosine: float
     min_tolerance: float
     within: bool
+    decided_by: str = "equal"
 
 
 def _stats(r: np.ndarray, g: np.ndarray, tol: Tolerance, exact: bool) -> _Stats:
@@ -177,6 +182,10 @@ def _stats(r: np.ndarray, g: np.ndarray, tol: Tolerance, exact: bool) -> _Stats:
     diff = np.abs(r - g)
     absr = np.abs(r)
     within = bool(np.all(diff == 0)) if exact else bool(np.all(diff <= tol.atol + tol.rtol * absr))
+    decided = "exact" if exact else "equal"
+    if not exact and diff.max() > 0:  # the element nearest its bound: which term of atol + rtol * |ref| is larger
+        worst = int(np.argmax(diff / np.maximum(tol.atol + tol.rtol * absr, _TINY)))
+        decided = "atol" if tol.atol >= tol.rtol * absr[worst] else "rtol"
     return _Stats(
         max_abs=float(diff.max()),
         # relative to each value, floored at 0.1% of the output's mean magnitude: values near zero would
@@ -185,6 +194,7 @@ def _stats(r: np.ndarray, g: np.ndarray, tol: Tolerance, exact: bool) -> _Stats:
         cosine=_cosine(r, g),
         min_tolerance=float((diff / (1.0 + absr)).max()),
         within=within,
+        decided_by=decided,
     )
 
 
@@ -224,6 +234,7 @@ def _compare_numeric(name: str, ref: np.ndarray, got: np.ndarray, tol: Tolerance
         ref_nan=ref_nan,
         new_nan=new_nan,
         note="; ".join(notes),
+        decided_by="exact" if exact else stats.decided_by,
     )
 
 
