@@ -105,7 +105,7 @@ def test_a_rule_held_back_for_lack_of_a_kernel_is_not_validated_here(cli):
     code, stdout, _ = cli("patterns", "test", "--rule", "conv-nhwc")
     assert code == 0
     assert "not validated here conv-nhwc" in stdout and "ok conv-nhwc" not in stdout
-    assert "1 rule(s): 0 ok, 1 not validated here, 0 FAIL" in stdout
+    assert "1 rule: 0 ok, 1 not validated here, 0 FAIL" in stdout
 
 
 ERF_GELU = """rules:

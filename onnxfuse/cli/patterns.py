@@ -159,6 +159,8 @@ def patterns_test(files: Annotated[list[str] | None, typer.Argument(help="Patter
             raise OnnxfuseError(f"no rule with id {rule!r}")
     from rich.markup import escape
 
+    from ..words import count
+
     colour = {"ok": "green", "FAIL": "red"}
     counts: dict[str, int] = {}
     for report in self_test(rules):
@@ -167,7 +169,7 @@ def patterns_test(files: Annotated[list[str] | None, typer.Argument(help="Patter
         out.print(f"[{colour.get(status, 'yellow')}]{status}[/] {report.rule}: {escape(report.summary)}")
         for problem in report.problems:
             out.print(f"    {escape(problem)}")
-    out.print(f"{len(rules)} rule(s): " + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("ok", "not validated here",
+    out.print(f"{count(len(rules), 'rule')}: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("ok", "not validated here",
                                                                                         "FAIL")))
     if counts.get("FAIL"):
         raise typer.Exit(1)

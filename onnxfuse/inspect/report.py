@@ -44,7 +44,7 @@ def print_result(r: Result, console: Console) -> None:
     out = r.output or "(dry run: nothing written)"
     console.print(f"[bold]{r.input}[/bold] -> [bold]{out}[/bold]  target={r.target}")
     console.print(f"nodes {r.nodes_before} -> {r.nodes_after} ({r.nodes_after - r.nodes_before:+d}), "
-                  f"{len(r.applications)} rewrites in {r.sweeps} sweep(s), Transposes "
+                  f"{count(len(r.applications), 'rewrite')} in {count(r.sweeps, 'sweep')}, Transposes "
                   f"{r.ops_before.get('Transpose', 0)} -> {r.ops_after.get('Transpose', 0)}")
     for line in r.repairs:
         console.print(f"repaired on load: {escape(line)}")
@@ -74,7 +74,7 @@ def print_result(r: Result, console: Console) -> None:
             t.row(rb.rule, rb.root, rb.reason)
         console.print(t.table)
     if r.skipped:
-        console.print(f"[dim]{len(r.skipped)} rule(s) not used for target {r.target}: "
+        console.print(f"[dim]{count(len(r.skipped), 'rule')} not used for target {r.target}: "
                       + "; ".join(f"{s.rule} ({s.reason})" for s in r.skipped[:6])
                       + (" ..." if len(r.skipped) > 6 else "") + "[/dim]")
     for name, weight, plan in r.profiles:
@@ -136,7 +136,7 @@ def print_measure(m, console: Console) -> None:
     if regions:
         phases = ", ".join(f"{k} {v:.1f} s" for k, v in m.phases.items())
         console.print(f"measure: {m.seconds:.1f} s of a {m.budget_s:.0f} s budget ({phases})"
-                      + (f"; {m.undecided} decision(s) not reached: left as the original" if m.undecided
+                      + (f"; {count(m.undecided, 'decision')} not reached: left as the original" if m.undecided
                          else "") + f"; whole-model confirmation: {m.confirmed or 'not needed'}")
     _print_final(m, console)
     _print_threads(m, console)

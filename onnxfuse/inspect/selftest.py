@@ -30,6 +30,7 @@ from ..patterns.syntax import Call, Expr, Ref
 from ..rewrite.engine import EngineOptions, match_issue, near_misses, rule_issue, run
 from ..targets import assume_cpu_nchwc, kernel_issue, provider_registered
 from ..validate.compare import default_tolerance
+from ..words import count
 from .selftest_models import (
     FLOAT,
     FLOATS,
@@ -91,7 +92,7 @@ class RuleReport:
 
     @property
     def summary(self) -> str:
-        return "; ".join([d.summary for d in self.dtypes] + [f"{self.mutants} mutants did not fire"])
+        return "; ".join([d.summary for d in self.dtypes] + [f"{count(self.mutants, 'mutant')} did not fire"])
 
 
 def dtype_label(elem: int) -> str:
