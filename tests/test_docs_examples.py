@@ -22,4 +22,4 @@ def test_complete_example_rule_checks_and_self_tests(tmp_path):
     assert [r.id for r in rules] == ["conv-channel-scale"]
     (report,) = list(onnxfuse.self_test(rules))
     assert report.ok, report.problems
-    assert report.summary == "float32: 2 models fired once with equal outputs; 1 mutants did not fire"
+    assert report.summary == "float32: 2 models fired once with equal outputs; 1 mutant did not fire"

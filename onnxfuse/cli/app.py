@@ -4,6 +4,7 @@ other modules of cli/, the entry point in main.py)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from typing import Annotated
 
@@ -20,7 +21,16 @@ app.add_typer(patterns_app, name="patterns")
 cache_app = typer.Typer(no_args_is_help=True, help="Show or clear the measured-decision cache.")
 app.add_typer(cache_app, name="cache")
 
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+out = Console(highlight=False)
+PIPED_WIDTH = 10_000  # output that is not a terminal is not wrapped (a line stays one line for grep)
+
+
+def fit_output() -> None:
+    """Set the console's width for this command: $COLUMNS where it is set, else the terminal's width on a
+    terminal, else (piped, redirected) wide enough that no line is wrapped and no table cell is cut."""
+    columns = os.environ.get("COLUMNS", "")
+    out.width = int(columns) if columns.isdigit() and int(columns) > 0 else (
+        None if sys.stdout.isatty() else PIPED_WIDTH)  # type: ignore[assignment]
 
 
 def _print_version(value: bool) -> None:
@@ -33,6 +43,40 @@ def _print_version(value: bool) -> None:
 def _main(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
                                                 help="Print the version and exit.")] = False) -> None:
     """Make ONNX models faster on onnxruntime with validated YAML fusions."""
+
+# What --help shows for a value (typer's default is the Python type: `--only <list[str]>`, `{model}`): by
+# parameter name, one table for every command; other parameters show their name in capitals.
+METAVARS = {"patterns": "FILE", "only": "RULE_ID", "skip": "RULE_ID", "rule": "RULE_ID", "rule_id": "RULE_ID",
+            "target": "cpu|cuda", "provider": "cpu|cuda", "shape": "NAME:1x3x224x224|DIM=V", "inputs": "X.npz",
+            "profile": "NAME:DIM=V,...[@WEIGHT]", "rtol": "R", "atol": "A", "threads": "N|auto",
+            "measure_budget": "SECONDS", "budget": "SECONDS", "measure_by": "regions|model", "html": "FILE",
+            "jobs": "N", "runs": "N", "level": "all|extended|basic|disable", "batch": "1,2,4,...|N",
+            "paths": "IN... OUT", "files": "FILE...", "a": "A.onnx", "b": "B.onnx"}
+
+
+def _human_metavars() -> None:
+    """typer's help draws each value from its Python type; here from METAVARS (or the name in capitals), and a
+    required argument without typer's braces (`explain MODEL`, not `explain {model}`)."""
+    from typer import core
+
+    def metavar(param) -> str:
+        return param.metavar or METAVARS.get(param.name or "", (param.name or "").upper())
+
+    if hasattr(core.TyperOption, "display_type_rich"):
+        plain = core.TyperOption.display_type_rich
+        core.TyperOption.display_type_rich = lambda self, ctx: None if plain(self, ctx) is None else metavar(self)
+    if hasattr(core.TyperArgument, "_usage_display_name"):
+        def usage(self) -> str:
+            name, many = metavar(self), self.nargs != 1 and "..." not in metavar(self)
+            return (name if self.required else f"[{name}]") + ("..." if many else "")
+
+        core.TyperArgument._usage_display_name = usage
+        core.TyperArgument._rich_display_name = lambda self: metavar(self)
+        core.TyperArgument.display_type_rich = lambda self, ctx: None
+        core.TyperArgument.get_error_hint = lambda self, ctx=None: f"'{metavar(self)}'"  # "Missing argument 'MODEL'"
+
+
+_human_metavars()
 
 PatternsOpt = Annotated[list[str] | None, typer.Option("--patterns", "-p", help="Extra pattern file or folder "
                                                        "(repeatable).")]

@@ -12,13 +12,14 @@ import typer
 
 from .. import __version__, signals
 from ..errors import OnnxfuseError, write_error
+from ..words import close_matches
 
 try:  # typer >= 0.20 vendors click; older typer uses the click package
-    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+    from typer._click.exceptions import NoArgsIsHelpError, NoSuchOption, UsageError
 except ImportError:  # pragma: no cover
-    from click.exceptions import NoArgsIsHelpError, UsageError  # type: ignore[no-redef]
+    from click.exceptions import NoArgsIsHelpError, NoSuchOption, UsageError  # type: ignore[no-redef]
 
-from .app import FLAGS, app
+from .app import FLAGS, app, fit_output
 from .optimize import BatchInterrupted
 
 # the commands register on the apps as their modules are imported, in the order `--help` lists them
@@ -36,6 +37,7 @@ def run(argv: list[str] | None = None) -> int:
     """The commands (main.py's `main` is the process entry point and calls this): one line per error, exit
     code 1 (input problem), 2 (usage), 130 (interrupted: Ctrl-C), 143 (terminated: SIGTERM, under
     signals.handled())."""
+    fit_output()
     try:
         rv = app(args=argv, prog_name="onnxfuse", standalone_mode=False)
         if rv == 130:  # typer turned Ctrl-C (or SIGTERM) into an exit code; the atomic writer left nothing behind
@@ -54,7 +56,7 @@ def run(argv: list[str] | None = None) -> int:
         return 0
     except UsageError as e:
         cmd = e.ctx.command_path if e.ctx else "onnxfuse"
-        print(f"{cmd}: error: {e.format_message()} (see '{cmd} --help')", file=sys.stderr)
+        print(f"{cmd}: error: {_usage_message(e)} (see '{cmd} --help')", file=sys.stderr)
         return 2
     except OnnxfuseError as e:
         text = e.for_flags(FLAGS)
@@ -72,6 +74,17 @@ def run(argv: list[str] | None = None) -> int:
         print(f"onnxfuse: internal error: {type(e).__name__}: {e} (set ONNXFUSE_DEBUG=1 for a traceback)",
               file=sys.stderr)
         return 70
+
+
+def _usage_message(e: UsageError) -> str:
+    """click's message, an unknown option's suggestions made ours: only the command's options close to it
+    (words.close_matches on the names without their dashes: `--fast` is not `--atol`), else none."""
+    if not isinstance(e, NoSuchOption) or e.ctx is None:
+        return e.format_message()
+    names = {o.lstrip("-"): o for p in e.ctx.command.params if p.param_type_name == "option"
+             for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
+    close = [names[n] for n in close_matches(e.option_name.lstrip("-"), names, n=3)]
+    return e.message + (f" (did you mean {' or '.join(close)}?)" if close else "")
 
 
 def _no_space(e: OSError) -> str:

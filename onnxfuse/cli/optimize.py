@@ -26,7 +26,7 @@ from .app import PatternsOpt, TargetOpt, app, bench_status, out, parse_target, p
 @app.command()
 def optimize(
     ctx: typer.Context,
-    paths: Annotated[list[str], typer.Argument(metavar="PATHS", help="IN OUT: the model (.onnx) and "
+    paths: Annotated[list[str], typer.Argument(help="IN OUT: the model (.onnx) and "
                                                "where to write it (an existing folder OUT: OUT/<IN's file name>); or IN... OUTDIR: several models and/or folders "
                                                "of models (their *.onnx) and an output folder.")],
     patterns: PatternsOpt = None,

@@ -19,9 +19,14 @@ def explain(
     rule: Annotated[str | None, typer.Option("--rule", "-r", help="Only this rule (shows every attempt).")] = None,
     patterns: PatternsOpt = None,
     target: TargetOpt = "cpu",
-    as_json: Annotated[bool, typer.Option("--json", help="Print the explanation as JSON.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the explanation as JSON (every near miss, "
+                                          "with `hidden` saying why a row is left out by default).")] = False,
+    show_all: Annotated[bool, typer.Option("--all", help="Also the near misses of rules that cannot apply on "
+                                           "this model and target (outside their opset range, not declared for "
+                                           "the target, no kernel).")] = False,
 ) -> None:
-    """Why fusions did not happen: the near misses of every rule, with the node and constraint that failed."""
+    """Why fusions did not happen: the near misses of the rules that can apply here, closest first, with the
+    node and constraint that failed."""
     from .. import explain as run_explain
 
     ex = run_explain(model, patterns or [], parse_target(target), rule)
@@ -29,14 +34,23 @@ def explain(
         print(json.dumps(ex.to_json(), indent=2))
         return
     from ..inspect.report import print_near_misses
+    from ..words import count
 
     if ex.fired:
-        out.print("would fire: " + ", ".join(f"{k} x{v}" for k, v in sorted(ex.fired.items())))
-    for s in ex.skipped:
-        if rule is not None and s.rule != rule:
-            continue
-        out.print(f"[dim]rule {s.rule} not used for {target}: {s.reason}[/dim]")
-    print_near_misses(ex.near_misses, out)
+        out.print("would fire (rewriting alone, before validation and measured selection; optimize reports what "
+                  "it keeps): " + ", ".join(f"{k} x{v}" for k, v in sorted(ex.fired.items())))
+    skipped = [s for s in ex.skipped if rule is None or s.rule == rule]
+    shown = ex.near_misses if show_all or rule is not None else [m for m in ex.near_misses if not m.hidden]
+    if show_all or rule is not None:
+        for s in skipped:
+            out.print(f"[dim]rule {s.rule} not used for {target}: {s.reason}[/dim]")
+    elif skipped:
+        hidden = len(ex.near_misses) - len(shown)
+        out.print(f"[dim]{count(len(skipped), 'rule')} cannot apply on this model and {target} (outside their "
+                  f"opset range, not declared for {target}, or no kernel)" + (
+                      f"; {count(hidden, 'near miss', 'near misses')} of theirs hidden" if hidden else "")
+                  + ": --all shows them and why[/dim]")
+    print_near_misses(shown, out)
     if ex.misaligned:
         worst = sorted(ex.misaligned, key=lambda m: -m.waste)
         out.print(f"alignment: {len(worst)} conv/matmul dims are not a multiple of {ex.vector_width} (fp32 lanes on "
@@ -98,9 +112,12 @@ def _rule_source(path: str, line: int) -> str:
 @patterns_app.command("check")
 def patterns_check(files: Annotated[list[str], typer.Argument(help="Pattern files or folders.")]) -> None:
     """Validate pattern files; print every problem as file:line:col: error: ..., and as warnings the rules that
-    can never be used (no kernel on any of their targets) or whose id is a built-in rule's."""
+    can never be used (no kernel on any of their targets), whose id is a built-in rule's, or that a built-in rule
+    takes the nodes of on their own example (it fires first)."""
     from .. import PatternError, load_rules
+    from ..inspect.selftest import shadowed_by
     from ..rewrite.ruleset import rule_warnings
+    from ..words import count
 
     problems = 0
     for f in files:
@@ -109,10 +126,15 @@ def patterns_check(files: Annotated[list[str], typer.Argument(help="Pattern file
         try:
             rules = load_rules([f], builtin=False)
             warnings = rule_warnings(rules)
+            try:  # as optimize --patterns F loads them: the built-ins, then the file's
+                loaded = load_rules([f])
+            except OnnxfuseError:  # an id a built-in has (warned above; a built-in file itself): no run has both
+                loaded = []
+            warnings += [w for r in loaded if not r.builtin and (w := shadowed_by(r, loaded)) is not None]
             for w in warnings:
                 print(w, file=sys.stderr)
-            out.print(f"{f}: {len(rules)} rules, {len(warnings)} warning(s)" if warnings else
-                      f"{f}: ok ({len(rules)} rules)")
+            out.print(f"{f}: {count(len(rules), 'rule')}, {count(len(warnings), 'warning')}" if warnings else
+                      f"{f}: ok ({count(len(rules), 'rule')})")
         except PatternError as e:
             diags = getattr(e, "diagnostics", None) or [e.message]
             for d in diags:
@@ -137,6 +159,8 @@ def patterns_test(files: Annotated[list[str] | None, typer.Argument(help="Patter
             raise OnnxfuseError(f"no rule with id {rule!r}")
     from rich.markup import escape
 
+    from ..words import count
+
     colour = {"ok": "green", "FAIL": "red"}
     counts: dict[str, int] = {}
     for report in self_test(rules):
@@ -145,7 +169,7 @@ def patterns_test(files: Annotated[list[str] | None, typer.Argument(help="Patter
         out.print(f"[{colour.get(status, 'yellow')}]{status}[/] {report.rule}: {escape(report.summary)}")
         for problem in report.problems:
             out.print(f"    {escape(problem)}")
-    out.print(f"{len(rules)} rule(s): " + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("ok", "not validated here",
+    out.print(f"{count(len(rules), 'rule')}: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("ok", "not validated here",
                                                                                         "FAIL")))
     if counts.get("FAIL"):
         raise typer.Exit(1)

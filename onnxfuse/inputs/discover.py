@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from ..errors import InputSpecError
+from ..words import count
 from .budget import default_budget_bytes, estimate_bytes, fmt_bytes, skeleton
 from .retry import retry_from_error, short_message
 from .roles import (
@@ -89,8 +90,8 @@ class InputPlan:
         """One line: the shapes used, e.g. `input_ids[2x128] (sequence=128: position table of 512 rows)`."""
         shapes = ", ".join(f"{k}[{'x'.join(map(str, v.shape)) or 'scalar'}]" for k, v in self.feeds.items())
         why = "; ".join(f"{d.key}={d.value}: {d.why}" for d in self.dims)
-        return shapes + (f" ({why})" if why else "") + (f"; {len(self.tried)} smaller try(s) before" if self.tried
-                                                          else "")
+        return shapes + (f" ({why})" if why else "") + (f"; {count(len(self.tried), 'smaller try', 'smaller tries')} before"
+                                                          if self.tried else "")
 
     def to_json(self) -> dict:
         return {"source": self.source, "shapes": self.shapes, "dims": [d.to_json() for d in self.dims],
@@ -218,11 +219,11 @@ def _why(d: DimState, value: int, decided: str, tried: list[str]) -> str:
     if d.fixed is not None or not tried:
         return d.why
     if decided:
-        return f"{d.why}; {value}: {decided} (after {len(tried)} failed try(s))"
+        return f"{d.why}; {value}: {decided} (after {count(len(tried), 'failed try', 'failed tries')})"
     if d.role == "other" and value <= 8 and value < d.ladder[0]:
-        return (f"{d.why}; only {value} ran after {len(tried)} failed try(s) (a toy size: a dim that only broadcasts? "
+        return (f"{d.why}; only {value} ran after {count(len(tried), 'failed try', 'failed tries')} (a toy size: a dim that only broadcasts? "
                 "give the real one with --shape)")
-    return f"{d.why}; {value} after {len(tried)} failed try(s)"
+    return f"{d.why}; {value} after {count(len(tried), 'failed try', 'failed tries')}"
 
 
 def discover(model: onnx.ModelProto, probe: Callable[[dict], object] | None, spec: ShapeSpec | None = None,

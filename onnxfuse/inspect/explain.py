@@ -25,15 +25,17 @@ class Explanation:
     """What `explain` found: rules that would fire, near misses with their reasons, rules not usable on the
     target, and misaligned dims."""
 
-    fired: dict[str, int]  # rules only (folding and the other cleanup steps are not rules)
-    near_misses: list[NearMiss]
+    fired: dict[str, int]  # rules only (folding and the other cleanup steps are not rules); what rewriting alone
+    # fires, every rule allowed: optimize's "rules fired" is what it keeps after validation and measured selection
+    near_misses: list[NearMiss]  # closest first (the share of the pattern matched); `hidden` says why a row is
+    # left out by default (its rule cannot apply on this model and target)
     skipped: list[RuleSkip]
     misaligned: list[Misaligned] = field(default_factory=list)
     vector_width: int = 8
 
     def to_json(self) -> dict:
         return {"schema": "onnxfuse.explain/1", "fired": self.fired,
-                "near_misses": [m.__dict__ for m in self.near_misses],
+                "near_misses": [{**m.__dict__, "fraction": round(m.fraction, 3)} for m in self.near_misses],
                 "skipped_rules": [s.__dict__ for s in self.skipped],
                 "vector_width": self.vector_width,
                 "misaligned": [{**m.__dict__, "padded": m.padded, "waste": m.waste} for m in self.misaligned]}
@@ -58,9 +60,17 @@ def explain(model: str | os.PathLike, patterns: list[str] | None = None, target:
     fused = {a.root for a in state.eng.applications}  # candidates some rule took in the end: not misses
     misses = _deepest(misses, [replace(m, graph="before fusions") for m in near_misses(
         before.model, asked, target, min_progress=least) if m.value not in fused])
+    cannot = {s.rule: s.reason for s in state.eng.skipped}  # outside the opset range, not for the target, no kernel
+    misses = _rank([replace(m, hidden=f"rule cannot apply here: {cannot[m.rule]}") if m.rule in cannot else m
+                   for m in misses])
     width = vector_width(target)
     return Explanation(dict(Counter(a.rule for a in state.eng.applications if a.rule not in CLEANUP_STEPS)), misses, state.eng.skipped,
                        alignment_report(state.model, width), width)
+
+
+def _rank(misses: list[NearMiss]) -> list[NearMiss]:
+    """Closest misses first: by the share of the pattern matched, then by the nodes matched."""
+    return sorted(misses, key=lambda m: (-m.fraction, -m.progress, m.rule, m.node))
 
 
 def _deepest(after: list[NearMiss], before: list[NearMiss]) -> list[NearMiss]:

@@ -12,7 +12,27 @@ from ..inputs import InputPlan, fmt_bytes
 from ..patterns.rules import Rule
 from ..result import Result
 from ..rewrite.engine import NearMiss
+from ..words import count
 from .op_profile import captured_share
+
+NARROW = 100  # columns: below this, tables leave out their low-value columns (the rest fold, never cut)
+
+
+class Grid:
+    """A table as every report prints one: cells fold onto more lines instead of being cut with an ellipsis,
+    and the `optional` columns are left out on a console narrower than NARROW. `row` takes every column's cell."""
+
+    def __init__(self, console: Console, title: str | None, columns: tuple[str, ...] | list[str],
+                 right: tuple[str, ...] | list[str] = (), optional: tuple[str, ...] = ()) -> None:
+        self.keep = [c not in optional or console.width >= NARROW for c in columns]
+        self.table = Table(title=title, title_justify="left")
+        for c, k in zip(columns, self.keep, strict=True):
+            if k:
+                self.table.add_column(c, overflow="fold", justify="right" if c in right else "left",
+                                      min_width=min(10, max(map(len, c.split()))))  # header words stay whole
+
+    def row(self, *cells: str) -> None:
+        self.table.add_row(*(c for c, k in zip(cells, self.keep, strict=True) if k))
 
 
 def _delta(before: dict[str, int], after: dict[str, int]) -> list[tuple[str, int, int]]:
@@ -24,43 +44,37 @@ def print_result(r: Result, console: Console) -> None:
     out = r.output or "(dry run: nothing written)"
     console.print(f"[bold]{r.input}[/bold] -> [bold]{out}[/bold]  target={r.target}")
     console.print(f"nodes {r.nodes_before} -> {r.nodes_after} ({r.nodes_after - r.nodes_before:+d}), "
-                  f"{len(r.applications)} rewrites in {r.sweeps} sweep(s), Transposes "
+                  f"{count(len(r.applications), 'rewrite')} in {count(r.sweeps, 'sweep')}, Transposes "
                   f"{r.ops_before.get('Transpose', 0)} -> {r.ops_after.get('Transpose', 0)}")
     for line in r.repairs:
         console.print(f"repaired on load: {escape(line)}")
     for line in r.load_notes:
         console.print(f"[dim]note on load: {escape(line)}[/dim]")
     if r.fired:
-        t = Table(title="rules fired", title_justify="left")
-        t.add_column("rule")
-        t.add_column("count", justify="right")
-        t.add_column("creates")
+        t = Grid(console, "rules fired (the rewrites kept in the output)", ("rule", "count", "creates"),
+                 right=("count",))
         created: dict[str, Counter] = {}
         for a in r.applications:
             created.setdefault(a.rule, Counter()).update(a.ops)
         for rule, n in sorted(r.fired.items(), key=lambda kv: (-kv[1], kv[0])):
-            t.add_row(rule, str(n), ", ".join(f"{op}" for op in sorted(created[rule])))
-        console.print(t)
+            t.row(rule, str(n), ", ".join(f"{op}" for op in sorted(created[rule])))
+        console.print(t.table)
     if r.cleanups:
         console.print("cleanups (exact steps, not rules; --no-fold turns them off): "
                       + ", ".join(f"{k} x{n}" for k, n in sorted(r.cleanups.items(), key=lambda kv: (-kv[1], kv[0]))))
     changes = _delta(r.ops_before, r.ops_after)
     if changes:
-        t = Table(title="op counts that changed", title_justify="left")
-        for col in ("op", "before", "after"):
-            t.add_column(col, justify="right" if col != "op" else "left")
+        t = Grid(console, "op counts that changed", ("op", "before", "after"), right=("before", "after"))
         for op, b, a in changes:
-            t.add_row(op, str(b), str(a))
-        console.print(t)
+            t.row(op, str(b), str(a))
+        console.print(t.table)
     if r.rolled_back:
-        t = Table(title="rolled back (validation failed with them)", title_justify="left")
-        for col in ("rule", "at value", "why"):
-            t.add_column(col)
+        t = Grid(console, "rolled back (validation failed with them)", ("rule", "at value", "why"))
         for rb in r.rolled_back:
-            t.add_row(rb.rule, rb.root, rb.reason)
-        console.print(t)
+            t.row(rb.rule, rb.root, rb.reason)
+        console.print(t.table)
     if r.skipped:
-        console.print(f"[dim]{len(r.skipped)} rule(s) not used for target {r.target}: "
+        console.print(f"[dim]{count(len(r.skipped), 'rule')} not used for target {r.target}: "
                       + "; ".join(f"{s.rule} ({s.reason})" for s in r.skipped[:6])
                       + (" ..." if len(r.skipped) > 6 else "") + "[/dim]")
     for name, weight, plan in r.profiles:
@@ -70,17 +84,21 @@ def print_result(r: Result, console: Console) -> None:
             console.print(f"[dim]  did not run: {escape(t)}[/dim]")
     console.print(f"validation: {r.validation}")
     if r.checks:
-        t = Table(title_justify="left")
-        for col in ("output", "dtype", "shape", "max abs", "max rel", "cosine", "min tol", "tol", "ok"):
-            t.add_column(col, justify="left" if col in ("output", "dtype", "shape") else "right")
+        cols = ("output", "dtype", "shape", "max abs", "max rel", "cosine", "min tol", "tol", "ok")
+        t = Grid(console, None, cols, right=cols[3:], optional=("cosine", "min tol"))
         for c in r.checks:
-            t.add_row(c.name, c.dtype, "x".join(map(str, c.shape)) or "scalar", f"{c.max_abs:.2e}",
-                      f"{c.max_rel:.2e}", f"{c.cosine:.6f}", f"{c.min_tolerance:.1e}",
-                      f"{c.tolerance.rtol:g}/{c.tolerance.atol:g}",
-                      "[green]pass[/green]" if c.passed else "[red]FAIL[/red]")
+            t.row(c.name, c.dtype, "x".join(map(str, c.shape)) or "scalar", f"{c.max_abs:.2e}",
+                  f"{c.max_rel:.2e}", f"{c.cosine:.6f}", f"{c.min_tolerance:.1e}",
+                  f"{c.tolerance.rtol:g}/{c.tolerance.atol:g}",
+                  ("[green]pass[/green]" if c.passed else "[red]FAIL[/red]")
+                  + (f" ({c.decided_by})" if c.decided_by in ("atol", "rtol") else ""))
             if c.note:
-                t.add_row("", f"[dim]{c.note}[/dim]", "", "", "", "", "", "", "")
-        console.print(t)
+                t.row("", f"[dim]{c.note}[/dim]", "", "", "", "", "", "", "")
+        console.print(t.table)
+        if any(c.decided_by in ("atol", "rtol") for c in r.checks):
+            console.print("[dim]ok: each element must be within atol + rtol * |original| (tol is rtol/atol); "
+                          "(atol) or (rtol): the larger term where an output came closest to its bound. Under "
+                          "(atol), max rel can be large: it comes from values near zero[/dim]")
     if r.measure is not None:
         print_measure(r.measure, console)
     console.print("time: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in r.timings.items()))
@@ -96,32 +114,48 @@ def print_measure(m, console: Console) -> None:
         console.print(f"measure: {m.note}")
         _print_final(m, console)
         return
-    t = Table(title=f"measured on {m.provider}, {m.threads} thread(s), ORT_ENABLE_ALL, {m.rounds} round(s), "
-                    f"{m.strategy} selection",
-              title_justify="left")
     regions = m.strategy == "regions"
-    cols = ("fused op group", "rules", "rewrites", "regions" if regions else "",
-            "region time saved" if regions else "latency saved", "with / without [95% CI]", "kept", "how")
-    for col in cols:
-        if col:
-            t.add_column(col, justify="right" if col in ("rewrites", "regions", "latency saved",
-                                                         "region time saved") else "left")
-    for g in m.groups:
-        gain = "" if g.gain is None else f"{g.gain * 100:+.1f}%"
+    cols = ["fused op group", "rules", "rewrites", *(["regions"] if regions else []),
+            "region time saved" if regions else "latency saved", "with / without [95% CI]", "kept", "how"]
+    t = Grid(console, f"measured on {m.provider}, {m.threads} thread(s), ORT_ENABLE_ALL, {m.rounds} round(s), "
+             f"{m.strategy} selection", cols, right=("rewrites", "regions", "latency saved", "region time saved"),
+             optional=("regions", "region time saved"))  # the saving is 1 - the ratio
+    for alike in alike_groups(m.groups):
+        g = alike[0]
+        timed = [a for a in alike if a.effect is not None]
+        gain = _span([a.gain * 100 for a in timed], "+.1f") + "%" if timed else ""
+        effect = _span([a.effect.median for a in timed], ".3f") if len(timed) > 1 else str(g.effect or "")
         how = {"timed": "timed", "cached": "[cyan]cached[/cyan]", "exact": "exact, not timed",
                "budget": "[yellow]budget ran out[/yellow]" + (f" ({g.why})" if g.why.startswith("whole") else ""),
                "model": "whole model" + (f", [cyan]{g.why}[/cyan]" if g.why else "")}.get(g.source, g.why or g.source)
-        row = [g.group, ", ".join(g.rules), str(g.rewrites)] + ([str(g.instances)] if regions else []) + [
-            gain, str(g.effect or ""), "[green]kept[/green]" if g.kept else "[red]dropped[/red]", how]
-        t.add_row(*row)
-    console.print(t)
+        how += f" ({count(len(alike), 'class', 'classes')})" if len(alike) > 1 else ""
+        t.row(g.group, ", ".join(g.rules), str(sum(a.rewrites for a in alike)),
+              *([str(sum(a.instances for a in alike))] if regions else []), gain, effect,
+              "[green]kept[/green]" if g.kept else "[red]dropped[/red]", how)
+    console.print(t.table)
     if regions:
         phases = ", ".join(f"{k} {v:.1f} s" for k, v in m.phases.items())
         console.print(f"measure: {m.seconds:.1f} s of a {m.budget_s:.0f} s budget ({phases})"
-                      + (f"; {m.undecided} decision(s) not reached: left as the original" if m.undecided
+                      + (f"; {count(m.undecided, 'decision')} not reached: left as the original" if m.undecided
                          else "") + f"; whole-model confirmation: {m.confirmed or 'not needed'}")
     _print_final(m, console)
     _print_threads(m, console)
+
+
+def alike_groups(groups: list) -> list[list]:
+    """The measure table's rows: the groups (each a class of alike regions, decided once) that read the same but
+    for their numbers (fused op group, rules, kept or dropped, and how it was decided) become one row: a detector's
+    24 hard-swish Conv classes, one per feature-map size, are one row with their count."""
+    rows: dict[tuple, list] = {}
+    for g in groups:
+        rows.setdefault((g.group, tuple(g.rules), g.kept, g.source, g.why), []).append(g)
+    return list(rows.values())
+
+
+def _span(values: list[float], fmt: str) -> str:
+    """One value, or the range of several ('0.451..0.803')."""
+    lo, hi = min(values), max(values)
+    return format(lo, fmt) if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}}..{hi:{fmt}}"
 
 
 def _print_threads(m, console: Console) -> None:
@@ -150,27 +184,26 @@ def _print_final(m, console: Console) -> None:
 
 
 def print_near_misses(misses: list[NearMiss], console: Console) -> None:
+    """The near misses, closest first; `matched` is the nodes of the pattern the attempt matched."""
     if not misses:
         console.print("no near misses: every candidate either fused or failed at its first node")
         return
-    t = Table(title=f"near misses ({len(misses)})", title_justify="left")
-    for col in ("rule", "candidate", "failed at", "why"):
-        t.add_column(col, overflow="fold")
+    t = Grid(console, f"near misses ({len(misses)}, closest first)", ("rule", "matched", "candidate", "failed at",
+                                                                         "why"), right=("matched",))
     for m in misses:
-        t.add_row(m.rule, f"{m.op} {m.node}", m.at, m.reason + (" (before the fusions ran)"
-                                                               if m.graph != "rewritten" else ""))
-    console.print(t)
+        t.row(m.rule, f"{m.progress}/{m.size}" if m.size else str(m.progress), f"{m.op} {m.node}", m.at,
+                  m.reason + (" (before the fusions ran)" if m.graph != "rewritten" else "")
+              + (f" ({m.hidden})" if m.hidden else ""))
+    console.print(t.table)
 
 
 def print_rules(rules: list[Rule], console: Console) -> None:
-    t = Table(title=f"{len(rules)} rules", title_justify="left")
-    for col in ("id", "size", "targets", "creates", "source"):
-        t.add_column(col)
+    t = Grid(console, f"{len(rules)} rules", ("id", "size", "targets", "creates", "source"), right=("size",))
     for r in rules:
         creates = ", ".join(sorted({f"{d}.{o}" if d else o for d, o in r.output_ops()})) or "(alias)"
-        t.add_row(r.id, str(r.size), ",".join(r.targets), creates,
-                  f"{'built-in ' if r.builtin else ''}{r.file.rsplit('/', 1)[-1]}:{r.span.line}")
-    console.print(t)
+        t.row(r.id, str(r.size), ",".join(r.targets), creates,
+              f"{'built-in ' if r.builtin else ''}{r.file.rsplit('/', 1)[-1]}:{r.span.line}")
+    console.print(t.table)
 
 
 def print_rule_usage(rules: list[Rule], target: str, console: Console) -> None:
@@ -180,14 +213,13 @@ def print_rule_usage(rules: list[Rule], target: str, console: Console) -> None:
     from ..rewrite.engine import rule_usage
     from ..targets import kernel_source
 
-    t = Table(title=f"{len(rules)} rules on {target} (kernels: {kernel_source(target).label})", title_justify="left")
-    for col in ("id", "used", "why", "creates"):
-        t.add_column(col, overflow="fold")
+    t = Grid(console, f"{len(rules)} rules on {target} (kernels: {kernel_source(target).label})",
+             ("id", "used", "why", "creates"))
     for r in rules:
         u = rule_usage(r, target)
         creates = ", ".join(sorted({f"{d}.{o}" if d else o for d, o in r.output_ops()})) or "(alias)"
-        t.add_row(r.id, u.used, esc(u.why), creates)
-    console.print(t)
+        t.row(r.id, u.used, esc(u.why), creates)
+    console.print(t.table)
 
 
 def print_bench(b, console: Console) -> None:
@@ -196,40 +228,35 @@ def print_bench(b, console: Console) -> None:
 
 
 def _print_bench_profile(b, console: Console, named: bool) -> None:
-    t = Table(title=(f"{b.profile} profile: " if named else "") +
-                    f"latency ({b.provider}, {b.threads} thread(s), level {b.level}, inputs "
-                    + ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in b.inputs.items()) + ")",
-              title_justify="left")
-    for col in ("model", "session ms", "first run ms", "median ms", "p90 ms", "p99 ms", "min ms", "spread", "runs"):
-        t.add_column(col, justify="left" if col == "model" else "right")
+    title = ((f"{b.profile} profile: " if named else "") + f"latency ({b.provider}, {b.threads} thread(s), level "
+             f"{b.level}, inputs " + ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in b.inputs.items()) + ")")
+    cols = ("model", "session ms", "first run ms", "median ms", "p90 ms", "p99 ms", "min ms", "spread", "runs")
+    t = Grid(console, title, cols, right=cols[1:], optional=("first run ms", "p99 ms", "min ms"))
     for m in b.models:
-        t.add_row(f"{m.label} {m.path}", f"{m.session_ms:.1f}", f"{m.first_run_ms:.3f}", f"{m.median_ms:.3f}",
-                  f"{m.p90_ms:.3f}", f"{m.p99_ms:.3f}", f"{m.min_ms:.3f}", f"{m.spread * 100:.1f}%", str(m.runs))
-    console.print(t)
+        t.row(f"{m.label} {m.path}", f"{m.session_ms:.1f}", f"{m.first_run_ms:.3f}", f"{m.median_ms:.3f}",
+              f"{m.p90_ms:.3f}", f"{m.p99_ms:.3f}", f"{m.min_ms:.3f}", f"{m.spread * 100:.1f}%", str(m.runs))
+    console.print(t.table)
     if b.ratio is not None:
         console.print((f"{b.profile}: " if named else "") +
                       f"{_versus(b)}: {b.speedup:.3f}x speed (time ratio {b.ratio}, 95% CI) -> "
                       f"[bold]{b.verdict}[/bold] (noise floor: a second session of {b.models[0].label} measures "
                       f"{b.control})")
     if b.batches:
-        t = Table(title="batch sweep", title_justify="left")
         labels = [m.label for m in b.models]
-        for col in ["batch"] + [f"{lab} ms" for lab in labels] + [f"{lab} samples/s" for lab in labels]:
-            t.add_column(col, justify="right")
+        cols = ["batch"] + [f"{lab} ms" for lab in labels] + [f"{lab} samples/s" for lab in labels]
+        t = Grid(console, "batch sweep", cols, right=cols)
         for p in b.batches:
-            t.add_row(str(p.batch), *[f"{p.median_ms[lab]:.3f}" for lab in labels],
-                      *[f"{p.throughput[lab]:.1f}" for lab in labels])
-        console.print(t)
+            t.row(str(p.batch), *[f"{p.median_ms[lab]:.3f}" for lab in labels],
+                  *[f"{p.throughput[lab]:.1f}" for lab in labels])
+        console.print(t.table)
 
 
 def print_profile(profiles, labels, console: Console, nodes: bool = False) -> None:
     ops = sorted({s.op for p in profiles for s in p.by_type},
                  key=lambda op: -max(s.total_us for p in profiles for s in p.by_type if s.op == op))
-    t = Table(title="op time by type (per run)", title_justify="left")
-    t.add_column("op")
-    for lab in labels:
-        for h in ("calls", "ms", "share", "mean us", "GFLOP/s", "GB/s"):
-            t.add_column(f"{lab} {h}", justify="right")
+    heads = ("calls", "ms", "share", "mean us", "GFLOP/s", "GB/s")
+    cols = ["op"] + [f"{lab} {h}" for lab in labels for h in heads]
+    t = Grid(console, "op time by type (per run)", cols, right=cols[1:])
     for op in ops:
         row = [op]
         for p in profiles:
@@ -237,17 +264,16 @@ def print_profile(profiles, labels, console: Console, nodes: bool = False) -> No
             row += ["", "", "", "", "", ""] if s is None else [
                 f"{s.calls_per_run:.0f}", f"{s.total_us / 1e3:.3f}", f"{s.share * 100:.1f}%", f"{s.mean_us:.1f}",
                 f"{s.gflops:.2f}", s.gbytes_text]
-        t.add_row(*row)
-    console.print(t)
+        t.row(*row)
+    console.print(t.table)
     for p, lab in zip(profiles, labels, strict=True):
         if nodes:
-            nt = Table(title=f"{lab}: slowest nodes", title_justify="left")
-            for col in ("node", "op", "calls", "mean us", "KB moved", "MFLOP", "replaces (onnxfuse)"):
-                nt.add_column(col, justify="left" if col in ("node", "op", "replaces (onnxfuse)") else "right")
+            cols = ("node", "op", "calls", "mean us", "KB moved", "MFLOP", "replaces (onnxfuse)")
+            nt = Grid(console, f"{lab}: slowest nodes", cols, right=cols[2:6])
             for s in p.by_node[:30]:
-                nt.add_row(s.name, s.op, f"{s.calls_per_run:.0f}", f"{s.mean_us:.1f}", f"{s.bytes / 1e3:.1f}",
-                           f"{s.flops / 1e6:.2f}", s.replaces)
-            console.print(nt)
+                nt.row(s.name, s.op, f"{s.calls_per_run:.0f}", f"{s.mean_us:.1f}", f"{s.bytes / 1e3:.1f}",
+                       f"{s.flops / 1e6:.2f}", s.replaces)
+            console.print(nt.table)
         console.print(f"{lab}: kernel times sum to {p.kernel_ms:.3f} ms = {p.agreement * 100:.0f}% of the measured "
                       f"latency {p.latency_ms:.3f} ms (profiled run {p.run_ms:.3f} ms); peaks on this machine "
                       f"{p.peaks.gflops:.1f} GFLOP/s (GEMM), {p.peaks.gbytes:.1f} GB/s (copy); the profiler's own "

@@ -30,6 +30,7 @@ from ..patterns.syntax import Call, Expr, Ref
 from ..rewrite.engine import EngineOptions, match_issue, near_misses, rule_issue, run
 from ..targets import assume_cpu_nchwc, kernel_issue, provider_registered
 from ..validate.compare import default_tolerance
+from ..words import count
 from .selftest_models import (
     FLOAT,
     FLOATS,
@@ -91,7 +92,7 @@ class RuleReport:
 
     @property
     def summary(self) -> str:
-        return "; ".join([d.summary for d in self.dtypes] + [f"{self.mutants} mutants did not fire"])
+        return "; ".join([d.summary for d in self.dtypes] + [f"{count(self.mutants, 'mutant')} did not fire"])
 
 
 def dtype_label(elem: int) -> str:
@@ -387,3 +388,31 @@ def self_test(rules: list[Rule]) -> Iterator[RuleReport]:
     """Each rule's generated self-test (`onnxfuse patterns test`): models built from the rule fire it once with
     equal onnxruntime outputs in every dtype it claims, and its mutants do not fire."""
     return check_rules(rules)
+
+
+def shadowed_by(rule: Rule, rules: list[Rule]) -> str | None:
+    """Whether another rule of `rules` (the set a run loads: the built-ins, then the user's files, in that order)
+    takes the nodes `rule` matches, on the rule's own self-test model (its first buildable alternative, its
+    `example:`): the engine tries bigger matches first, then file order, so a built-in of the same size fires
+    there first and the user's rule never does. One warning line, or None."""
+    built = next((b for inst, _ in instances(rule)
+                  if (b := _valid_build(rule, inst, True, Mutation(), run_reference=False)) is not None), None)
+    if built is None:
+        return None
+    model, _, opset, _ = built
+    target = _target(rule, opset)
+    alone = run(_typed(model), [rule], EngineOptions(target=target, fold=False))
+    mine = {n for a in alone.applications if a.rule == rule.id for n in a.replaced}
+    together = run(_typed(model), rules, EngineOptions(target=target, fold=False))
+    if not mine or any(a.rule == rule.id for a in together.applications):
+        return None
+    taken = next((a for a in together.applications if set(a.replaced) & mine), None)
+    if taken is None:
+        return None
+    first = next(r for r in rules if r.id == taken.rule)
+    names = ", ".join(sorted(set(taken.replaced) & mine))
+    kind = "built-in rule" if first.builtin else "rule"
+    return (f"{rule.span}: warning: rule {rule.id!r} loses to {kind} {first.id!r} ({first.span}): on the rule's own "
+            f"example, {first.id!r} fires first on the same nodes ({names}) and {rule.id!r} never fires (hint: "
+            f"rules are tried bigger first, then built-ins before your files; `--skip {first.id}` lets yours fire, "
+            f"or drop yours if {first.id!r} does what you need)")

@@ -6,6 +6,7 @@ import numpy as np
 import yaml
 
 from ..opschema import all_attr_names, known_ops, op_spec
+from ..words import close_matches, similarity
 from .rules import Constraint, Span
 from .syntax import Alt, Call, Expr, Ref, SyntaxProblem, iter_calls, iter_refs, literal, parse_expr
 from .vocab import DTYPES, Key, Table, closest
@@ -75,6 +76,23 @@ def _check_calls(expr: Expr, c: Collector, span: Span, match_side: bool) -> None
         check_op(call, c, span, match_side)
 
 
+def op_hint(domain: str, op: str) -> str | None:
+    """'did you mean' for an unknown operator, named as a pattern writes it (with its domain): the same name in
+    the other domain first (com.microsoft.Sigmoid -> Sigmoid, the ONNX op), else the closest name in either
+    domain, the op's own domain winning a tie (QuickGelux -> com.microsoft.QuickGelu)."""
+    def named(d: str, o: str) -> str:
+        return f"{d}.{o}" if d else o
+
+    others = [d for d in PATTERN_DOMAINS if d != domain]
+    same = [d for d in others if op in known_ops(d)]
+    if same:
+        what = f"a {same[0]} op" if same[0] else "an ONNX op, written without a domain"
+        return f"did you mean {named(same[0], op)!r}? {op} is {what}"
+    scored = [(similarity(op, m), d == domain, named(d, m))
+              for d in (domain, *others) for m in close_matches(op, known_ops(d), n=1)]
+    return f"did you mean {max(scored)[2]!r}?" if scored else None
+
+
 def check_op(call: Call, c: Collector, span: Span, match_side: bool) -> None:
     where = span.shifted(call.off)
     if call.domain not in PATTERN_DOMAINS:
@@ -82,7 +100,7 @@ def check_op(call: Call, c: Collector, span: Span, match_side: bool) -> None:
         return
     s = op_spec(call.domain, call.op)
     if s is None:
-        c.error(where, f"unknown operator {call.qualified!r}", closest(call.op, known_ops(call.domain)))
+        c.error(where, f"unknown operator {call.qualified!r}", op_hint(call.domain, call.op))
         return
     n_args = len(call.args)
     n_required = sum(1 for a in call.args if not (isinstance(a, Ref) and a.optional))

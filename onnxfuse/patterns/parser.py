@@ -46,6 +46,17 @@ from .yaml_nodes import (
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+def _yaml_hint(text: str, mark) -> str | None:
+    """What a YAML syntax error usually means, where PyYAML's words do not say it: a tab where it stopped."""
+    if mark is None:
+        return None
+    lines = text.splitlines()
+    line = lines[mark.line] if mark.line < len(lines) else ""
+    if "\t" in line[max(0, mark.column - 1):mark.column + 1] or "\t" in line[:len(line) - len(line.lstrip())]:
+        return "a tab character: YAML does not allow tabs in indentation; indent with spaces"
+    return None
+
+
 def parse_text(text: str, file: str, builtin: bool = False, order_base: int = 0) -> list[Rule]:
     c = Collector(file)
     try:
@@ -53,7 +64,7 @@ def parse_text(text: str, file: str, builtin: bool = False, order_base: int = 0)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         span = Span(file, mark.line + 1, mark.column + 1) if mark else Span(file, 1, 1)
-        raise PatternError(str(Diagnostic(span, f"YAML syntax: {e.problem or e.context}")),
+        raise PatternError(str(Diagnostic(span, f"YAML syntax: {e.problem or e.context}", _yaml_hint(text, mark))),
                            ) from None
     except yaml.YAMLError as e:
         raise PatternError(f"{file}:1:1: error: YAML: {e}") from None

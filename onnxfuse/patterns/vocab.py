@@ -9,7 +9,6 @@ them; the parser dispatches through them, and `schema.json` and `docs/patterns.m
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -17,6 +16,8 @@ from typing import Any, Generic, TypeVar
 
 import onnx
 import yaml
+
+from ..words import close_matches
 
 # The element types a pattern can name (`where: {X: {dtype: ...}}`), in the order hints list them.
 DTYPES: dict[str, int] = {
@@ -30,7 +31,7 @@ DTYPES: dict[str, int] = {
 
 def closest(word: str, options: Iterable[str]) -> str | None:
     """The 'did you mean' hint for a misspelt word, or None when nothing is close."""
-    found = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    found = close_matches(word, options)
     return f"did you mean {found[0]!r}?" if found else None
 
 

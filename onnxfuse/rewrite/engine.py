@@ -38,6 +38,13 @@ class NearMiss:
     progress: int
     value: str = ""  # the candidate root node's first output
     graph: str = "rewritten"  # where it was looked for: "rewritten" (after every rule) or "before fusions"
+    size: int = 0  # nodes in the rule's pattern: progress / size is how much of it the attempt matched
+    hidden: str = ""  # why explain leaves it out by default: the rule cannot apply on this model and target
+
+    @property
+    def fraction(self) -> float:
+        """The share of the rule's pattern this attempt matched (0..1)."""
+        return min(1.0, self.progress / self.size) if self.size else 0.0
 
 
 @dataclass
@@ -338,5 +345,6 @@ def near_misses(model: Model, rules: list[Rule], target: str, min_progress: int 
                         fail = Failure(len(b.matched), node.name, f"matched, but not applied: {issue}")
                     if fail is not None and fail.progress >= min_progress:
                         out.append(NearMiss(rule.id, node.name or node.outputs[0], node.op_type, fail.node,
-                                            fail.reason, fail.progress, node.outputs[0] if node.outputs else ""))
+                                            fail.reason, fail.progress, node.outputs[0] if node.outputs else "",
+                                            size=rule.size))
     return out

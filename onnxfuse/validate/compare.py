@@ -11,6 +11,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from ..tensors import is_inexact
+from ..words import count
 
 __all__ = ["OutputCheck", "Tolerance", "compare_one", "compare_outputs", "default_tolerance", "is_inexact"]
 
@@ -64,6 +65,8 @@ class OutputCheck:
     ref_nan: int
     new_nan: int
     note: str
+    decided_by: str = ""  # the tolerance that bounds the closest-to-failing element: "atol" (atol >= rtol * |ref|
+    # there) or "rtol"; "exact" (compared exactly), "equal" (no element differs), "" (not compared)
 
 
 def compare_outputs(
@@ -158,7 +161,8 @@ def _compare_exact_objects(name: str, ref: np.ndarray, got: np.ndarray, tol: Tol
         passed=differing == 0,
         ref_nan=0,
         new_nan=0,
-        note=f"{differing} elements differ" if differing else "",
+        note=f"{count(differing, 'element differs', 'elements differ')}" if differing else "",
+        decided_by="exact",
     )
 
 
@@ -169,6 +173,7 @@ class _Stats:
     cosine: float
     min_tolerance: float
     within: bool
+    decided_by: str = "equal"
 
 
 COMPARE_CHUNK = 1 << 20  # elements widened to float64 at a time: a 256 MB output costs 8 MB of temporaries, not 2 GB
@@ -197,6 +202,7 @@ def _compare_numeric(name: str, ref: np.ndarray, got: np.ndarray, tol: Tolerance
     sum_abs = max_abs = min_tol = nr2 = ng2 = 0.0
     dot: complex = 0.0
     within = True
+    worst, decided = 0.0, "exact" if exact else "equal"
     for r, g, rn, nn, ln in _chunks(ref, got):
         ref_nan, new_nan, lost_nan = ref_nan + rn, new_nan + nn, lost_nan + ln
         if not r.size:
@@ -207,6 +213,11 @@ def _compare_numeric(name: str, ref: np.ndarray, got: np.ndarray, tol: Tolerance
         max_abs = max(max_abs, float(diff.max()))
         min_tol = max(min_tol, float((diff / (1.0 + absr)).max()))
         within = within and (bool(np.all(diff == 0)) if exact else bool(np.all(diff <= tol.atol + tol.rtol * absr)))
+        if not exact and diff.max() > 0:  # the element nearest its bound: which term of atol + rtol * |ref| is larger
+            share = diff / np.maximum(tol.atol + tol.rtol * absr, _TINY)
+            i = int(np.argmax(share))
+            if share[i] > worst:
+                worst, decided = float(share[i]), "atol" if tol.atol >= tol.rtol * absr[i] else "rtol"
         dot += np.vdot(r, g)
         nr2, ng2 = nr2 + float(np.vdot(r, r).real), ng2 + float(np.vdot(g, g).real)
     max_rel = 0.0
@@ -219,7 +230,7 @@ def _compare_numeric(name: str, ref: np.ndarray, got: np.ndarray, tol: Tolerance
                 max_rel = max(max_rel, float((np.abs(r - g) / np.maximum(np.abs(r), floor)).max()))
     cosine = 1.0 if max_abs == 0.0 else 0.0 if nr2 == 0.0 or ng2 == 0.0 else \
         float(np.clip(np.real(dot) / (math.sqrt(nr2) * math.sqrt(ng2)), -1.0, 1.0))
-    stats = _Stats(max_abs, max_rel, cosine, min_tol, within)
+    stats = _Stats(max_abs, max_rel, cosine, min_tol, within, decided)
     if exact:
         stats.within = bool(np.array_equal(ref, got))  # no float64 rounding for large int64 values
     notes = _nan_notes(ref_nan, new_nan, lost_nan)
@@ -238,6 +249,7 @@ def _compare_numeric(name: str, ref: np.ndarray, got: np.ndarray, tol: Tolerance
         ref_nan=ref_nan,
         new_nan=new_nan,
         note="; ".join(notes),
+        decided_by="exact" if exact else stats.decided_by,
     )
 
 
