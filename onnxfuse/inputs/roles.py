@@ -295,22 +295,14 @@ def fixed_by_constants(model: onnx.ModelProto, inputs: list[InputInfo]) -> dict[
     out: dict[str, tuple[int, str]] = {}
     for info in by_name.values():
         rank = len(info.shape or [])
-        frontier, seen = [info.name], set()
-        while frontier:
-            value = frontier.pop()
-            if value in seen:
-                continue
-            seen.add(value)
-            for node in index.consumers.get(value, []):
-                if node.op_type in _SAME_SHAPE:
-                    frontier.extend(node.output[:1])
+        for node, value in index.readers(info.name, lambda n, v: list(n.output[:1]) if n.op_type in _SAME_SHAPE
+                                         else None):
+            for axis, d in enumerate(info.shape or []):
+                if isinstance(d, int):
                     continue
-                for axis, d in enumerate(info.shape or []):
-                    if isinstance(d, int):
-                        continue
-                    k = _constant_dim(index, node, value, axis, rank)
-                    if k is not None and k > 1:
-                        out.setdefault(_dim_key(info, axis), (k, f"{node.op_type} '{node.name or node.output[0]}'"))
+                k = _constant_dim(index, node, value, axis, rank)
+                if k is not None and k > 1:
+                    out.setdefault(_dim_key(info, axis), (k, f"{node.op_type} '{node.name or node.output[0]}'"))
     return out
 
 

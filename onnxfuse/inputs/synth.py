@@ -4,6 +4,7 @@ rate where a model takes one, normal floats elsewhere; and make_inputs, feeds fr
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,6 +73,24 @@ class GraphIndex:
                     const_shapes[node.output[0]] = shape
         return cls(consumers, producers, const_shapes)
 
+    def readers(self, name: str, follow: Callable[[onnx.NodeProto, str], list[str] | None]
+                ) -> Iterator[tuple[onnx.NodeProto, str]]:
+        """The nodes that read `name`, and through it the values `follow(node, value)` passes it on to (the
+        outputs to go on from; None: the node is a reader to report), each value once: (node, value it reads)."""
+        seen: set[str] = set()
+        stack = [name]
+        while stack:
+            value = stack.pop()
+            if value in seen:
+                continue
+            seen.add(value)
+            for node in self.consumers.get(value, []):
+                through = follow(node, value)
+                if through is None:
+                    yield node, value
+                else:
+                    stack.extend(o for o in through if o)
+
     def static_shape(self, name: str, depth: int = 0) -> tuple[int, ...] | None:
         if name in self.const_shapes:
             return self.const_shapes[name]
@@ -96,28 +115,23 @@ def gather_axis(node: onnx.NodeProto, rank: int) -> int:
 def gather_bound(index: GraphIndex, name: str) -> int | None:
     """Smallest table size over Gathers whose (constant) data this value indexes, through pass-through ops."""
     bounds: list[int] = []
-    seen: set[str] = set()
-    stack = [name]
-    while stack:
-        value = stack.pop()
-        if value in seen:
-            continue
-        seen.add(value)
-        for node in index.consumers.get(value, []):
-            if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == value:
-                shape = index.static_shape(node.input[0])
-                if shape:
-                    axis = gather_axis(node, len(shape))
-                    if 0 <= axis < len(shape):
-                        bounds.append(shape[axis])
-            elif node.op_type == "EmbedLayerNormalization" and node.domain == "com.microsoft":
-                for ids, table in _EMBED_TABLES:  # ids indexing a fused embedding table
-                    if len(node.input) > max(ids, table) and node.input[ids] == value:
-                        shape = index.static_shape(node.input[table])
-                        if shape:
-                            bounds.append(shape[0])
-            elif node.op_type in PASS_THROUGH and node.input and node.input[0] == value:
-                stack.extend(o for o in node.output if o)
+
+    def follow(node: onnx.NodeProto, value: str) -> list[str] | None:
+        return list(node.output) if node.op_type in PASS_THROUGH and node.input and node.input[0] == value else None
+
+    for node, value in index.readers(name, follow):
+        if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == value:
+            shape = index.static_shape(node.input[0])
+            if shape:
+                axis = gather_axis(node, len(shape))
+                if 0 <= axis < len(shape):
+                    bounds.append(shape[axis])
+        elif node.op_type == "EmbedLayerNormalization" and node.domain == "com.microsoft":
+            for ids, table in _EMBED_TABLES:  # ids indexing a fused embedding table
+                if len(node.input) > max(ids, table) and node.input[ids] == value:
+                    shape = index.static_shape(node.input[table])
+                    if shape:
+                        bounds.append(shape[0])
     return min(bounds) if bounds else None
 
 
@@ -135,19 +149,12 @@ def shape_operand(index: GraphIndex, name: str) -> str | None:
     """What a value is to the ops that read it (through Casts) when it is a shape or index operand of one
     (see _SHAPE_OPERANDS); None when it is none, or two different ones."""
     roles: set[str] = set()
-    seen: set[str] = set()
-    stack = [name]
-    while stack:
-        value = stack.pop()
-        if value in seen:
-            continue
-        seen.add(value)
-        for node in index.consumers.get(value, []):
-            if node.domain not in ("", "ai.onnx"):
-                continue
-            if node.op_type in _SHAPE_PASS:
-                stack.extend(o for o in node.output[:1] if o)
-                continue
+
+    def follow(node: onnx.NodeProto, value: str) -> list[str] | None:
+        return list(node.output[:1]) if node.domain in ("", "ai.onnx") and node.op_type in _SHAPE_PASS else None
+
+    for node, value in index.readers(name, follow):
+        if node.domain in ("", "ai.onnx"):
             roles.update(r for (op, k), r in _SHAPE_OPERANDS.items()
                          if op == node.op_type and k < len(node.input) and node.input[k] == value)
     return roles.pop() if len(roles) == 1 else None
