@@ -8,7 +8,7 @@ import os
 import numpy as np
 import onnx
 
-from ..ir import make_model
+from ..load.loader import weightless
 
 BUDGET_FRACTION = 0.25  # of the memory available when onnxfuse starts
 
@@ -35,22 +35,13 @@ def default_budget_bytes() -> int:
 
 
 def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The graph without its large weights (each an initializer of its type and dims whose data is external in a
-    file that does not exist: inference never reads it, and onnx's data propagation does not walk it as it walks a
-    1-D graph input): cheap to copy and to infer."""
-    g = model.graph
-    inits = []
-    for t in g.initializer:
-        if int(np.prod(t.dims)) <= 4096 and not t.data_location:
-            inits.append(t)
-            continue
-        stub = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims,
-                                data_location=onnx.TensorProto.EXTERNAL)
-        stub.external_data.add(key="location", value="onnxfuse-shape-inference-stub")
-        inits.append(stub)
-    graph = onnx.helper.make_graph(list(g.node), g.name, list(g.input), list(g.output), inits)
-    m = make_model(graph, model.opset_import, model.ir_version)
-    m.functions.extend(model.functions)
+    """The graph without its large weights (load.loader.weightless's stubs: initializers of their type and dims
+    whose data is in a file that does not exist, which inference never reads and onnx's data propagation does not
+    walk) and without the recorded value types (the inputs' dims change from try to try): cheap to copy and to
+    infer."""
+    m = onnx.ModelProto()
+    m.CopyFrom(weightless(model, stubs=True))
+    del m.graph.value_info[:]
     return m
 
 
