@@ -312,15 +312,23 @@ def test_bench_times_a_kv_decoder_at_prefill_and_decode(cli, tmp_path):
     assert "prefill profile: latency" in stdout and "decode: B vs A" in stdout
 
 
-def test_weighted_time_fn_adds_profiles_per_round():
-    from onnxfuse.select.rounds import weighted_time_fn
+def test_interleave_adds_profiles_per_round_relative_to_the_first_session(monkeypatch):
+    from onnxfuse.measure import timing as I
 
-    def fake(sources, feeds):
-        return {k: [feeds["scale"] * (i + 1)] * 3 for i, k in enumerate(sources)}
+    clock = [0.0]
 
-    timed = weighted_time_fn(fake, [(1.0, {"scale": 1.0}), (4.0, {"scale": 10.0})])
-    # each profile relative to the first source's time there (1 and 10): a = 1 + 4, b = 2 + 4 * 2
-    assert timed({"a": None, "b": None}, {}) == {"a": [5.0] * 3, "b": [10.0] * 3}
+    class Fake:
+        def __init__(self, k):
+            self.k = k
+
+        def run(self, _out, feeds):
+            clock[0] += feeds["scale"] * self.k
+
+    monkeypatch.setattr(I, "now", lambda: (clock[0], clock[0]))
+    t = I.interleave({"a": Fake(1), "b": Fake(2)}, [(1.0, {"scale": 1.0}), (4.0, {"scale": 10.0})],
+                     estimator="cpu", min_runs=3, floor_runs=3)
+    # each profile relative to the first session's time there (1 and 10): a = 1 + 4, b = 2 + 4 * 2
+    assert dict(t) == {"a": [5.0] * 3, "b": [10.0] * 3} and t.on("wall") == dict(t)
 
 
 def test_frames_of_a_fixed_size_are_read_from_the_reshape_target():

@@ -12,8 +12,8 @@ import typer
 from .. import signals
 from ..errors import OnnxfuseError
 from ..load.collisions import check_report_path
+from ..measure.lock import REPORT_WAIT_S, WAIT_KEY, busy_lock, timing_lock
 from ..options import check_count
-from ..select.timing_lock import REPORT_WAIT_S, WAIT_KEY, busy_lock, timing_lock
 
 try:  # typer >= 0.20 vendors click; older typer uses the click package
     from typer._click.exceptions import UsageError

@@ -19,6 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from ..cache_folder import cache_dir
 from ..files import NotRegularFile, TooLarge, read_regular
 from .cache_entries import entry_problem
 
@@ -27,17 +28,11 @@ __all__ = ["DecisionCache", "cache_dir", "environment_key"]
 FORMAT = 1
 # How decisions are measured: a change that can change a verdict (protocol 2: several shape profiles count
 # relative to the original's time at each; 3: whole-model comparisons run on to about a second, a selection
-# measured slower as a whole is dropped) makes earlier decisions miss instead of being reused.
-PROTOCOL = 3
+# measured slower as a whole is dropped; 4: decisions on thread CPU time at one thread, runs on while undecided)
+# makes earlier decisions miss instead of being reused.
+PROTOCOL = 4
 FILE = "decisions.json"
 MAX_BYTES = 256 << 20  # a cache file holding more is ignored (read only up to this bound)
-
-
-def cache_dir() -> str:
-    if os.environ.get("ONNXFUSE_CACHE_DIR"):
-        return os.environ["ONNXFUSE_CACHE_DIR"]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "onnxfuse")
 
 
 def _processor() -> str:
