@@ -147,6 +147,12 @@ def test_cli_bench_and_profile(cli, optimized, tmp_path):
     code, stdout, stderr = cli("profile", CNN, optimized[0], "--runs", "3", "--nodes", "--html", html)
     assert code == 0, stderr
     assert "op time by type" in stdout and "kernel times sum to" in stdout and html.exists()
+    # A and B judged as bench and optimize judge them: interleaved with an A/A control, one verdict
+    verdict_line = next(line for line in stdout.splitlines() if "interleaved with a second session of A" in line)
+    assert "on thread CPU time ->" in verdict_line and data["estimator"] == "cpu"
+    word = verdict_line.rsplit("-> ", 1)[1]
+    gap = next(line for line in stdout.splitlines() if "the gap between A" in line)
+    assert ("is slower" in gap) == (word == "slower")  # no "slower" a verdict does not say
     assert stdout.count("GEMM-bound limit") >= 2 and "headroom" in stdout and "the gap between A" in stdout and "GEMM-bound limit" in html.read_text()
     assert "this file was not optimized" in stdout and 'class="known"' in html.read_text()  # notes on the costs
     code, _, stderr = cli("bench", str(tmp_path / "missing.onnx"))

@@ -166,6 +166,34 @@ def test_a_region_class_is_kept_only_when_faster_beyond_noise(tmp_path, monkeypa
     assert (fused > 0) is kept
 
 
+def test_an_undecided_class_is_said_so_not_cached_as_a_decision_and_timed_again(tmp_path, monkeypatch):
+    """A fused version whose interval crosses the line (0.995 of the original, 1% noise per run): "undecided",
+    left as the original where nothing decided follows, and the next run times it again (a cached undecided
+    result is weak evidence, not a decision)."""
+    monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "cache"))
+
+    def fake(sessions, profiles, *, estimator, **_kw):
+        fake.calls += 1
+        rng = np.random.default_rng(fake.calls)
+        base = 1e-3 * np.ones(40)
+        if "f" in sessions:
+            out = {"a": list(base), "b": list(base), "f": list(base * (0.995 + 0.01 * rng.standard_normal(40)))}
+        else:
+            out = {"o": list(base), "c": list(base), "c2": list(base)}
+        return Timings.of(out, estimator, len(profiles))
+    fake.calls = 0
+    monkeypatch.setattr(rr, "interleave", fake)
+    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))
+    r, _ = _optimize(tmp_path, "a.onnx")
+    undecided = [g for g in r.measure.groups if g.source == "undecided"]
+    assert undecided and all(not g.kept for g in undecided if g.why == "nothing decided to follow")
+    assert r.measure.estimator == "cpu"
+    first = fake.calls
+    r2, _ = _optimize(tmp_path, "b.onnx")
+    assert fake.calls > first  # timed again, not read back as a decision
+    assert r2.measure.note == ""  # not the selection of an earlier run: that one was not cached either
+
+
 def test_a_slower_whole_model_confirmation_writes_the_original(tmp_path, monkeypatch):
     fake = _fake_interleaved(0.8)
     fake.whole = 1.2

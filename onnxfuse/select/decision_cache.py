@@ -33,6 +33,7 @@ FORMAT = 1
 PROTOCOL = 4
 FILE = "decisions.json"
 MAX_BYTES = 256 << 20  # a cache file holding more is ignored (read only up to this bound)
+MAX_ENTRIES = 4096  # decisions kept at most: a save drops the oldest past this (about 4 MB)
 
 
 def _processor() -> str:
@@ -49,6 +50,15 @@ def environment_key(provider: str, threads: int) -> str:
     import onnxruntime as ort
 
     return f"{provider}|{threads}|ort {ort.__version__}|{_processor()}|format {FORMAT}|protocol {PROTOCOL}"
+
+
+def bounded(entries: dict[str, dict], limit: int | None = None) -> dict[str, dict]:
+    """At most `limit` (MAX_ENTRIES) decisions: the newest by when they were taken."""
+    limit = MAX_ENTRIES if limit is None else limit
+    if len(entries) <= limit:
+        return entries
+    newest = sorted(entries, key=lambda k: (str(entries[k].get("when", "")), k), reverse=True)[:limit]
+    return {k: entries[k] for k in sorted(newest)}
 
 
 def digest(*parts: str) -> str:
@@ -140,7 +150,7 @@ class DecisionCache:
             return
         with contextlib.suppress(OSError):
             os.makedirs(self.directory, exist_ok=True)
-            merged = {**self._read(), **self.new}
+            merged = bounded({**self._read(), **self.new})
             if not self.usable:
                 return
             fd, tmp = tempfile.mkstemp(prefix=".decisions-", dir=self.directory)

@@ -279,15 +279,13 @@ class RegionRun:
         if (hit is not None and hit.get("source") == "budget" and self.opts.measure_budget_s is not None
                 and self.budget > hit.get("budget", 0.0)):
             return None
-        return hit
+        return None if hit is not None and weak_evidence(hit) else hit
 
     def decide(self, classes: list[RegionClass], region_deadline: float) -> None:
         todo = []
         for c in classes:
             rep = c.regions[0]
             hit = self._cached(digest("region", c.sig, self.env), ("region",))
-            if hit is not None and hit.get("source") == UNDECIDED:
-                hit = None  # weak evidence: decided afresh
             if hit is not None:
                 c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), bool(hit["keep"]),
                                          Ratio(*hit["ratio"]) if hit.get("ratio") else None,
@@ -454,6 +452,15 @@ class Comparison:
     profiles: list[tuple[str, float, Ratio]] = field(default_factory=list)
     status: str = "timed"
     wall: Ratio | None = None  # the same comparison on wall time (the estimator may be CPU time)
+
+
+WEAK_LOAD = 1.0  # a wall-time decision taken with more runnable processes than cores per core is not reused
+
+
+def weak_evidence(hit: dict) -> bool:
+    """A cached decision not to reuse but to decide afresh: one the budget left undecided, or one taken on wall
+    time while other processes loaded every core (wall time then measures the load as much as the rewrite)."""
+    return hit.get("source") == UNDECIDED or (hit.get("estimator") == WALL and hit.get("load", 0.0) > WEAK_LOAD)
 
 
 def follow_peers(classes: list[RegionClass]) -> None:
