@@ -300,13 +300,13 @@ def test_bench_times_a_kv_decoder_at_prefill_and_decode(cli, tmp_path):
     src = save(_text_model(64, past=True, total="total_sequence"), tmp_path / "kv.onnx")
     res = bench([src, src], min_runs=5, budget_s=0.05)
     assert [(r.profile, r.inputs["ids"], r.inputs["past_key"][2]) for r in [res, *res.profiles]] == [
-        ("prefill", [2, 32], 0), ("decode", [2, 1], 31)]
+        ("prefill", [1, 32], 0), ("decode", [1, 1], 31)]  # optimize times batch 1
     assert all(r.verdict and len(r.models) == 2 for r in [res, *res.profiles])
     data = res.to_json()
     assert data["profile"] == "prefill" and [p["profile"] for p in data["profiles"]] == ["decode"]
     code, stdout, stderr = cli("bench", src, "--budget", "0.05", "--runs", "5", "--profile", "short:sequence=8")
     assert code == 0, stderr
-    assert "ids 2x8" in stdout and "profile:" not in stdout  # one profile: the plain table
+    assert "ids 1x8" in stdout and "profile:" not in stdout  # one profile: the plain table
     code, stdout, stderr = cli("bench", src, src, "--budget", "0.05", "--runs", "5")
     assert code == 0, stderr
     assert "prefill profile: latency" in stdout and "decode: B vs A" in stdout

@@ -501,11 +501,15 @@ def test_a_whole_model_comparison_runs_on_to_its_minimum_time(monkeypatch):
             clock[0] += 0.0001
     sessions = {"a": S(), "b": S()}
     far = 60.0
-    short = interleave(sessions, [(1.0, {})], estimator="wall", min_runs=20, deadline=far, hard_deadline=far)
+    short = interleave(sessions, [(1.0, {})], estimator="wall", min_runs=20, deadline=far, hard_deadline=far, repeat=1)
     long = interleave(sessions, [(1.0, {})], estimator="wall", min_runs=20, deadline=far, hard_deadline=far,
-                      min_seconds=0.05)
+                      min_seconds=0.05, repeat=1)
     assert len(short["a"]) == 20 and 20 < len(long["a"]) <= rt.MAX_RUNS
     assert len(long["a"]) == pytest.approx(0.05 / 0.0002, abs=1)  # two sessions a round, until 50 ms
     capped = interleave(sessions, [(1.0, {})], estimator="wall", min_runs=20, deadline=far, hard_deadline=far,
-                        min_seconds=10.0)
+                        min_seconds=10.0, repeat=1)
     assert len(capped["a"]) == rt.MAX_RUNS
+
+    # by default a round of this 0.1 ms model is 20 runs of each session, the fastest counting
+    auto = interleave(sessions, [(1.0, {})], estimator="wall", min_runs=20, deadline=far, hard_deadline=far)
+    assert len(auto["a"]) == 20 and clock[0] > 20 * 20 * 2 * 0.0001

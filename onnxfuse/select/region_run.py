@@ -414,7 +414,9 @@ class RegionRun:
             release_memory()
         self.report.rounds += 1
         v = _model_verdict(times)
-        out = Comparison(v.ratio, v.floor, wall=_model_verdict(Timings(WALL, times.clocks, times.raw)).ratio)
+        aa = np.asarray(times["c2"]) / np.asarray(times["c"])
+        out = Comparison(v.ratio, v.floor, wall=_model_verdict(Timings(WALL, times.clocks, times.raw)).ratio,
+                         aa_spread=(float(np.percentile(aa, 10)), float(np.percentile(aa, 90))))
         if len(self.profiles) > 1:  # prefill and decode each, not only their weighted total
             for p, (weight, _) in enumerate(self.profiles):
                 per = {k: times.profile(k, p) for k in ("o", "c", "c2")}
@@ -433,7 +435,7 @@ class RegionRun:
         tag = {**self.tag, "rules": sorted({a.rule for a in candidate.eng.applications} - set(CLEANUP_STEPS))}
         c = self.compared(key) or self.compare(self.input_path, candidate, key, "model", tag)
         self.report.confirmed, self.report.floor, self.report.profiles = c.status, c.floor, c.profiles
-        self.report.final_wall = c.wall
+        self.report.final_wall, self.report.aa_spread = c.wall, c.aa_spread
         return c.ratio
 
     def evidence(self) -> dict:
@@ -452,6 +454,7 @@ class Comparison:
     profiles: list[tuple[str, float, Ratio]] = field(default_factory=list)
     status: str = "timed"
     wall: Ratio | None = None  # the same comparison on wall time (the estimator may be CPU time)
+    aa_spread: tuple[float, float] | None = None  # p10, p90 of the two candidate sessions' per-round ratio
 
 
 WEAK_LOAD = 1.0  # a wall-time decision taken with more runnable processes than cores per core is not reused

@@ -87,6 +87,7 @@ class MeasureReport:
     warnings: list[str] = field(default_factory=list)  # e.g. what the decision cache left out, one line each
     estimator: str = ""  # the clock decisions were read on (measure/clock.py): cpu or wall
     final_wall: Ratio | None = None  # the confirmation on wall time, where the estimator is CPU time
+    aa_spread: tuple[float, float] | None = None  # the confirmation's A/A per-round ratios, p10 and p90
 
     def to_json(self) -> dict:
         return {
@@ -103,6 +104,7 @@ class MeasureReport:
             "profiles": [{"name": n, "weight": w, "ratio": asdict(r)} for n, w, r in self.profiles],
             "warnings": self.warnings, "estimator": self.estimator,
             "final_ratio_wall": None if self.final_wall is None else asdict(self.final_wall),
+            "aa_spread": None if self.aa_spread is None else list(self.aa_spread),
         }
 
     @property
