@@ -104,6 +104,21 @@ def test_html_is_self_contained(optimized):
     assert 'id="verdict">output vs input: ' in page and "B vs A" not in page
     low = page.lower()
     assert "http://" not in low.replace("http://www.w3", "") and "https://" not in low and "<script" not in low
+    # the headline first (the verdicts in words), then the latency chart, then what was fused
+    assert page.index('id="headline"') < page.index('id="latency-chart"') < page.index("Fusions")
+    assert "bench: output vs input" in page and "rewrite(s) kept" in page
+
+
+def test_optimize_html_says_where_it_wrote_the_report_and_names_the_model_absolutely(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    import shutil as sh
+
+    sh.copy(CNN, "m.onnx")
+    code, _, stderr = cli("optimize", "m.onnx", "o.onnx", "--no-measure", "--html", "r.html")
+    assert code == 0, stderr
+    page = (tmp_path / "r.html").read_text()
+    assert f"report written to {tmp_path / 'r.html'}" in stderr
+    assert f"<title>onnxfuse optimize: {tmp_path / 'm.onnx'}</title>" in page
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Annotated
 
 import typer
@@ -74,7 +75,9 @@ def bench(
     if html:
         from ..inspect.html_report import render, write
 
-        write(html, render(f"onnxfuse bench: {' vs '.join(paths)}", bench=res))
+        write(html, render(f"onnxfuse bench: {' vs '.join(map(os.path.abspath, paths))}", bench=res))
+        if not as_json:
+            print(f"report written to {os.path.abspath(html)}", file=sys.stderr)
     if as_json:
         print(json.dumps(res.to_json(), indent=2))
     else:
@@ -129,7 +132,10 @@ def profile(
     if html:
         from ..inspect.html_report import render, write
 
-        write(html, render(f"onnxfuse profile: {' vs '.join(paths)}", profiles=results, labels=labels))
+        write(html, render(f"onnxfuse profile: {' vs '.join(map(os.path.abspath, paths))}", profiles=results,
+                           labels=labels))
+        if not as_json:
+            print(f"report written to {os.path.abspath(html)}", file=sys.stderr)
     if as_json:
         print(json.dumps({"schema": "onnxfuse.profile/1", "models": [r.to_json() for r in results],
                           "comparison": comparison.to_json() if comparison else None}, indent=2))

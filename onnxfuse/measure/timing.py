@@ -78,14 +78,14 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
                min_runs: int, deadline: float = float("inf"), hard_deadline: float | None = None,
                min_seconds: float = 0.0, floor_runs: int = MIN_RUNS_FLOOR, max_runs: int = MAX_RUNS,
                settled: Callable[[Timings], bool] | None = None, progress: Progress | None = None,
-               repeat: int | None = None) -> Timings:
+               repeat: int | None = None, round_s: float = ROUND_S) -> Timings:
     """Time `sessions` (label -> anything with `run(None, feeds)`) interleaved over `profiles` ((weight,
     feeds) each) after one warm-up run of each: at least `floor_runs` rounds, then, while `deadline` allows and
     up to `max_runs`, until `min_runs` rounds and `min_seconds` of rounds are done and `settled(timings so far)`
     (checked every SETTLE_EVERY rounds) says the verdict is clear. Raises OutOfBudget when, after the warm-up,
     `floor_runs` rounds would end past `hard_deadline`. `estimator` (clock.py) is the clock the result reads.
     In a round each session runs `repeat` times and its fastest run counts; by default as many times as fit
-    in ROUND_S (at most MAX_REPEAT), from the warm-up run: once for a model of ROUND_S or more."""
+    in `round_s` (at most MAX_REPEAT), from the warm-up run: once for a model of `round_s` or more."""
     order = list(sessions)
     t0 = time.perf_counter()
     first = [float("inf")] * len(profiles)
@@ -97,7 +97,7 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
     warm = time.perf_counter()
     # a round of a short model is several runs, of which the fastest counts (the least disturbed by other
     # processes: a tenth of a millisecond is shorter than a scheduler's time slice, a few milliseconds are not)
-    reps = [repeat or max(1, min(MAX_REPEAT, int(ROUND_S / max(f, 1e-9)))) for f in first]
+    reps = [repeat or max(1, min(MAX_REPEAT, int(round_s / max(f, 1e-9)))) for f in first]
     if hard_deadline is not None and warm + (warm - t0) * floor_runs > hard_deadline:
         raise OutOfBudget
     raw: dict[tuple[str, str, int], list[float]] = {(c, k, p): [] for c in CLOCKS for k in order

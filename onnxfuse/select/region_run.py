@@ -43,6 +43,7 @@ CAPTURE_CHUNK = 32  # region inputs fetched per run of the original (bounds the 
 CONFIRM_RUNS = 20  # whole-model confirmation, budget permitting
 ON_MODEL_ROUNDS = 20  # rounds reserved for each group decided on the whole model (the 8 of a confirmation left
 # YOLOv8n's 6% layout gain at [0.89, 0.99]: not significant, dropped in one run of two)
+COMPARE_ROUND_S = 10e-3  # a whole-model comparison's round per session at least (few comparisons: longer rounds)
 COMPARE_MIN_S = 1.0  # and runs on to about this many seconds (a small model's 20 runs are a few milliseconds)
 REGION_BUDGET_S = 10.0  # the automatic budget at most (models up to 1 GiB)
 AUTO_MIN_S = 4.0  # and at least, for timing alone (finding regions, capture and rebuilds come on top)
@@ -402,7 +403,7 @@ class RegionRun:
                                        control=("c", "c2"))
             times = interleave(sessions, self.profiles, estimator=self.estimator, min_runs=runs,
                                deadline=deadline or self.deadline, hard_deadline=self.deadline,
-                               min_seconds=COMPARE_MIN_S)
+                               min_seconds=COMPARE_MIN_S, round_s=COMPARE_ROUND_S)
             del sessions
         except OutOfBudget:
             why = "skipped: its runs would end past the budget"
