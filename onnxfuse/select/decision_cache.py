@@ -25,7 +25,7 @@ from .cache_entries import entry_problem
 
 __all__ = ["DecisionCache", "cache_dir", "environment_key"]
 
-FORMAT = 1
+FORMAT = 2  # 2: a cached selection's report in its own format (cached_report.py), not --json's
 # How decisions are measured: a change that can change a verdict (protocol 2: several shape profiles count
 # relative to the original's time at each; 3: whole-model comparisons run on to about a second, a selection
 # measured slower as a whole is dropped; 4: decisions on thread CPU time at one thread, runs on while undecided)

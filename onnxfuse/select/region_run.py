@@ -31,6 +31,7 @@ from ..rewrite.rebuild import Rewritten, rebuild
 from ..validate.runtime import Candidate, peak_rss_bytes, release_memory, session_with_outputs
 from ..validate.validate import Validator
 from ..words import count
+from .cached_report import from_cache
 from .decision_cache import DecisionCache, digest, environment_key
 from .regions import Region, region_model, signature
 from .rounds import GroupEffect, Key, MeasureReport
@@ -163,20 +164,9 @@ class RegionRun:
             exact = {tuple(k) for k in hit.get("exact", [])}
             kept, dropped = exact, (kept | dropped) - exact
         candidate = self.build(kept, dropped) if dropped else state
-        old = hit["report"]
         r = self.report
-        for g in old["groups"]:
-            e = g["with_over_without"]
-            r.groups.append(GroupEffect(g["group"], g["rules"], g["rewrites"], g["kept"],
-                                        Ratio(e["median"], e["low"], e["high"]) if e else None,
-                                        source="cached" if g["source"] in ("timed", "cached") else g["source"],
-                                        instances=g["instances"], floor=g["noise_floor"],
-                                        why="cached" if g["source"] == "model" else g["why"]))
-        fr = old["final_ratio"]
-        r.final = Ratio(fr["median"], fr["low"], fr["high"]) if fr else None
-        r.floor, r.undecided, r.dropped_everything = old["noise_floor"], old["undecided"], hit["dropped_everything"]
-        r.confirmed = "cached" if old["confirmed"] == "timed" else old["confirmed"]
-        r.profiles = [(p["name"], p["weight"], Ratio(**p["ratio"])) for p in old.get("profiles", [])]
+        from_cache(hit["report"], r)
+        r.dropped_everything = hit["dropped_everything"]
         r.note = "the selection of an earlier run on this model (decision cache)"
         r.seconds = time.perf_counter() - self.t0
         r.budget_s = hit["budget"]

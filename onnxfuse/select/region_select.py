@@ -28,6 +28,7 @@ from ..rewrite.rebuild import Rewritten
 from ..tensors import all_tensors
 from ..validate.runtime import release_memory
 from ..validate.validate import Validator
+from .cached_report import to_cache
 from .decision_cache import DecisionCache, digest
 from .on_model import decide_on_model, groups_on_model, split_on_model
 from .region_run import Phases, RegionClass, RegionRun, automatic_budget
@@ -149,7 +150,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     if not any(g.source == UNDECIDED for g in report.groups):  # else decided afresh, the undecided retimed
         cache.put(selection_key, {
             "kind": "selection", "kept": sorted(map(list, kept)), "dropped": sorted(map(list, dropped)),
-            "report": report.to_json(), "undecided": report.undecided, "budget": run.budget,
+            "report": to_cache(report), "undecided": report.undecided, "budget": run.budget,
             "dropped_everything": report.dropped_everything, **run.tag,
             "exact": sorted(map(list, _exact_keys(all_regions, all_classes))), "rules": sorted({k[0] for k in kept})})
     cache.save()
