@@ -6,7 +6,7 @@ spread optimize reports (p10-p90 of the confirmation's two candidate sessions, p
 
     python benchmarks/busy_measure.py [--models a.onnx ...] [--load N] [--no-agreement]
 
-Defaults: the shared development models and the small bundled ones; N = 2 busy processes per core. About 1-2
+Defaults: the shared development models and the small bundled ones; N = one busy process per core. About 1-2
 minutes per model with the agreement checks (optimize, bench and profile, quiet and loaded)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -84,9 +85,11 @@ def one(model: str, folder: str, tag: str, agreement: bool) -> dict:
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the busy processes are killed on the way out
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", default=DEFAULT)
-    ap.add_argument("--load", type=int, default=2 * (os.cpu_count() or 1), help="busy processes while loaded")
+    ap.add_argument("--load", type=int, default=os.cpu_count() or 1, help="busy processes while loaded (default: "
+                    "one per core)")
     ap.add_argument("--no-agreement", action="store_true", help="skip bench and profile")
     a = ap.parse_args()
     models = [m for m in a.models if os.path.exists(m)]
