@@ -31,6 +31,9 @@ DEFAULT = [os.path.join(SHARED, m) for m in ("bert_tiny.onnx", "gpt2_tiny.onnx",
                                                      "transformer_op18.onnx")]
 
 
+WORK = [tempfile.gettempdir()]  # this run's folder: outputs and a fresh decision cache per command
+
+
 def _spin(deadline: float) -> None:
     while time.time() < deadline:
         pass
@@ -54,7 +57,7 @@ def busy(n: int):
 
 def onnxfuse(*args: str) -> dict:
     out = subprocess.run([sys.executable, "-m", "onnxfuse.cli", *args, "--json"], capture_output=True, text=True,
-                         env={**os.environ, "ONNXFUSE_CACHE_DIR": tempfile.mkdtemp(prefix="busy-cache-")})
+                         env={**os.environ, "ONNXFUSE_CACHE_DIR": tempfile.mkdtemp(prefix="cache-", dir=WORK[0])})
     if out.returncode != 0:
         return {"error": (out.stderr.strip().splitlines() or ["?"])[-1]}
     return json.loads(out.stdout)
@@ -93,7 +96,12 @@ def main() -> None:
     ap.add_argument("--no-agreement", action="store_true", help="skip bench and profile")
     a = ap.parse_args()
     models = [m for m in a.models if os.path.exists(m)]
-    folder = tempfile.mkdtemp(prefix="busy-measure-")
+    with tempfile.TemporaryDirectory(prefix="busy-measure-") as folder:
+        WORK[0] = folder
+        _run(models, folder, a)
+
+
+def _run(models: list[str], folder: str, a: argparse.Namespace) -> None:
     rows = {}
     t0 = time.time()
     for m in models:
