@@ -55,9 +55,9 @@ $PIP --no-deps --no-build-isolation -e . || { echo "could not install onnxfuse (
 python - <<'PY' || exit 1
 import onnxruntime as ort
 from onnxfuse import load_rules
-from onnxfuse.targets import kernel_issue, provider_registered, table_source
+from onnxfuse.targets import kernel_issue, available, table_source
 print("onnxruntime", ort.__version__, ort.get_available_providers())
-assert provider_registered("cuda"), "the CUDA execution provider did not register"
+assert available("cuda"), "the CUDA execution provider did not register"
 bad = []
 for r in load_rules():
     if "cuda" not in r.targets:

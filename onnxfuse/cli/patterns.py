@@ -66,7 +66,7 @@ def patterns_list(patterns: PatternsOpt = None,
                   no_builtin: Annotated[bool, typer.Option("--no-builtin", help="Only the --patterns files.")]
                   = False,
                   target: Annotated[str | None, typer.Option("--target", "-t", help="Say for each rule whether it "
-                                                             "is used on this target (cpu or cuda), and why not.")]
+                                                             "is used on this target, and why not.")]
                   = None) -> None:
     """All rules, in the order they are tried (bigger matches first)."""
     from .. import load_rules, rules_in_order

@@ -15,7 +15,7 @@ import onnx
 from ..inputs import discover, discover_profiles, parse_profiles
 from ..inputs.shapes import ShapeSpec, model_inputs, parse_shape_specs, resolve_shapes
 from ..inputs.synth import make_inputs
-from ..options import check_choice, check_count, check_seconds, check_strings
+from ..options import check_choice, check_count, check_seconds, check_strings, check_target
 from ..select.timing import (
     SIGNIFICANT,
     Progress,
@@ -152,7 +152,7 @@ def check_bench_options(provider: str, threads: int, level: str, runs: int | Non
                         budget_s: float | None = None, batches: list[int] | None = None,
                         runs_option: str = "min_runs") -> None:
     """bench's and profile's values, checked before anything loads: one OnnxfuseError naming the option."""
-    check_choice("provider", provider, ("cpu", "cuda"))
+    check_target("provider", provider)
     check_count("threads", threads)
     check_choice("level", level, LEVELS)
     if runs is not None:

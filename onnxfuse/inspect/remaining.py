@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 import onnx
 
 from ..errors import OnnxfuseError
+from ..kernels.applicable import rule_usage
 from ..match.matcher import Matcher
 from ..patterns.rules import Rule
 from ..patterns.syntax import iter_calls
-from ..rewrite.engine import near_misses, rule_usage
+from ..rewrite.engine import near_misses
 from ..rewrite.rebuild import Rewritten, rebuild
 from ..rewrite.ruleset import load_rules
 from ..validate.facts import run_facts

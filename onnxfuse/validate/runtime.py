@@ -21,7 +21,7 @@ from ..ir import shell_copy
 from ..load.lazy import link_folder
 from ..load.loader import LoadInfo
 from ..load.write import write_streamed
-from ..targets import PROVIDERS
+from ..targets import session_providers
 from ..tensors import all_tensors
 
 if TYPE_CHECKING:
@@ -73,20 +73,9 @@ def _ort_level(level: str) -> onnxruntime.GraphOptimizationLevel:
     return table[key]
 
 
-def _ort_providers(provider: str) -> list[str]:
-    import onnxruntime as ort
-
-    key = provider.lower()
-    if key not in PROVIDERS:
-        raise OnnxfuseError(f"unknown provider '{provider}'; choose one of: {', '.join(PROVIDERS)}")
-    if key == "cuda":
-        if PROVIDERS["cuda"] not in ort.get_available_providers():
-            raise OnnxfuseError(
-                "CUDA execution provider not available in the installed onnxruntime",
-                hint="install onnxruntime-gpu or use --provider cpu",
-            )
-        return [PROVIDERS["cuda"], PROVIDERS["cpu"]]
-    return [PROVIDERS["cpu"]]
+def _ort_providers(provider: str) -> list:
+    """The registered target's providers with their options and fallback (targets.session_providers)."""
+    return session_providers(provider.lower())
 
 
 def physical_cores() -> int:
