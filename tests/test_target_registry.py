@@ -1,0 +1,141 @@
+"""The target registry (onnxfuse.targets.REGISTRY): every registered target's fields hold together, every other
+module reads them (no provider spelled elsewhere), an unknown name is one line listing the registered ones, and
+a target whose provider is missing here validates elsewhere and is not measured."""
+
+import json
+import pathlib
+import re
+from importlib import resources
+
+import onnx
+import pytest
+
+from onnxfuse import OptimizeOptions, load_rules, optimize
+from onnxfuse.errors import OnnxfuseError
+from onnxfuse.kernels.applicable import rule_issue
+from onnxfuse.patterns.spec import json_schema
+from onnxfuse.targets import (
+    HOST,
+    REGISTRY,
+    available,
+    facts_file,
+    get,
+    kernel_issue,
+    kernel_source,
+    names,
+    runs_on,
+    session_providers,
+)
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CNN = str(ROOT / "models" / "cnn_small.onnx")
+LAYOUTS = {"nchw", "nchwc", "nhwc"}
+
+
+@pytest.mark.parametrize("name", names())
+def test_each_registered_target_is_whole(name):
+    t = REGISTRY[name]
+    assert t.name == name and t.label and t.doc
+    assert t.provider.endswith("ExecutionProvider")
+    providers = {u.provider for u in REGISTRY.values()}
+    assert set(t.fallback) <= providers and t.provider not in t.fallback
+    assert t.layout in LAYOUTS
+    assert t.vector_width is None or t.vector_width > 0
+    if t.runs_elsewhere is not None:
+        assert t.runs_elsewhere in REGISTRY and REGISTRY[t.runs_elsewhere].runs_elsewhere is None
+        assert t.install, "a target that can be missing says how to get it"
+    if t.facts == "registry":
+        src = kernel_source(name)
+        assert src.kernels, f"{name}: no kernels in {src.label}"
+    else:
+        source, table = facts_file(t.facts)
+        assert source["provider"] == t.provider and source["onnxruntime"] and source["probe"].endswith(name)
+        assert set(table) == {t.provider} and table[t.provider]
+        assert t.facts in kernel_source(name).label
+
+
+def test_the_host_target_runs_here_and_needs_nothing_else():
+    host = get(HOST)
+    assert available(HOST) and runs_on(HOST) == HOST and host.runs_elsewhere is None and not host.fallback
+    assert session_providers(HOST) == [host.provider]
+
+
+@pytest.mark.parametrize("name", [n for n in names() if not available(n)])
+def test_a_target_missing_here_runs_elsewhere_and_sessions_on_it_are_refused(name):
+    t = get(name)
+    assert runs_on(name) == t.runs_elsewhere
+    with pytest.raises(OnnxfuseError, match=re.escape(t.install)):
+        session_providers(name)
+
+
+def test_session_providers_list_the_options_and_the_fallback(monkeypatch):
+    from onnxfuse import targets
+
+    t = get("openvino")
+    monkeypatch.setattr(targets, "_available_providers", lambda: frozenset({t.provider, "CPUExecutionProvider"}))
+    assert session_providers("openvino") == [(t.provider, {"device_type": "CPU"}), "CPUExecutionProvider"]
+
+
+def test_an_unknown_target_is_one_line_naming_the_registered_ones(cli):
+    code, out, err = cli("optimize", CNN, "o.onnx", "--target", "tpu")
+    assert code == 1 and out == ""
+    assert err.strip().splitlines() == [
+        f"onnxfuse: error: --target tpu: expected one of the registered targets: {', '.join(names())}"]
+    with pytest.raises(OnnxfuseError, match=r"^target='x': expected one of the registered targets: cpu, cuda, "
+                                            r"openvino$"):
+        OptimizeOptions(target="x").check()
+
+
+def test_rules_and_their_schema_name_every_registered_target():
+    target_schema = json_schema()["definitions"]["rule"]["properties"]["targets"]["oneOf"]
+    assert target_schema[0]["items"]["enum"] == list(names())
+    # a rule that does not say is for every target: its facts decide
+    assert all(set(r.targets) == set(names()) for r in load_rules() if r.id == "reducemean-global-pool")
+
+
+def test_no_module_but_targets_spells_a_provider_or_a_target():
+    spelled = []
+    for p in (ROOT / "onnxfuse").rglob("*.py"):
+        if p.name == "targets.py":
+            continue
+        for i, line in enumerate(p.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            if re.search(r'ExecutionProvider"|[=!]= *"(cpu|cuda|openvino)"|"(cuda|openvino)" (in|not in) ', code):
+                spelled.append(f"{p.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert spelled == []
+
+
+def test_openvino_facts_refuse_what_the_provider_did_not_claim():
+    """Read from the probed facts, not from onnxruntime here: a refused op gives the facts file as its source."""
+    _, table = facts_file(get("openvino").facts)
+    data = resources.files("onnxfuse.kernels").joinpath(get("openvino").facts).read_text()
+    never = [q for q in json.loads(data)["refused"]
+             if (("" if "." not in q else q.rpartition(".")[0]), q.rpartition(".")[2])
+             not in table["OpenVINOExecutionProvider"]]
+    assert never, "the probe refused nothing"
+    for qual in never:
+        domain, _, op = qual.rpartition(".")
+        issue = kernel_issue(domain, op, "openvino", onnx.TensorProto.FLOAT, 17)
+        assert issue and issue.startswith(f"no OpenVINO kernel for {qual}") and "openvino_kernels.json" in issue
+    # an op nobody probed has no facts: refused, not assumed
+    assert kernel_issue("com.microsoft", "GroupNorm", "openvino")
+    # and the rules that make a refused op are not used on openvino, with that reason
+    makers = [r for r in load_rules() if any((f"{d}.{o}" if d else o) in never for d, o in r.output_ops())
+              and "openvino" in r.targets]
+    assert makers
+    for r in makers:
+        assert "no OpenVINO kernel for" in (rule_issue(r, "openvino", None) or ""), r.id
+
+
+def test_openvino_without_its_provider_validates_on_cpu_and_is_not_measured(tmp_path):
+    if available("openvino"):
+        pytest.skip("the installed onnxruntime has the OpenVINO provider")
+    res = optimize(CNN, tmp_path / "o.onnx", OptimizeOptions(target="openvino", measure_budget_s=1))
+    assert res.validation.startswith("passed on CPU (the installed onnxruntime has no OpenVINO execution "
+                                            "provider)")
+    assert res.measure.note == "not measured: the installed onnxruntime has no OpenVINO execution provider"
+    made = {op for a in res.applications for op in a.ops}
+    assert made, "nothing rewritten for openvino on the CNN"
+    for qual in made:
+        domain, _, op = qual.rpartition(".")
+        assert kernel_issue(domain, op, "openvino") is None, qual
