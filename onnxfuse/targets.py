@@ -24,8 +24,9 @@ from importlib import resources
 
 from .errors import OnnxfuseError, write_error
 
-__all__ = ["Target", "REGISTRY", "names", "get", "available", "runs_on", "session_providers", "kernel_source",
-           "kernels", "kernel_issue", "cpu_nchwc", "assume_cpu_nchwc", "nchwc_setting"]
+__all__ = ["Target", "REGISTRY", "HOST", "names", "get", "available", "runs_on", "missing_note", "session_providers",
+           "kernel_source", "table_source", "facts_file", "kernels", "kernel_issue", "cpu_nchwc", "assume_cpu_nchwc",
+           "nchwc_setting"]
 
 TABLE = "ort_kernels.json"  # onnxruntime's published kernel table (kernels/)
 
@@ -39,6 +40,8 @@ class Target:
     provider: str  # the onnxruntime execution provider
     fallback: tuple[str, ...] = ()  # providers a session lists after it: they run the nodes it does not claim
     provider_options: tuple[tuple[str, str], ...] = ()  # given to onnxruntime with `provider`
+    threads_option: str | None = None  # its provider option for its own thread pool (a provider that runs a
+    # compiled graph on its own threads ignores onnxruntime's intra-op count): sessions set it to --threads
     facts: str = "registry"  # "registry" (live registry, else TABLE) or a kernel-facts file in kernels/
     layout: str = "nchw"  # its layout preference: "nchwc" (onnxruntime's blocked CPU layout where this CPU has
     # it, cpu_nchwc()), "nchw", or "nhwc" (it has NHWC kernels a rule may convert to where measured faster)
@@ -48,11 +51,6 @@ class Target:
     lists_kernels: bool = True  # False: an onnxruntime build with this provider crashes listing its kernel
     # registry (get_all_opkernel_def: a segmentation fault in onnxruntime-openvino 1.24.1): read no live registry
     doc: str = ""
-
-    @property
-    def providers(self) -> list[str]:
-        """What its sessions list, in order."""
-        return [self.provider, *self.fallback]
 
 
 CPU = "CPUExecutionProvider"
@@ -64,7 +62,8 @@ REGISTRY: dict[str, Target] = {t.name: t for t in (
            runs_elsewhere="cpu", install="install onnxruntime-gpu",
            doc="onnxruntime-gpu's CUDA provider; without it the output is validated on CPU and not measured"),
     Target("openvino", "OpenVINO", "OpenVINOExecutionProvider", fallback=(CPU,),
-           provider_options=(("device_type", "CPU"),), facts="openvino_kernels.json", runs_elsewhere="cpu",
+           provider_options=(("device_type", "CPU"),), threads_option="num_of_threads",
+           facts="openvino_kernels.json", runs_elsewhere="cpu",
            install="pip install onnxruntime-openvino (in its own venv: it replaces the onnxruntime package)",
            lists_kernels=False,
            doc="onnxruntime-openvino's OpenVINO provider on the CPU device; only ops it claims are written"),
@@ -114,16 +113,18 @@ def missing_note(name: str) -> str:
     return f"the installed onnxruntime has no {t.label} execution provider"
 
 
-def session_providers(name: str) -> list[str | tuple[str, dict[str, str]]]:
+def session_providers(name: str, threads: int = 0) -> list[str | tuple[str, dict[str, str]]]:
     """`providers=` for an onnxruntime session on `name` (its provider with its options, then its fallback);
-    refused with the install hint when the installed onnxruntime lacks the provider."""
+    `threads` (> 0) also goes to a provider's own thread pool (Target.threads_option). Refused with the install
+    hint when the installed onnxruntime lacks the provider."""
     t = get(name, "provider")
     if not available(name):
         raise OnnxfuseError(f"{t.label} execution provider not available in the installed onnxruntime",
                             hint=(f"{t.install} or use --provider cpu" if t.install else None))
-    first: str | tuple[str, dict[str, str]] = (t.provider, dict(t.provider_options)) if t.provider_options \
-        else t.provider
-    return [first, *t.fallback]
+    options = dict(t.provider_options)
+    if t.threads_option and threads > 0:
+        options[t.threads_option] = str(threads)
+    return [(t.provider, options) if options else t.provider, *t.fallback]
 
 
 OPEN = 2**31 - 1  # upper end of a kernel registered for every later opset
@@ -229,8 +230,7 @@ def facts_label(file: str = TABLE) -> str:
     """Where a kernel-facts file's facts were read, for messages."""
     source, _ = facts_file(file)
     if "probe" in source:
-        return (f"what {source['provider']} claimed in {source['package']} {source['onnxruntime']}, "
-                f"kernels/{file}")
+        return f"probed in {source['package']} {source['onnxruntime']}, kernels/{file}"
     release = f" {source['onnxruntime']}" if source.get("onnxruntime") else ""
     return f"onnxruntime{release}'s published kernel table, OperatorKernels.md at {source['commit'][:7]}"
 

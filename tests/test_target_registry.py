@@ -74,6 +74,10 @@ def test_session_providers_list_the_options_and_the_fallback(monkeypatch):
     t = get("openvino")
     monkeypatch.setattr(targets, "_available_providers", lambda: frozenset({t.provider, "CPUExecutionProvider"}))
     assert session_providers("openvino") == [(t.provider, {"device_type": "CPU"}), "CPUExecutionProvider"]
+    # its own thread pool follows --threads (onnxruntime's intra-op count does not bound a compiled graph)
+    assert session_providers("openvino", 1) == [(t.provider, {"device_type": "CPU", "num_of_threads": "1"}),
+                                                "CPUExecutionProvider"]
+    assert session_providers(HOST, 4) == ["CPUExecutionProvider"]
 
 
 def test_an_unknown_target_is_one_line_naming_the_registered_ones(cli):
@@ -139,3 +143,13 @@ def test_openvino_without_its_provider_validates_on_cpu_and_is_not_measured(tmp_
     for qual in made:
         domain, _, op = qual.rpartition(".")
         assert kernel_issue(domain, op, "openvino") is None, qual
+
+
+def test_docs_targets_table_lists_every_registered_target():
+    page = (ROOT / "docs" / "targets.md").read_text()
+    for name, t in REGISTRY.items():
+        row = next((line for line in page.splitlines() if line.startswith(f"| `{name}` |")), None)
+        assert row is not None, f"docs/targets.md has no row for {name}"
+        assert f"`{t.provider}`" in row
+        if t.facts != "registry":
+            assert f"kernels/{t.facts}" in row

@@ -31,6 +31,7 @@ from ..patterns.syntax import iter_calls
 from ..rewrite.engine import near_misses
 from ..rewrite.rebuild import Rewritten, rebuild
 from ..rewrite.ruleset import load_rules
+from ..targets import get
 from ..validate.facts import run_facts
 from ..validate.runtime import make_session
 
@@ -277,7 +278,8 @@ def notes(path: str, profiled: dict[str, list[str]], target: str = "cpu", level:
     """One note per op type of `profiled` (op type -> names of its profiled nodes, as onnxruntime ran `path` on
     `target` at `level`). A file onnxfuse cannot load or rewrite gets the reason as every note."""
     try:
-        layout = bool(set(profiled) & set(LAYOUT_OPS))
+        # layout boundaries where the target prefers onnxruntime's blocked NCHWc layout (Target.layout)
+        layout = get(target).layout == "nchwc" and bool(set(profiled) & set(LAYOUT_OPS))
         p = _run_pass(path, set(profiled) - set(LAYOUT_OPS), target, layout)
         bounds = layout_boundaries(ort_optimized(path, target, level, threads).graph) if layout else None
     except OnnxfuseError as e:

@@ -73,11 +73,6 @@ def _ort_level(level: str) -> onnxruntime.GraphOptimizationLevel:
     return table[key]
 
 
-def _ort_providers(provider: str) -> list:
-    """The registered target's providers with their options and fallback (targets.session_providers)."""
-    return session_providers(provider.lower())
-
-
 def physical_cores() -> int:
     """What onnxruntime's default intra-op pool uses (intra_op_num_threads=0: one thread per physical core):
     the physical cores (distinct package and core ids) among the CPUs this process may run on."""
@@ -136,7 +131,7 @@ def make_session(
         options.profile_file_prefix = profile_prefix
     if optimized_path is not None:
         options.optimized_model_filepath = optimized_path
-    providers = _ort_providers(provider)
+    providers = session_providers(provider.lower(), threads)  # the target's, with options and fallback
     if isinstance(model_path, str) and not os.path.isfile(model_path):
         raise ModelError(f"model file not found: {model_path}")
     label = model_path if isinstance(model_path, str) else "the model"
