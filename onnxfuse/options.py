@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from .errors import OnnxfuseError
+from .targets import HOST
 
 __all__ = ["OptimizeOptions", "check_choice", "check_target", "check_strings", "check_count", "check_seconds", "check_tolerance"]
 
@@ -18,7 +19,7 @@ class OptimizeOptions:
     only: list[str] = field(default_factory=list)  # apply only these rule ids (--only)
     skip: list[str] = field(default_factory=list)  # never apply these rule ids (--skip)
     builtin: bool = True  # load patterns/*.yaml (--no-builtin turns it off)
-    target: str = "cpu"  # the registered target the output is for: cpu, cuda, openvino (targets.REGISTRY; --target)
+    target: str = HOST  # the registered target the output is for: cpu, cuda, openvino (targets.REGISTRY; --target)
     validate: bool = True  # check the output against the original in onnxruntime (--no-validate)
     shapes: list[str] = field(default_factory=list)  # NAME:1x3x224x224 or DIM=4 (--shape)
     inputs_npz: str | None = None  # validation inputs from an .npz file (--inputs)

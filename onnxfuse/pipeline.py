@@ -33,7 +33,7 @@ from .select.decision_cache import DecisionCache
 from .select.region_select import region_selection
 from .select.rounds import MeasureReport, measured_selection
 from .select.timing_lock import timing_lock
-from .targets import available, get, kernel_issue, missing_note, runs_on
+from .targets import HOST, available, get, kernel_issue, missing_note, runs_on
 from .tensors import iter_nodes
 from .validate.compare import OutputCheck
 from .validate.facts import facts
@@ -295,7 +295,7 @@ def unvalidatable_ops(proto: onnx.ModelProto, provider: str) -> list[str]:
 
 
 def find_inputs(model: str | os.PathLike, shapes: list[str] | None = None, inputs_npz: str | None = None,
-                target: str = "cpu", probe: bool = True, budget_bytes: int | None = None,
+                target: str = HOST, probe: bool = True, budget_bytes: int | None = None,
                 profiles: list[str] | None = None) -> InputPlan:
     """The inputs `optimize` would validate and measure on first (`Result.inputs`), and why: discovered from the
     model (see inputs/discover.py) and, with `probe`, settled by running the original on the target's provider.
@@ -304,7 +304,7 @@ def find_inputs(model: str | os.PathLike, shapes: list[str] | None = None, input
 
 
 def find_profiles(model: str | os.PathLike, shapes: list[str] | None = None, inputs_npz: str | None = None,
-                  target: str = "cpu", probe: bool = True, budget_bytes: int | None = None,
+                  target: str = HOST, probe: bool = True, budget_bytes: int | None = None,
                   profiles: list[str] | None = None) -> list[tuple[str, float, InputPlan]]:
     """(name, weight, inputs) of every shape profile `optimize` would validate and measure on (`Result.profiles`):
     prefill and decode for a decoder with a KV cache, the `profiles` given (texts as `--profile` takes them),

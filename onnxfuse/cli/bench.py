@@ -11,6 +11,7 @@ import typer
 from ..errors import OnnxfuseError
 from ..load.collisions import check_report_path
 from ..select.timing_lock import timing_lock
+from ..targets import HOST
 from .app import (
     BenchShape,
     InputsOpt,
@@ -42,7 +43,7 @@ def _batches(text: str | None) -> list[int] | None:
 def bench(
     a: Annotated[str, typer.Argument(help="Model A (the baseline).")],
     b: Annotated[str | None, typer.Argument(help="Model B, compared against A.")] = None,
-    provider: ProviderOpt = "cpu",
+    provider: ProviderOpt = HOST,
     threads: ThreadsOpt = "1",
     level: LevelOpt = "all",
     shape: BenchShape = None,
@@ -86,7 +87,7 @@ def bench(
 def profile(
     a: Annotated[str, typer.Argument(help="Model to profile.")],
     b: Annotated[str | None, typer.Argument(help="A second model (e.g. the optimized one), side by side.")] = None,
-    provider: ProviderOpt = "cpu",
+    provider: ProviderOpt = HOST,
     threads: ThreadsOpt = "1",
     level: LevelOpt = "all",
     shape: BenchShape = None,

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from ..errors import OnnxfuseError
+from ..targets import HOST
 from .app import PatternsOpt, TargetOpt, app, out, parse_target, patterns_app
 
 
@@ -18,7 +19,7 @@ def explain(
     model: Annotated[str, typer.Argument(help="Model to inspect.")],
     rule: Annotated[str | None, typer.Option("--rule", "-r", help="Only this rule (shows every attempt).")] = None,
     patterns: PatternsOpt = None,
-    target: TargetOpt = "cpu",
+    target: TargetOpt = HOST,
     as_json: Annotated[bool, typer.Option("--json", help="Print the explanation as JSON (every near miss, "
                                           "with `hidden` saying why a row is left out by default).")] = False,
     show_all: Annotated[bool, typer.Option("--all", help="Also the near misses of rules that cannot apply on "

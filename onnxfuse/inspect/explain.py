@@ -14,6 +14,7 @@ from ..rewrite.engine import NearMiss, RuleSkip, near_misses
 from ..rewrite.fold import CLEANUP_STEPS
 from ..rewrite.rebuild import rebuild
 from ..rewrite.ruleset import load_rules
+from ..targets import HOST
 from ..validate.facts import run_facts
 from .alignment import Misaligned, alignment_report, vector_width
 
@@ -41,7 +42,7 @@ class Explanation:
                 "misaligned": [{**m.__dict__, "padded": m.padded, "waste": m.waste} for m in self.misaligned]}
 
 
-def explain(model: str | os.PathLike, patterns: list[str] | None = None, target: str = "cpu",
+def explain(model: str | os.PathLike, patterns: list[str] | None = None, target: str = HOST,
             rule: str | None = None, builtin: bool = True) -> Explanation:
     """Apply the rules to a fixed point, then report for every candidate left why its best attempt failed
     (only `rule`'s attempts, all of them, when given)."""

@@ -26,6 +26,7 @@ from ..select.timing import (
     time_interleaved,
     warm_up,
 )
+from ..targets import HOST
 from ..validate.runtime import LEVELS, make_session, resolve_threads, run
 
 
@@ -104,7 +105,7 @@ def probed_inputs(path: str, proto: onnx.ModelProto, spec: ShapeSpec | None, inp
     return plan.feeds
 
 
-def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cpu", threads: int | str = 1,
+def bench(paths: list[str], labels: list[str] | None = None, provider: str = HOST, threads: int | str = 1,
           level: str = "all", shapes: list[str] | None = None, inputs_npz: str | None = None,
           min_runs: int = 50, budget_s: float = 5.0, batches: list[int] | None = None,
           progress: Progress | None = None, profiles: list[str] | None = None) -> BenchResult:

@@ -327,7 +327,7 @@ def _per_run_kernel_us(events: list[dict], runs: int) -> list[float]:
     return totals
 
 
-def profile(path: str, provider: str = "cpu", threads: int | str = 1, level: str = "all", runs: int = 30,
+def profile(path: str, provider: str = HOST, threads: int | str = 1, level: str = "all", runs: int = 30,
             warmup: int = 10, shapes: list[str] | None = None, inputs_npz: str | None = None,
             latency_ms: float | None = None, batches: list[int] | None = None,
             progress: Phase | None = None, known: bool = True) -> ProfileResult:

@@ -12,6 +12,7 @@ from ..kernels.applicable import match_issue, rule_issue
 from ..match.matcher import Failure, Matcher
 from ..patterns.compute import ComputeError
 from ..patterns.rules import Rule
+from ..targets import HOST
 from ..tensors import TensorType
 from .apply import Application, apply_match, compute_constants
 from .fold import fold
@@ -47,7 +48,7 @@ class NearMiss:
 
 @dataclass
 class EngineOptions:
-    target: str = "cpu"
+    target: str = HOST
     deny: set[tuple[str, str]] = field(default_factory=set)  # (rule id, root value) never applied
     allow: set[tuple[str, str]] | None = None  # when given, the only (rule id, root value) rule rewrites applied
     fold: bool = True  # constant folding and If inlining before (and after) the rules

@@ -21,7 +21,7 @@ from ..ir import shell_copy
 from ..load.lazy import link_folder
 from ..load.loader import LoadInfo
 from ..load.write import write_streamed
-from ..targets import session_providers
+from ..targets import HOST, session_providers
 from ..tensors import all_tensors
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def physical_cores() -> int:
             with open(f"{topo}/physical_package_id") as f, open(f"{topo}/core_id") as g:
                 cores.add((f.read().strip(), g.read().strip()))
         except OSError:  # no topology (not Linux, a container hiding it): count the CPU itself
-            cores.add(("cpu", str(c)))
+            cores.add(("logical cpu", str(c)))
     return max(1, len(cores))
 
 
@@ -106,7 +106,7 @@ def resolve_threads(value: int | str, flag: str = "threads") -> int:
 
 
 def make_session(
-    model_path: str | bytes, level: str = "disable", provider: str = "cpu", threads: int = 1,
+    model_path: str | bytes, level: str = "disable", provider: str = HOST, threads: int = 1,
     profile_prefix: str | None = None, optimized_path: str | None = None, arena: bool = True,
 ) -> onnxruntime.InferenceSession:
     """An InferenceSession at the given graph optimization level (profiling into `profile_prefix` when
@@ -286,7 +286,7 @@ class Candidate:
 
 
 @contextlib.contextmanager
-def session_with_outputs(proto: onnx.ModelProto, info: LoadInfo, names: list[str], provider: str = "cpu",
+def session_with_outputs(proto: onnx.ModelProto, info: LoadInfo, names: list[str], provider: str = HOST,
                          threads: int = 1) -> Iterator[onnxruntime.InferenceSession]:
     """A session of `proto` at ORT_DISABLE_ALL that can also return the values `names` (added as graph outputs
     only while the candidate is written: `proto` is left as it was)."""
