@@ -62,6 +62,23 @@ def _run(python: pathlib.Path, args: list[str], cwd: pathlib.Path, timeout: floa
     return subprocess.run([str(python), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def test_the_facts_are_what_the_provider_claims_now(ov_python, tmp_path):
+    """The committed facts are reproduced by probing again: the contrib Gelu erf-gelu makes is claimed, the ONNX
+    LayerNormalization layernorm-decomposed makes is refused."""
+    out = tmp_path / "facts.json"
+    r = _run(ov_python, ["-m", "onnxfuse.inspect.kernel_probe", "openvino", "--rule", "erf-gelu", "--rule",
+                         "layernorm-decomposed", "-o", str(out)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    probed = json.loads(out.read_text())
+    committed = json.loads((ROOT / "onnxfuse" / "kernels" / FACTS).read_text())
+    provider = get("openvino").provider
+    assert probed["source"] == committed["source"]
+    assert probed["kernels"][provider] == {"com.microsoft": {"Gelu": committed["kernels"][provider]["com.microsoft"]
+                                                            ["Gelu"]}}
+    assert set(probed["refused"]) == {"LayerNormalization"}
+    assert probed["refused"]["LayerNormalization"] == committed["refused"]["LayerNormalization"]
+
+
 CHECK = textwrap.dedent("""
     import json, sys
     import numpy as np, onnxruntime as ort

@@ -160,3 +160,24 @@ def test_docs_targets_table_lists_every_registered_target():
         assert f"`{t.provider}`" in row
         if t.facts != "registry":
             assert f"kernels/{t.facts}" in row
+
+
+def test_probed_facts_keep_only_what_the_provider_always_claimed():
+    """kernel_probe's merge: runs of claimed opsets among the probed ones (open past the last probed), an opset
+    where one node was claimed and another refused counts as refused, a contrib op refused anywhere is refused."""
+    from onnxfuse.inspect.kernel_probe import OpFacts, claimed_ranges, facts_json
+
+    assert claimed_ranges({13, 17}, {11, 13, 17, 21}) == [(13, 17)]
+    assert claimed_ranges({17, 21}, {11, 17, 21}) == [(17, None)]
+    assert claimed_ranges({11, 21}, {11, 17, 21}) == [(11, 11), (21, None)]
+    f = {"float"}
+    facts = {("", "Relu"): OpFacts({13: f, 17: f}, {}, {13, 17}),
+             ("", "Expand"): OpFacts({13: f, 17: f}, {13: "not claimed"}, {13, 17}),
+             ("com.microsoft", "FastGelu"): OpFacts({13: f}, {17: "not claimed"}, {13, 17}),
+             ("com.microsoft", "Gelu"): OpFacts({13: f, 17: {"float16"}}, {}, {13, 17})}
+    out = facts_json("openvino", facts)
+    kernels = out["kernels"][get("openvino").provider]
+    assert kernels[""] == {"Relu": [[13, None, {"T": ["float"]}]], "Expand": [[17, None, {"T": ["float"]}]]}
+    assert kernels["com.microsoft"] == {"Gelu": [[1, None, {"T": ["float", "float16"]}]]}
+    assert set(out["refused"]) == {"Expand", "com.microsoft.FastGelu"}
+    assert out["source"]["provider"] == get("openvino").provider

@@ -169,7 +169,7 @@ def probe(target: str, rules: list[Rule] | None = None, log=None) -> dict[tuple[
     return facts
 
 
-def _ranges(claimed: set[int], probed: set[int]) -> list[tuple[int, int | None]]:
+def claimed_ranges(claimed: set[int], probed: set[int]) -> list[tuple[int, int | None]]:
     """Runs of claimed opsets among the probed ones: [since, until] (until None past the last probed opset)."""
     out: list[tuple[int, int | None]] = []
     start = prev = None
@@ -205,7 +205,7 @@ def facts_json(target: str, facts: dict[tuple[str, str], OpFacts]) -> dict:
         sure = {o for o in f.claimed if o not in f.refused}
         if sure and not (domain and f.refused):
             ks = []
-            for since, until in (_ranges(sure, f.probed) if not domain else [(1, None)]):
+            for since, until in (claimed_ranges(sure, f.probed) if not domain else [(1, None)]):
                 types = sorted(set().union(*(ts for o, ts in f.claimed.items() if o in sure
                                              and o >= since and (until is None or o <= until))))
                 con = input_type_str(domain, op, 0, since if not domain else None) or "T"
@@ -239,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("target")
     ap.add_argument("-o", "--output", help="default: the target's facts file in onnxfuse/kernels/")
+    ap.add_argument("--rule", action="append", default=[], help="probe only these built-in rules' ops")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
     t = get(a.target)
@@ -251,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     if t.provider not in ort.get_available_providers():
         print(f"the installed onnxruntime has no {t.provider} (hint: {t.install})", file=sys.stderr)
         return 2
-    facts = probe(a.target, log=(lambda s: print(s, file=sys.stderr)) if a.verbose else None)
+    rules = load_rules(only=a.rule) if a.rule else None
+    facts = probe(a.target, rules, log=(lambda s: print(s, file=sys.stderr)) if a.verbose else None)
     out = a.output or str(resources.files("onnxfuse.kernels").joinpath(t.facts))
     with open(out, "w", encoding="utf-8") as f:
         json.dump(facts_json(a.target, facts), f, indent=1, sort_keys=True)
