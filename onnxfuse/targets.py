@@ -50,23 +50,19 @@ class Target:
     install: str = ""  # how to get its provider: the hint when it is missing
     lists_kernels: bool = True  # False: an onnxruntime build with this provider crashes listing its kernel
     # registry (get_all_opkernel_def: a segmentation fault in onnxruntime-openvino 1.24.1): read no live registry
-    doc: str = ""
 
 
 CPU = "CPUExecutionProvider"
 HOST = "cpu"  # the target every onnxruntime has: references are computed there, and targets fall back on it
 REGISTRY: dict[str, Target] = {t.name: t for t in (
-    Target("cpu", "CPU", CPU, layout="nchwc",
-           doc="onnxruntime's CPU provider: the default"),
+    Target("cpu", "CPU", CPU, layout="nchwc"),  # the default
     Target("cuda", "CUDA", "CUDAExecutionProvider", fallback=(CPU,), layout="nhwc", vector_width=8,
-           runs_elsewhere="cpu", install="install onnxruntime-gpu",
-           doc="onnxruntime-gpu's CUDA provider; without it the output is validated on CPU and not measured"),
+           runs_elsewhere="cpu", install="install onnxruntime-gpu"),
     Target("openvino", "OpenVINO", "OpenVINOExecutionProvider", fallback=(CPU,),
            provider_options=(("device_type", "CPU"),), threads_option="num_of_threads",
            facts="openvino_kernels.json", runs_elsewhere="cpu",
            install="pip install onnxruntime-openvino (in its own venv: it replaces the onnxruntime package)",
-           lists_kernels=False,
-           doc="onnxruntime-openvino's OpenVINO provider on the CPU device; only ops it claims are written"),
+           lists_kernels=False),
 )}
 
 
