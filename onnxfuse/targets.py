@@ -46,6 +46,8 @@ class Target:
     layout: str = "nchw"  # its layout preference: "nchwc" (onnxruntime's blocked CPU layout where this CPU has
     # it, cpu_nchwc()), "nchw", or "nhwc" (it has NHWC kernels a rule may convert to where measured faster)
     vector_width: int | None = None  # fp32 lanes its channel dims align to; None: this CPU's (AVX-512 16, else 8)
+    calling_thread: bool = False  # at one intra-op thread every kernel runs on the calling thread, so its CPU
+    # time is the work (measure/clock.py times on it); False: other threads or a device do the work (wall time)
     runs_elsewhere: str | None = None  # the target it validates on (never times) without its provider
     install: str = ""  # how to get its provider: the hint when it is missing
     lists_kernels: bool = True  # False: an onnxruntime build with this provider crashes listing its kernel
@@ -55,7 +57,7 @@ class Target:
 CPU = "CPUExecutionProvider"
 HOST = "cpu"  # the target every onnxruntime has: references are computed there, and targets fall back on it
 REGISTRY: dict[str, Target] = {t.name: t for t in (
-    Target("cpu", "CPU", CPU, layout="nchwc"),  # the default
+    Target("cpu", "CPU", CPU, layout="nchwc", calling_thread=True),  # the default
     Target("cuda", "CUDA", "CUDAExecutionProvider", fallback=(CPU,), layout="nhwc", vector_width=8,
            runs_elsewhere="cpu", install="install onnxruntime-gpu"),
     Target("openvino", "OpenVINO", "OpenVINOExecutionProvider", fallback=(CPU,),

@@ -98,22 +98,47 @@ def test_rules_and_their_schema_name_every_registered_target():
     assert all(set(r.targets) == set(names()) for r in load_rules() if r.id == "reducemean-global-pool")
 
 
+def _spelled(tree: ast.AST) -> list[ast.Constant]:
+    """String constants naming a provider; a target's name compared with a target or provider, as a default, an
+    annotated assignment's value or a call's argument."""
+    def about_target(n: ast.AST) -> bool:
+        text = ast.unparse(n)
+        return "target" in text or "provider" in text
+
+    found = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+             and n.value.endswith("ExecutionProvider")]
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Compare) and about_target(n):
+            found += [c for c in [n.left, *n.comparators] for c in ast.walk(c)
+                      if isinstance(c, ast.Constant) and c.value in REGISTRY]
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = n.args.posonlyargs + n.args.args
+            pairs = list(zip(args[len(args) - len(n.args.defaults):], n.args.defaults, strict=True))
+            pairs += [(a, d) for a, d in zip(n.args.kwonlyargs, n.args.kw_defaults, strict=True) if d is not None]
+            found += [d for a, d in pairs if isinstance(d, ast.Constant) and d.value in REGISTRY]
+        elif isinstance(n, ast.AnnAssign) and isinstance(n.value, ast.Constant) and n.value.value in REGISTRY:
+            found.append(n.value)
+        elif isinstance(n, ast.Call):
+            found += [a for a in [*n.args, *(k.value for k in n.keywords)]
+                      if isinstance(a, ast.Constant) and a.value in REGISTRY]
+    return found
+
+
 def test_no_module_but_targets_spells_a_provider_or_a_target():
-    """Every other module reads the registry: no string constant (docstrings aside) names a target or a
-    provider outside targets.py."""
+    """Every other module reads the registry: no comparison, default or argument names a target, and no string
+    names a provider, outside targets.py."""
     spelled = []
     for p in (ROOT / "onnxfuse").rglob("*.py"):
         if p.name == "targets.py":
             continue
-        tree = ast.parse(p.read_text())
-        docs = {id(n.body[0].value) for n in ast.walk(tree)
-                if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)) and n.body
-                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
-        for n in ast.walk(tree):
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs and (
-                    n.value in REGISTRY or n.value.endswith("ExecutionProvider")):
-                spelled.append(f"{p.relative_to(ROOT)}:{n.lineno}: {n.value!r}")
+        spelled += [f"{p.relative_to(ROOT)}:{n.lineno}: {n.value!r}" for n in _spelled(ast.parse(p.read_text()))]
     assert spelled == []
+
+
+def test_the_spelling_check_finds_what_it_looks_for():
+    code = ('def f(target: str = "cpu"):\n    if provider == "cuda": pass\n    return ["CPUExecutionProvider", '
+            'kernel_issue("", "Relu", "openvino")]\nCPU = "cpu"\n')
+    assert sorted(n.value for n in _spelled(ast.parse(code))) == ["CPUExecutionProvider", "cpu", "cuda", "openvino"]
 
 
 def test_openvino_facts_refuse_what_the_provider_did_not_claim():
