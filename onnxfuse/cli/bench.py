@@ -12,6 +12,7 @@ import typer
 from ..errors import OnnxfuseError
 from ..load.collisions import check_report_path
 from ..measure.lock import timing_lock
+from ..targets import HOST
 from .app import (
     BenchShape,
     InputsOpt,
@@ -43,7 +44,7 @@ def _batches(text: str | None) -> list[int] | None:
 def bench(
     a: Annotated[str, typer.Argument(help="Model A (the baseline).")],
     b: Annotated[str | None, typer.Argument(help="Model B, compared against A.")] = None,
-    provider: ProviderOpt = "cpu",
+    provider: ProviderOpt = HOST,
     threads: ThreadsOpt = "1",
     level: LevelOpt = "all",
     shape: BenchShape = None,
@@ -90,7 +91,7 @@ def bench(
 def profile(
     a: Annotated[str, typer.Argument(help="Model to profile.")],
     b: Annotated[str | None, typer.Argument(help="A second model (e.g. the optimized one), side by side.")] = None,
-    provider: ProviderOpt = "cpu",
+    provider: ProviderOpt = HOST,
     threads: ThreadsOpt = "1",
     level: LevelOpt = "all",
     shape: BenchShape = None,

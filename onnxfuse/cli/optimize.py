@@ -20,6 +20,7 @@ try:  # typer >= 0.20 vendors click; older typer uses the click package
 except ImportError:  # pragma: no cover
     from click.exceptions import UsageError  # type: ignore[no-redef]
 
+from ..targets import HOST
 from .app import PatternsOpt, TargetOpt, app, bench_status, out, parse_target, parse_threads, profile_status
 
 
@@ -32,7 +33,7 @@ def optimize(
     patterns: PatternsOpt = None,
     only: Annotated[list[str] | None, typer.Option("--only", help="Apply only this rule id (repeatable).")] = None,
     skip: Annotated[list[str] | None, typer.Option("--skip", help="Never apply this rule id (repeatable).")] = None,
-    target: TargetOpt = "cpu",
+    target: TargetOpt = HOST,
     no_builtin: Annotated[bool, typer.Option("--no-builtin", help="Use only the --patterns files.")] = False,
     no_validate: Annotated[bool, typer.Option("--no-validate", help="Skip the onnxruntime check.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Report what would change; write nothing.")] = False,

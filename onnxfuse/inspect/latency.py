@@ -21,7 +21,8 @@ from ..measure.clock import WALL, estimator_for
 from ..measure.stats import Ratio, paired_ratio, percentile
 from ..measure.timing import Progress, interleave, warm_up
 from ..measure.verdicts import verdict
-from ..options import check_choice, check_count, check_seconds, check_strings
+from ..options import check_choice, check_count, check_seconds, check_strings, check_target
+from ..targets import HOST
 from ..validate.runtime import LEVELS, make_session, resolve_threads, run
 
 
@@ -96,7 +97,7 @@ def probed_inputs(path: str, proto: onnx.ModelProto, spec: ShapeSpec | None, inp
     return timing_feeds(proto, plan, bool(spec or inputs_npz))
 
 
-def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cpu", threads: int | str = 1,
+def bench(paths: list[str], labels: list[str] | None = None, provider: str = HOST, threads: int | str = 1,
           level: str = "all", shapes: list[str] | None = None, inputs_npz: str | None = None,
           min_runs: int = 50, budget_s: float = 5.0, batches: list[int] | None = None,
           progress: Progress | None = None, profiles: list[str] | None = None) -> BenchResult:
@@ -145,7 +146,7 @@ def check_bench_options(provider: str, threads: int, level: str, runs: int | Non
                         budget_s: float | None = None, batches: list[int] | None = None,
                         runs_option: str = "min_runs") -> None:
     """bench's and profile's values, checked before anything loads: one OnnxfuseError naming the option."""
-    check_choice("provider", provider, ("cpu", "cuda"))
+    check_target("provider", provider)
     check_count("threads", threads)
     check_choice("level", level, LEVELS)
     if runs is not None:

@@ -14,6 +14,7 @@ from ..measure.stats import NOISE_PREFIX
 from ..patterns.rules import Rule
 from ..result import Result
 from ..rewrite.engine import NearMiss
+from ..targets import HOST
 from ..words import count
 from .op_profile import captured_share
 
@@ -170,7 +171,7 @@ def _print_threads(m, console: Console) -> None:
     from ..validate.runtime import physical_cores
 
     default = physical_cores()
-    if m.provider == "cpu" and m.threads != default:
+    if m.provider == HOST and m.threads != default:
         console.print(f"[dim]measure: decided at {m.threads} thread(s); onnxruntime's default here uses {default} "
                       "(one per physical core): --threads auto measures at that[/dim]")
 
@@ -222,7 +223,7 @@ def print_rule_usage(rules: list[Rule], target: str, console: Console) -> None:
     """`patterns list --target T`: for every rule, whether it is used on T and, where not (or not always), why."""
     from rich.markup import escape as esc
 
-    from ..rewrite.engine import rule_usage
+    from ..kernels.applicable import rule_usage
     from ..targets import kernel_source
 
     t = Grid(console, f"{len(rules)} rules on {target} (kernels: {kernel_source(target).label})",

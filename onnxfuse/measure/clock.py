@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+from ..targets import get
+
 __all__ = ["CPU", "WALL", "describe", "estimator_for", "now"]
 
 CPU = "cpu"  # the calling thread's CPU time
@@ -17,8 +19,9 @@ _NAMES = {CPU: "thread CPU time", WALL: "wall time"}
 
 
 def estimator_for(provider: str, threads: int) -> str:
-    """CPU when onnxruntime runs on the CPU on the calling thread alone (one intra-op thread), else WALL."""
-    return CPU if provider == "cpu" and threads == 1 else WALL
+    """CPU when onnxruntime runs on the CPU on the calling thread alone (one intra-op thread on a target that
+    runs its kernels there: Target.calling_thread), else WALL."""
+    return CPU if get(provider).calling_thread and threads == 1 else WALL
 
 
 def describe(estimator: str) -> str:
