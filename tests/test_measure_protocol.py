@@ -100,7 +100,7 @@ def test_an_undecided_class_follows_the_decided_classes_of_the_same_rewrite():
     assert not u2.decision.kept
 
 
-def test_weak_evidence_is_decided_afresh():
+def test_weak_evidence_is_undecided_or_wall_time_under_load():
     assert weak_evidence({"source": UNDECIDED})
     assert weak_evidence({"source": "timed", "estimator": WALL, "load": 2.5})
     assert not weak_evidence({"source": "timed", "estimator": CPU, "load": 2.5})

@@ -270,14 +270,21 @@ class RegionRun:
         if (hit is not None and hit.get("source") == "budget" and self.opts.measure_budget_s is not None
                 and self.budget > hit.get("budget", 0.0)):
             return None
-        return None if hit is not None and weak_evidence(hit) else hit
+        if hit is not None and weak_evidence(hit) and (self.opts.measure_budget_s is not None and self.budget > hit.get(
+                "budget", float("inf")) or _load_per_core() < hit.get("load", 0.0) - QUIETER):
+            return None  # weak evidence, and this run can do better: a larger budget, or a quieter machine
+        return hit
 
     def decide(self, classes: list[RegionClass], region_deadline: float) -> None:
         todo = []
         for c in classes:
             rep = c.regions[0]
             hit = self._cached(digest("region", c.sig, self.env), ("region",))
-            if hit is not None:
+            if hit is not None and hit.get("source") == UNDECIDED:  # as undecided: the prior decides again
+                c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), False,
+                                         Ratio(*hit["ratio"]) if hit.get("ratio") else None, source=UNDECIDED,
+                                         instances=len(c.regions), floor=hit.get("floor", 0.0))
+            elif hit is not None:
                 c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), bool(hit["keep"]),
                                          Ratio(*hit["ratio"]) if hit.get("ratio") else None,
                                          source="cached" if hit.get("source") != "budget" else "budget",
@@ -313,7 +320,8 @@ class RegionRun:
             assert d.effect is not None
             self.cache.put(key, {"kind": "region", "keep": d.kept, "source": d.source,
                                  "ratio": [d.effect.median, d.effect.low, d.effect.high], "floor": d.floor,
-                                 "label": d.group, "rules": d.rules, **self.evidence(), **self.tag})
+                                 "label": d.group, "rules": d.rules, "budget": self.budget, **self.evidence(),
+                                 **self.tag})
         follow_peers(classes)
 
 
@@ -448,12 +456,15 @@ class Comparison:
     aa_spread: tuple[float, float] | None = None  # p10, p90 of the two candidate sessions' per-round ratio
 
 
-WEAK_LOAD = 1.0  # a wall-time decision taken with more runnable processes than cores per core is not reused
+WEAK_LOAD = 1.0  # a wall-time decision taken with more runnable processes than cores is weak evidence
+QUIETER = 0.5  # weak evidence is decided afresh on a machine this much less loaded (per core), or with a larger
+# --measure-budget; else it is reused as it was (an undecided class follows its prior again), so that a second
+# run on the same machine, or on an identical one, times nothing and writes the same bytes
 
 
 def weak_evidence(hit: dict) -> bool:
-    """A cached decision not to reuse but to decide afresh: one the budget left undecided, or one taken on wall
-    time while other processes loaded every core (wall time then measures the load as much as the rewrite)."""
+    """A cached result that is not a firm decision: one the budget left undecided, or one taken on wall time
+    while other processes loaded every core (wall time then measures the load as much as the rewrite)."""
     return hit.get("source") == UNDECIDED or (hit.get("estimator") == WALL and hit.get("load", 0.0) > WEAK_LOAD)
 
 

@@ -147,7 +147,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     else:
         report.dropped_everything = True
         report.confirmed = "not needed: no rewrite kept"
-    if not any(g.source == UNDECIDED for g in report.groups):  # else decided afresh, the undecided retimed
+    if not any(g.source == UNDECIDED for g in report.groups):  # else found again class by class (region_run)
         cache.put(selection_key, {
             "kind": "selection", "kept": sorted(map(list, kept)), "dropped": sorted(map(list, dropped)),
             "report": to_cache(report), "undecided": report.undecided, "budget": run.budget,
