@@ -1,0 +1,191 @@
+"""onnxfuse on Ray (fleet/): a real local cluster, a head and two worker nodes on loopback, each worker node with
+one CPU and one timing slot. Measured runs use fake timings installed in the worker processes (and a stepping
+clock), so what is kept does not depend on how busy the machine is; outputs are compared byte for byte with a
+run on one machine (batch.optimize_many) with the same decisions."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import pytest
+
+ray = pytest.importorskip("ray")
+from conftest import MODELS  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from onnxfuse import OptimizeOptions  # noqa: E402
+from onnxfuse.batch import collect, optimize_many  # noqa: E402
+from onnxfuse.fleet import TIMING_SLOT, optimize_on_ray  # noqa: E402
+
+NODE = {"num_cpus": 1, "resources": {TIMING_SLOT: 1}, "object_store_memory": 80 << 20}
+ZOO = ["cnn_small.onnx", "transformer_small.onnx", "if_subgraph.onnx"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": 80 << 20})
+    workers = [c.add_node(**NODE), c.add_node(**NODE)]
+    ray.init(address=c.address, logging_level="ERROR", log_to_driver=False, include_dashboard=False)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this file
+    c.wait_for_nodes()
+    c.workers = workers
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def fake_timings() -> None:
+    """In a worker process: a fused region takes 0.8 of its original's time, a whole-model candidate 0.9, and
+    the clock advances 0.1 ms per reading (conftest's fake_timer, installed where the task runs)."""
+    import time
+
+    import numpy as np
+
+    from onnxfuse.select import region_run
+
+    def fake(sessions, profiles, min_runs, deadline, hard_deadline=None, per_profile=None, min_seconds=0.0):
+        base = 1e-3 * (1 + 0.001 * np.random.default_rng(0).standard_normal(30))
+        out = {k: list(base * (0.8 if k == "f" else 0.9 if k in ("c", "c2") else 1.0)) for k in sessions}
+        if per_profile is not None:
+            for p in range(len(profiles)):
+                for k, ts in out.items():
+                    per_profile[k, p] = ts
+        return out
+
+    t = [0.0]
+
+    def clock():
+        t[0] += 1e-4
+        return t[0]
+
+    region_run.interleaved = fake
+    time.perf_counter = clock
+
+
+def zoo(tmp_path, names=ZOO) -> list[str]:
+    folder = tmp_path / "zoo"
+    folder.mkdir(exist_ok=True)
+    for n in names:
+        shutil.copy(os.path.join(MODELS, n), folder / n)
+    return [str(folder / n) for n in names]
+
+
+def files_of(folder) -> dict[str, bytes]:
+    return {n: open(os.path.join(folder, n), "rb").read() for n in sorted(os.listdir(folder))}
+
+
+def sources(results: list[dict]) -> list[str]:
+    return sorted({g["source"] for d in results for g in (d["measure"] or {}).get("groups", [])})
+
+
+def test_measured_on_ray_matches_one_machine_and_a_second_run_times_nothing(cluster, tmp_path, monkeypatch,
+                                                                             fake_timer):
+    inputs = zoo(tmp_path)
+    opts = OptimizeOptions()
+    fake_timer()  # the serial run, in this process, on the same fake timings
+    monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "serial-cache"))
+    serial = optimize_many(collect(inputs, str(tmp_path / "serial")), opts, 1)
+    assert all(d["error"] is None for d in serial)
+    assert "timed" in sources(serial)
+
+    monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "fleet-cache"))  # the driver's own, empty
+    first = optimize_on_ray(collect(inputs, str(tmp_path / "ray1")), opts, setup=fake_timings)
+    assert [d["error"] for d in first] == [None] * len(ZOO)
+    assert files_of(tmp_path / "ray1") == files_of(tmp_path / "serial")
+    assert "timed" in sources(first)
+    assert all(d["node"]["measured"] and d["node"]["id"] for d in first if d["measure"])
+    assert {d["node"]["id"] for d in first} <= {n["NodeID"] for n in ray.nodes()}
+    saved = json.load(open(tmp_path / "fleet-cache" / "decisions.json"))["decisions"]
+    assert saved  # persisted to the driver's file
+
+    # a second run (a new actor, seeded from the driver's file) reuses every decision: nothing is timed
+    second = optimize_on_ray(collect(inputs, str(tmp_path / "ray2")), opts, setup=fake_timings)
+    assert [d["error"] for d in second] == [None] * len(ZOO)
+    assert "timed" not in sources(second)
+    assert files_of(tmp_path / "ray2") == files_of(tmp_path / "ray1")
+
+
+def test_shipped_inputs_give_the_same_bytes(cluster, tmp_path):
+    """Inputs sent through the object store (as to a node that does not see the driver's files) are laid out
+    in the worker's private folder; the outputs and the result's names are the driver's."""
+    inputs = zoo(tmp_path, ["cnn_small.onnx"])
+    opts = OptimizeOptions(measure=False)
+    serial = optimize_many(collect(inputs, str(tmp_path / "serial")), opts, 1)
+    shipped = optimize_on_ray(collect(inputs, str(tmp_path / "ray")), opts, ship=True)
+    assert files_of(tmp_path / "ray") == files_of(tmp_path / "serial")
+    assert shipped[0]["input"] == inputs[0] and shipped[0]["output"] == str(tmp_path / "ray" / "cnn_small.onnx")
+    assert shipped[0]["written"] == [str(tmp_path / "ray" / "cnn_small.onnx")] == serial[0]["written"][:1] \
+        or shipped[0]["written"] == [os.path.abspath(str(tmp_path / "ray" / "cnn_small.onnx"))]
+
+
+def test_a_bad_model_fails_alone_with_its_line(cluster, tmp_path, cli):
+    inputs = zoo(tmp_path, ["cnn_small.onnx", "if_subgraph.onnx"])
+    bad = tmp_path / "zoo" / "broken.onnx"
+    bad.write_bytes(b"not a model")
+    code, out, err = cli("optimize", *inputs, str(bad), str(tmp_path / "out"), "--ray", "auto", "--json")
+    assert code == 1
+    results = json.loads(out)
+    assert [d["error"] is None for d in results] == [True, True, False]
+    failure = results[2]
+    assert failure["input"] == str(bad) and failure["output"] is None
+    assert str(bad) in failure["error"] and "\n" not in failure["error"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["cnn_small.onnx", "if_subgraph.onnx"]
+    jobs_code, jobs_out, _ = cli("optimize", *inputs, str(bad), str(tmp_path / "out-jobs"), "--jobs", "2",
+                                 "--json")
+    assert jobs_code == code
+    jobs = json.loads(jobs_out)
+    assert [sorted(set(d) - {"node"}) for d in results] == [sorted(d) for d in jobs]  # the same shape
+    assert [d["error"] for d in results] == [d["error"] for d in jobs]
+
+
+def test_a_node_killed_mid_run_is_retried_and_every_output_is_whole(cluster, tmp_path):
+    inputs = zoo(tmp_path, ["cnn_small.onnx", "transformer_small.onnx", "if_subgraph.onnx", "transformer_op18.onnx"])
+    opts = OptimizeOptions(measure=False)
+    serial = optimize_many(collect(inputs, str(tmp_path / "serial")), opts, 1)
+    assert all(d["error"] is None for d in serial)
+    victim = cluster.workers[1]
+    started = tmp_path / "started"
+    started.mkdir()
+    marks = str(started)
+    killed = []
+
+    def slow() -> None:  # each model says which node took it, then takes a few seconds
+        import time
+
+        open(os.path.join(marks, ray.get_runtime_context().get_node_id()), "a").close()
+        time.sleep(3)
+
+    def kill(counts: dict[str, int]) -> None:  # once the victim is running a model: its node dies
+        if not killed and os.path.exists(started / victim.node_id):
+            killed.append(dict(counts))
+            cluster.remove_node(victim, allow_graceful=False)
+
+    results = optimize_on_ray(collect(inputs, str(tmp_path / "ray")), opts, on_progress=kill, setup=slow)
+    cluster.workers[1] = cluster.add_node(**NODE)  # for any test after this one
+    assert killed and killed[0]["done"] == 0
+    assert [d["error"] for d in results] == [None] * len(inputs)
+    assert victim.node_id not in {d["node"]["id"] for d in results}  # what it was running ran again elsewhere
+    assert files_of(tmp_path / "ray") == files_of(tmp_path / "serial")  # nothing partial, nothing missing
+
+
+def test_ctrl_c_cancels_and_leaves_only_whole_outputs(cluster, tmp_path):
+    inputs = zoo(tmp_path, ["cnn_small.onnx", "transformer_small.onnx", "if_subgraph.onnx", "transformer_op18.onnx"])
+    opts = OptimizeOptions(measure=False)
+    finished = []
+
+    def slow() -> None:
+        import time
+
+        time.sleep(1)
+
+    def interrupt(result: dict) -> None:  # Ctrl-C as the first model finishes
+        finished.append(result)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        optimize_on_ray(collect(inputs, str(tmp_path / "out")), opts, on_result=interrupt, setup=slow)
+    assert len(finished) == 1
+    assert os.listdir(tmp_path / "out") == [os.path.basename(finished[0]["output"])]
