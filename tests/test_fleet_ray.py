@@ -26,7 +26,9 @@ ZOO = ["cnn_small.onnx", "transformer_small.onnx", "if_subgraph.onnx"]
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": 80 << 20})
+    fast_death = {"health_check_period_ms": 500, "health_check_failure_threshold": 2}  # a killed node: seconds
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": 80 << 20,
+                                                      "_system_config": fast_death})
     workers = [c.add_node(**NODE), c.add_node(**NODE)]
     ray.init(address=c.address, logging_level="ERROR", log_to_driver=False, include_dashboard=False)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this file
@@ -109,16 +111,24 @@ def test_measured_on_ray_matches_one_machine_and_a_second_run_times_nothing(clus
 
 
 def test_shipped_inputs_give_the_same_bytes(cluster, tmp_path):
-    """Inputs sent through the object store (as to a node that does not see the driver's files) are laid out
-    in the worker's private folder; the outputs and the result's names are the driver's."""
+    """Inputs sent through the object store (as to a node that does not see the driver's files), an
+    external-data model with its data file too, are laid out in the worker's private folder; the outputs (model
+    and data file) are the serial run's bytes, and the result names the driver's files."""
     inputs = zoo(tmp_path, ["cnn_small.onnx"])
+    styles = os.path.join(MODELS, "styles")
+    for n in ("bert_ir7_op13_external_data.onnx", "bert_ir7_op13_external_data.weights"):
+        shutil.copy(os.path.join(styles, n), tmp_path / "zoo" / n)
+    inputs.append(str(tmp_path / "zoo" / "bert_ir7_op13_external_data.onnx"))
     opts = OptimizeOptions(measure=False)
     serial = optimize_many(collect(inputs, str(tmp_path / "serial")), opts, 1)
     shipped = optimize_on_ray(collect(inputs, str(tmp_path / "ray")), opts, ship=True)
+    assert [d["error"] for d in shipped] == [None, None]
+    assert "bert_ir7_op13_external_data.onnx.data" in os.listdir(tmp_path / "ray")
     assert files_of(tmp_path / "ray") == files_of(tmp_path / "serial")
-    assert shipped[0]["input"] == inputs[0] and shipped[0]["output"] == str(tmp_path / "ray" / "cnn_small.onnx")
-    assert shipped[0]["written"] == [str(tmp_path / "ray" / "cnn_small.onnx")] == serial[0]["written"][:1] \
-        or shipped[0]["written"] == [os.path.abspath(str(tmp_path / "ray" / "cnn_small.onnx"))]
+    assert [d["input"] for d in shipped] == inputs
+    assert [d["output"] for d in shipped] == [str(tmp_path / "ray" / os.path.basename(p)) for p in inputs]
+    assert [d["written"] for d in shipped] == [[w.replace("serial", "ray") for w in d["written"]] for d in serial]
+    assert "onnxfuse-ray-" not in json.dumps(shipped)  # no name of the worker's private folder
 
 
 def test_a_bad_model_fails_alone_with_its_line(cluster, tmp_path, cli):
@@ -141,36 +151,6 @@ def test_a_bad_model_fails_alone_with_its_line(cluster, tmp_path, cli):
     assert [d["error"] for d in results] == [d["error"] for d in jobs]
 
 
-def test_a_node_killed_mid_run_is_retried_and_every_output_is_whole(cluster, tmp_path):
-    inputs = zoo(tmp_path, ["cnn_small.onnx", "transformer_small.onnx", "if_subgraph.onnx", "transformer_op18.onnx"])
-    opts = OptimizeOptions(measure=False)
-    serial = optimize_many(collect(inputs, str(tmp_path / "serial")), opts, 1)
-    assert all(d["error"] is None for d in serial)
-    victim = cluster.workers[1]
-    started = tmp_path / "started"
-    started.mkdir()
-    marks = str(started)
-    killed = []
-
-    def slow() -> None:  # each model says which node took it, then takes a few seconds
-        import time
-
-        open(os.path.join(marks, ray.get_runtime_context().get_node_id()), "a").close()
-        time.sleep(3)
-
-    def kill(counts: dict[str, int]) -> None:  # once the victim is running a model: its node dies
-        if not killed and os.path.exists(started / victim.node_id):
-            killed.append(dict(counts))
-            cluster.remove_node(victim, allow_graceful=False)
-
-    results = optimize_on_ray(collect(inputs, str(tmp_path / "ray")), opts, on_progress=kill, setup=slow)
-    cluster.workers[1] = cluster.add_node(**NODE)  # for any test after this one
-    assert killed and killed[0]["done"] == 0
-    assert [d["error"] for d in results] == [None] * len(inputs)
-    assert victim.node_id not in {d["node"]["id"] for d in results}  # what it was running ran again elsewhere
-    assert files_of(tmp_path / "ray") == files_of(tmp_path / "serial")  # nothing partial, nothing missing
-
-
 def test_ctrl_c_cancels_and_leaves_only_whole_outputs(cluster, tmp_path):
     inputs = zoo(tmp_path, ["cnn_small.onnx", "transformer_small.onnx", "if_subgraph.onnx", "transformer_op18.onnx"])
     opts = OptimizeOptions(measure=False)
@@ -189,3 +169,55 @@ def test_ctrl_c_cancels_and_leaves_only_whole_outputs(cluster, tmp_path):
         optimize_on_ray(collect(inputs, str(tmp_path / "out")), opts, on_result=interrupt, setup=slow)
     assert len(finished) == 1
     assert os.listdir(tmp_path / "out") == [os.path.basename(finished[0]["output"])]
+
+
+def test_one_model_to_a_file_on_ray(cluster, tmp_path, cli):
+    inputs = zoo(tmp_path, ["if_subgraph.onnx"])
+    code, out, err = cli("optimize", inputs[0], str(tmp_path / "m.opt.onnx"), "--ray", "auto")
+    assert code == 0, err
+    assert "ran on " in out and "1 model(s): 1 written" in out and "with Ray (1 node(s))" in out
+    serial = optimize_many(collect(inputs, str(tmp_path / "serial")), OptimizeOptions(measure=False), 1)
+    assert serial[0]["error"] is None
+    assert (tmp_path / "m.opt.onnx").read_bytes() == (tmp_path / "serial" / "if_subgraph.onnx").read_bytes()
+
+
+def test_measuring_needs_a_timing_slot_on_some_node(cluster, tmp_path, cli, monkeypatch):
+    inputs = zoo(tmp_path, ["if_subgraph.onnx"])
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    code, out, err = cli("optimize", inputs[0], str(tmp_path / "out"), "--ray", "auto", measure=True)
+    assert code == 1 and out == ""
+    assert err.strip().splitlines() == [
+        "onnxfuse: error: no node of the Ray cluster declares the onnxfuse_timing_slot resource, which measuring "
+        "needs (one per node: measurements never share a node's cores) (hint: ray start ... "
+        "--resources='{\"onnxfuse_timing_slot\": 1}' on each node, or --no-measure)"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_node_killed_mid_run_is_retried_and_every_output_is_whole(cluster, tmp_path):
+    """Last in this file: the cluster has one worker node afterwards."""
+    inputs = zoo(tmp_path, ["cnn_small.onnx", "transformer_small.onnx", "if_subgraph.onnx", "transformer_op18.onnx"])
+    opts = OptimizeOptions(measure=False)
+    serial = optimize_many(collect(inputs, str(tmp_path / "serial")), opts, 1)
+    assert all(d["error"] is None for d in serial)
+    victim = cluster.workers[1]
+    started = tmp_path / "started"
+    started.mkdir()
+    marks = str(started)
+    killed = []
+
+    def slow() -> None:  # each model says which node took it, then takes a few seconds
+        import time
+
+        open(os.path.join(marks, ray.get_runtime_context().get_node_id()), "a").close()
+        time.sleep(2)
+
+    def kill(counts: dict[str, int]) -> None:  # once the victim is running a model: its node dies
+        if not killed and os.path.exists(started / victim.node_id):
+            killed.append(dict(counts))
+            cluster.remove_node(victim, allow_graceful=False)
+
+    results = optimize_on_ray(collect(inputs, str(tmp_path / "ray")), opts, on_progress=kill, setup=slow)
+    assert killed and killed[0]["done"] == 0
+    assert [d["error"] for d in results] == [None] * len(inputs)
+    assert victim.node_id not in {d["node"]["id"] for d in results}  # what it was running ran again elsewhere
+    assert files_of(tmp_path / "ray") == files_of(tmp_path / "serial")  # nothing partial, nothing missing

@@ -174,12 +174,13 @@ def _optimize_batch(inputs: list[str], out_dir: str, opts, jobs: int | None, rec
     auto) on a Ray cluster (fleet/), with a bar of done, failed, running and queued models on a terminal."""
     import time
 
-    from ..batch import collect, default_jobs, optimize_many
+    from ..batch import BatchItem, collect, default_jobs, optimize_many
 
     if html:
         raise OnnxfuseError("--html writes the report of one model; with several models use --bench, or --html "
                             "on each model alone")
-    items = collect(inputs, out_dir, recursive)
+    one_file = ray is not None and len(inputs) == 1 and not os.path.isdir(inputs[0]) and not os.path.isdir(out_dir)
+    items = [BatchItem(inputs[0], out_dir)] if one_file else collect(inputs, out_dir, recursive)  # --ray IN OUT
     n_jobs = min(jobs or default_jobs(), len(items))
     t0 = time.perf_counter()
 

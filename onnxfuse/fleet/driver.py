@@ -37,18 +37,18 @@ def optimize_on_ray(items: list[BatchItem], options: OptimizeOptions, address: s
     bytes through the object store (None: when some node is on another machine than this one); a node that sees
     the same files reads them by path anyway. `on_progress({done, failed, running, queued})` after each change.
     `setup`: called in the worker before each model (tests install fake timings with it)."""
-    prepare_outputs(items, options)
     ray = import_ray()
     connected = connect(address)
     try:
-        return _run(ray, items, options, on_result, on_progress, ship, max_retries, setup)
+        window = 2 * slots(options.measure)  # before any output folder is made: a cluster that cannot run it
+        prepare_outputs(items, options)
+        return _run(ray, items, options, window, on_result, on_progress, ship, max_retries, setup)
     finally:
         if connected:
             ray.shutdown()
 
 
-def _run(ray, items, options, on_result, on_progress, ship, max_retries, setup) -> list[dict]:
-    window = 2 * slots(options.measure)
+def _run(ray, items, options, window, on_result, on_progress, ship, max_retries, setup) -> list[dict]:
     if ship is None:
         here = ray.util.get_node_ip_address()
         ship = any(n["Alive"] and n["NodeManagerAddress"] != here for n in ray.nodes())
