@@ -6,7 +6,11 @@ in-memory steps, which does not split into separate Ray tasks)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
+import threading
 
 from ..errors import OnnxfuseError
 
@@ -32,6 +36,26 @@ def connect(address: str) -> bool:
     if ray.is_initialized():
         return False
     quiet = {"logging_level": "ERROR", "log_to_driver": False, "include_dashboard": False}
+    with _keep_sigterm():
+        _init(ray, address, quiet)
+    return True
+
+
+@contextlib.contextmanager
+def _keep_sigterm():
+    """ray.init installs its own SIGTERM handler (a crash dump, then death); the command's (signals.py: SIGTERM
+    unwinds as Ctrl-C does, exit 143) is put back."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if before is not None:
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(signal.SIGTERM, before)
+
+
+def _init(ray, address: str, quiet: dict) -> None:
     try:
         if address == "auto":
             try:
@@ -39,13 +63,25 @@ def connect(address: str) -> bool:
             except ConnectionError:
                 ray.init(resources={TIMING_SLOT: 1}, num_cpus=os.cpu_count() or 1, **quiet)
         else:
+            _reachable(address)
             ray.init(address=address, **quiet)
     except (ConnectionError, ValueError, RuntimeError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise OnnxfuseError(f"--ray {address}: cannot connect to the Ray cluster: {first}",
                             hint="`ray status` on the head node shows its address; `auto` uses a running "
                                  "cluster or starts one here") from None
-    return True
+
+
+def _reachable(address: str, timeout_s: float = 10.0) -> None:
+    """A HOST:PORT that nothing answers is one line at once (Ray itself retries for minutes, logging as it
+    goes); other forms (ray://) are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConnectionError(f"nothing answers at {address} ({e.strerror or type(e).__name__})") from None
 
 
 def slots(measure: bool) -> int:
