@@ -171,10 +171,13 @@ def test_ctrl_c_cancels_and_leaves_only_whole_outputs(cluster, tmp_path):
     assert os.listdir(tmp_path / "out") == [os.path.basename(finished[0]["output"])]
 
 
-def test_one_model_to_a_file_on_ray(cluster, tmp_path, cli):
+def test_one_model_to_a_file_on_ray(cluster, tmp_path, cli, monkeypatch):
+    """IN OUT with --ray, IN relative to this folder (a worker's folder is another)."""
     inputs = zoo(tmp_path, ["if_subgraph.onnx"])
-    code, out, err = cli("optimize", inputs[0], str(tmp_path / "m.opt.onnx"), "--ray", "auto")
+    monkeypatch.chdir(tmp_path / "zoo")
+    code, out, err = cli("optimize", "if_subgraph.onnx", str(tmp_path / "m.opt.onnx"), "--ray", "auto")
     assert code == 0, err
+    assert out.startswith(f"if_subgraph.onnx -> {tmp_path / 'm.opt.onnx'}: ")
     assert "ran on " in out and "1 model(s): 1 written" in out and "with Ray (1 node(s))" in out
     serial = optimize_many(collect(inputs, str(tmp_path / "serial")), OptimizeOptions(measure=False), 1)
     assert serial[0]["error"] is None

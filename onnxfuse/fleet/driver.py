@@ -10,9 +10,11 @@ models finished by then are written, nothing partial. Outputs are written here o
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 
 from ..batch import SCHEMA, BatchItem, prepare_outputs
 from ..errors import OnnxfuseError
@@ -58,6 +60,9 @@ def _run(ray, items, options, window, on_result, on_progress, ship, max_retries,
         from .decisions import start
 
         actor = start(cache.decisions())
+    # a worker's folder is not the driver's: files the options name are given by absolute path
+    options = replace(options, patterns=[os.path.abspath(p) for p in options.patterns],
+                      inputs_npz=options.inputs_npz and os.path.abspath(options.inputs_npz))
     resources = {TIMING_SLOT: 1} if options.measure else {}
     task = ray.remote(run_model).options(num_cpus=1, resources=resources, max_retries=max_retries,
                                          retry_exceptions=False)
@@ -107,7 +112,7 @@ def _shipped(ray, path: str, ship: bool) -> Shipped:
             data = ray.put(read_bytes(path))
         except OSError:
             data = None  # unreadable here: the worker fails on it with the loader's line
-    return Shipped(path, files, data)
+    return Shipped(os.path.abspath(path), files, data, shown=path)
 
 
 def _collect(ray, ref, item: BatchItem, options: OptimizeOptions, max_retries: int) -> dict:

@@ -27,9 +27,10 @@ class Shipped:
     """The driver's description of one input: (relative name, size, mtime_ns) per file, the model first, and the
     object holding their bytes (None: not shipped, read by path)."""
 
-    path: str  # the model, as the driver names it
+    path: str  # the model's absolute path on the driver
     files: tuple[tuple[str, int, int], ...]
     data: object = None  # a Ray ObjectRef of [bytes, ...] in `files` order
+    shown: str = ""  # the model as the user named it (results name it so)
 
 
 def describe(path: str) -> tuple[str, tuple[tuple[str, int, int], ...]]:
@@ -59,7 +60,7 @@ def visible(shipped: Shipped) -> bool:
     """This node sees the driver's files: same paths, sizes and modification times."""
     if not shipped.files:
         return False
-    base = os.path.dirname(os.path.abspath(shipped.path))
+    base = os.path.dirname(shipped.path)
     for rel, size, mtime in shipped.files:
         try:
             st = os.stat(os.path.join(base, rel))

@@ -46,7 +46,9 @@ def run_model(shipped: Shipped, output: str, options: OptimizeOptions, decisions
             data = optimize_one(path, out, options)
         if not data["error"] and data.get("written"):
             data[FILES_KEY] = read_written(data["written"], out)
-        data = _renamed(data, {path: shipped.path, out: output, os.path.dirname(out): os.path.dirname(output)})
+        shown = shipped.shown or shipped.path
+        data = _renamed(data, {path: shown, os.path.dirname(path): os.path.dirname(shipped.path), out: output,
+                               os.path.dirname(out): os.path.dirname(output)})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     ctx = ray.get_runtime_context()
