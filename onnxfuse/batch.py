@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 from .errors import OnnxfuseError
 from .load.collisions import check_writes, same_file
+from .measure.lock import REPORT_WAIT_S, WAIT_KEY, busy_lock
 from .options import OptimizeOptions
 from .select.decision_cache import cache_dir
-from .select.timing_lock import REPORT_WAIT_S, WAIT_KEY, busy_lock
 
 __all__ = ["BatchItem", "collect", "default_jobs", "optimize_many", "optimize_one", "prepare_outputs"]
 

@@ -21,6 +21,7 @@ from .load.freeze import freeze_weights
 from .load.loader import LoadInfo, load_model
 from .load.static_shapes import fix_input_shapes
 from .load.write import approx_bytes, drop_unused_initializers, save_model
+from .measure.lock import timing_lock
 from .opschema import RUNTIME_DOMAINS
 from .options import OptimizeOptions, check_choice, check_strings
 from .patterns.rules import Rule
@@ -32,7 +33,6 @@ from .rewrite.ruleset import builtin_patterns_dir, load_rules
 from .select.decision_cache import DecisionCache
 from .select.region_select import region_selection
 from .select.rounds import MeasureReport, measured_selection
-from .select.timing_lock import timing_lock
 from .targets import kernel_issue, provider_registered, runs_on
 from .tensors import iter_nodes
 from .validate.compare import OutputCheck
@@ -150,7 +150,8 @@ def _optimize(shown: str, path: str, out: str | None, opts: OptimizeOptions, pro
     measured: MeasureReport | None = None
     if opts.measure and state.eng.applications:
         assert loaded.validator is not None
-        with timing_lock(timings), _timed(timings, "measure", progress, opts.measure_budget_s):  # one at a time
+        with timing_lock(timings, waiting=lambda: progress("waiting for the timing lock: another onnxfuse is timing")), \
+                _timed(timings, "measure", progress, opts.measure_budget_s):  # one at a time
             # what the run took so far, and the validation of the kept selection still to come (about as long)
             measured, state = _measure(path, rules, opts, base, deny, state, loaded.validator,
                                        spent_s=sum(timings.values()) + timings.get("validate", 0.0),

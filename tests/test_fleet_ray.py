@@ -9,11 +9,12 @@ import json
 import os
 import shutil
 import sys
+import time
 
 import pytest
 
 ray = pytest.importorskip("ray")
-from conftest import MODELS  # noqa: E402
+from conftest import MODELS, fake_interleaved, stepping_clock  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from onnxfuse import OptimizeOptions  # noqa: E402
@@ -31,7 +32,8 @@ def cluster():
                                                       "_system_config": fast_death})
     workers = [c.add_node(**NODE), c.add_node(**NODE)]
     ray.init(address=c.address, logging_level="ERROR", log_to_driver=False, include_dashboard=False)
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this file
+    for module in (__name__, "conftest"):  # the workers cannot import these files: their functions go by value
+        ray.cloudpickle.register_pickle_by_value(sys.modules[module])
     c.wait_for_nodes()
     c.workers = workers
     yield c
@@ -40,31 +42,12 @@ def cluster():
 
 
 def fake_timings() -> None:
-    """In a worker process: a fused region takes 0.8 of its original's time, a whole-model candidate 0.9, and
-    the clock advances 0.1 ms per reading (conftest's fake_timer, installed where the task runs)."""
-    import time
-
-    import numpy as np
-
+    """In a worker process, what conftest's fake_timer installs in this one: fake region and whole-model timings
+    and a clock that advances 0.1 ms per reading."""
     from onnxfuse.select import region_run
 
-    def fake(sessions, profiles, min_runs, deadline, hard_deadline=None, per_profile=None, min_seconds=0.0):
-        base = 1e-3 * (1 + 0.001 * np.random.default_rng(0).standard_normal(30))
-        out = {k: list(base * (0.8 if k == "f" else 0.9 if k in ("c", "c2") else 1.0)) for k in sessions}
-        if per_profile is not None:
-            for p in range(len(profiles)):
-                for k, ts in out.items():
-                    per_profile[k, p] = ts
-        return out
-
-    t = [0.0]
-
-    def clock():
-        t[0] += 1e-4
-        return t[0]
-
-    region_run.interleaved = fake
-    time.perf_counter = clock
+    region_run.interleave = fake_interleaved()
+    time.perf_counter = stepping_clock(1e-4)
 
 
 def zoo(tmp_path, names=ZOO) -> list[str]:

@@ -12,8 +12,8 @@ import typer
 from .. import signals
 from ..errors import OnnxfuseError
 from ..load.collisions import check_report_path
+from ..measure.lock import REPORT_WAIT_S, WAIT_KEY, busy_lock, timing_lock
 from ..options import check_count
-from ..select.timing_lock import REPORT_WAIT_S, WAIT_KEY, busy_lock, timing_lock
 
 try:  # typer >= 0.20 vendors click; older typer uses the click package
     from typer._click.exceptions import UsageError
@@ -146,12 +146,16 @@ def _report_optimize(result, input: str, output: str, opts, bench_after: bool, h
         from .. import profile as run_profile
         from ..inspect.html_report import render, write
 
-        with profile_status(not as_json) as progress:
+        with profile_status(not as_json) as progress, timing_lock():
+            # the latency the profile reports is bench's where it ran (one number per model on the page)
             profiles = [run_profile(p, opts.target, opts.measure_threads, shapes=opts.shapes or None,
-                                    inputs_npz=opts.inputs_npz, progress=progress(label))
-                        for label, p in (("input", input), ("output", output))]
-        write(html, render(f"onnxfuse optimize: {input}", bench=bench_res, profiles=profiles,
+                                    inputs_npz=opts.inputs_npz, progress=progress(label),
+                                    latency_ms=bench_res.models[i].median_ms if bench_res else None)
+                        for i, (label, p) in enumerate((("input", input), ("output", output)))]
+        write(html, render(f"onnxfuse optimize: {os.path.abspath(input)}", bench=bench_res, profiles=profiles,
                            labels=["input", "output"], result=result))
+        if not as_json:
+            print(f"report written to {os.path.abspath(html)}", file=sys.stderr)
     if as_json:
         data = result.to_json()
         if bench_res is not None:

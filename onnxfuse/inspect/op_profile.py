@@ -23,9 +23,9 @@ import onnx
 from ..errors import OnnxfuseError
 from ..inputs.shapes import parse_shape_specs
 from ..ir import make_model
+from ..measure.timing import run_times
 from ..options import check_count, check_strings
 from ..progress import Phase, quiet
-from ..select.timing import run_times
 from ..validate.runtime import make_session
 from .op_cost import CONTROL_FLOW, GEMM_CLASS, entries, model_index, node_bytes, node_flops, released_bytes
 from .remaining import Note, notes

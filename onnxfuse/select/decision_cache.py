@@ -25,18 +25,21 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from ..cache_folder import cache_dir
 from ..files import NotRegularFile, TooLarge, read_regular
 from .cache_entries import entry_problem
 
 __all__ = ["DecisionCache", "cache_dir", "environment_key", "shared_store"]
 
-FORMAT = 1
+FORMAT = 2  # 2: a cached selection's report in its own format (cached_report.py), not --json's
 # How decisions are measured: a change that can change a verdict (protocol 2: several shape profiles count
 # relative to the original's time at each; 3: whole-model comparisons run on to about a second, a selection
-# measured slower as a whole is dropped) makes earlier decisions miss instead of being reused.
-PROTOCOL = 3
+# measured slower as a whole is dropped; 4: decisions on thread CPU time at one thread, runs on while undecided)
+# makes earlier decisions miss instead of being reused.
+PROTOCOL = 4
 FILE = "decisions.json"
 MAX_BYTES = 256 << 20  # a cache file holding more is ignored (read only up to this bound)
+MAX_ENTRIES = 4096  # decisions kept at most: a save drops the oldest past this (about 4 MB)
 
 
 _store: list = [None]  # the store shared_store installed, if any
@@ -50,13 +53,6 @@ def shared_store(store) -> Iterator[None]:
         yield
     finally:
         _store[0] = previous
-
-
-def cache_dir() -> str:
-    if os.environ.get("ONNXFUSE_CACHE_DIR"):
-        return os.environ["ONNXFUSE_CACHE_DIR"]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "onnxfuse")
 
 
 def _processor() -> str:
@@ -73,6 +69,15 @@ def environment_key(provider: str, threads: int) -> str:
     import onnxruntime as ort
 
     return f"{provider}|{threads}|ort {ort.__version__}|{_processor()}|format {FORMAT}|protocol {PROTOCOL}"
+
+
+def bounded(entries: dict[str, dict], limit: int | None = None) -> dict[str, dict]:
+    """At most `limit` (MAX_ENTRIES) decisions: the newest by when they were taken."""
+    limit = MAX_ENTRIES if limit is None else limit
+    if len(entries) <= limit:
+        return entries
+    newest = sorted(entries, key=lambda k: (str(entries[k].get("when", "")), k), reverse=True)[:limit]
+    return {k: entries[k] for k in sorted(newest)}
 
 
 def digest(*parts: str) -> str:
@@ -168,7 +173,7 @@ class DecisionCache:
             return
         with contextlib.suppress(OSError):
             os.makedirs(self.directory, exist_ok=True)
-            merged = {**self._read(), **self.new}
+            merged = bounded({**self._read(), **self.new})
             if not self.usable:
                 return
             fd, tmp = tempfile.mkstemp(prefix=".decisions-", dir=self.directory)
