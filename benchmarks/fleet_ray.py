@@ -7,7 +7,7 @@ driver's own for serial) and whether the outputs are byte-identical to the seria
 
     python benchmarks/fleet_ray.py [--budget 2] [--models 20]
 
-The nodes of a loopback cluster share this machine's cores and its timing lock file (timing_lock.py), so its
+The nodes of a loopback cluster share this machine's cores and its timing lock file (measure/lock.py), so its
 measuring is serialized as --jobs' is: the cluster's gain here is the rewriting and validating done side by side
 and, above all, decisions reused; on separate machines each node measures in parallel with the others."""
 
