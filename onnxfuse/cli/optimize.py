@@ -82,6 +82,11 @@ def optimize(
                                              "measuring stays one model at a time.")] = None,
     recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Input folders: also the models in "
                                             "their subfolders.")] = False,
+    ray: Annotated[str | None, typer.Option("--ray", help="Optimize the models on a Ray cluster instead of "
+                                            "--jobs: auto (a running cluster, else one started here) or its "
+                                            "address; each node measures one model at a time and all nodes "
+                                            "share decisions (docs/fleet.md; pip install 'onnxfuse[ray]').")]
+    = None,
 ) -> None:
     """Apply fusion patterns to a fixed point, validate with onnxruntime, write OUT atomically. With several
     models (or a folder), write each into the folder OUT under its own file name."""
@@ -97,13 +102,16 @@ def optimize(
                            measure_by=measure_by, cache=not no_cache).check()
     if jobs is not None:
         check_count("jobs", jobs)
+    if jobs is not None and ray is not None:
+        raise OnnxfuseError("--jobs and --ray are two ways of running a batch: give one",
+                            hint="--ray runs as many models at once as the cluster has timing slots")
     if (bench_after or html) and dry_run:
         raise OnnxfuseError("--bench/--html need the written output; drop --dry-run")
     if len(paths) < 2:
         raise UsageError("Missing argument 'OUT': onnxfuse optimize IN OUT, or IN... OUTDIR", ctx)
     inputs, output = paths[:-1], paths[-1]
-    if len(inputs) > 1 or os.path.isdir(inputs[0]):
-        _optimize_batch(inputs, output, opts, jobs, recursive, bench_after, html, as_json)
+    if len(inputs) > 1 or os.path.isdir(inputs[0]) or ray is not None:
+        _optimize_batch(inputs, output, opts, jobs, recursive, bench_after, html, as_json, ray)
         return
     input = inputs[0]
     from ..progress import status_line
@@ -165,17 +173,19 @@ def _report_optimize(result, input: str, output: str, opts, bench_after: bool, h
 
 
 def _optimize_batch(inputs: list[str], out_dir: str, opts, jobs: int | None, recursive: bool, bench_after: bool,
-                    html: str | None, as_json: bool) -> None:
+                    html: str | None, as_json: bool, ray: str | None = None) -> None:
     """Several models (or folders) into the folder OUT_DIR: one line per model as it finishes, then a total;
-    with --json, the list of per-model results. Exit code 1 if any model failed."""
+    with --json, the list of per-model results. Exit code 1 if any model failed. With `ray` (an address or
+    auto) on a Ray cluster (fleet/), with a bar of done, failed, running and queued models on a terminal."""
     import time
 
-    from ..batch import collect, default_jobs, optimize_many
+    from ..batch import BatchItem, collect, default_jobs, optimize_many
 
     if html:
         raise OnnxfuseError("--html writes the report of one model; with several models use --bench, or --html "
                             "on each model alone")
-    items = collect(inputs, out_dir, recursive)
+    one_file = ray is not None and len(inputs) == 1 and not os.path.isdir(inputs[0]) and not os.path.isdir(out_dir)
+    items = [BatchItem(inputs[0], out_dir)] if one_file else collect(inputs, out_dir, recursive)  # --ray IN OUT
     n_jobs = min(jobs or default_jobs(), len(items))
     t0 = time.perf_counter()
 
@@ -191,8 +201,12 @@ def _optimize_batch(inputs: list[str], out_dir: str, opts, jobs: int | None, rec
         if not as_json:
             print(_batch_line(d), flush=True)
 
+    how = f"--jobs {n_jobs}"
     try:
-        results = optimize_many(items, opts, n_jobs, show)
+        if ray is None:
+            results = optimize_many(items, opts, n_jobs, show)
+        else:
+            results, how = _on_ray(items, opts, ray, show, as_json)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (signals.py)
         print(f"onnxfuse: {signals.word(e)} after {len(finished)} of {len(items)} model(s); the models finished "
               "by then are written, nothing partial", file=sys.stderr)
@@ -206,9 +220,22 @@ def _optimize_batch(inputs: list[str], out_dir: str, opts, jobs: int | None, rec
         done = "checked (dry run: nothing written)" if opts.dry_run else f"written to {out_dir}"
         print(f"{len(results)} model(s): {len(results) - len(failed)} {done}, {len(failed)} failed"
               + (f" ({', '.join(os.path.basename(d['input']) for d in failed)})" if failed else "")
-              + f"; {time.perf_counter() - t0:.1f} s with --jobs {n_jobs}")
+              + f"; {time.perf_counter() - t0:.1f} s with {how}")
     if failed:
         raise typer.Exit(1)
+
+
+def _on_ray(items, opts, address: str, show, as_json: bool) -> tuple[list[dict], str]:
+    """The batch on Ray, its bar on a terminal's stderr; (results, how it ran, for the total line)."""
+    from ..fleet import optimize_on_ray
+    from ..fleet.driver import nodes_used
+    from ..progress import counts_bar, status_line
+
+    with status_line(not as_json) as progress:
+        results = optimize_on_ray(items, opts, address, show,
+                                  on_progress=lambda c: progress(counts_bar(c["done"], c["failed"], c["running"],
+                                                                            c["queued"])))
+    return results, f"Ray ({nodes_used(results)} node(s))"
 
 
 class BatchInterrupted(Exception):
@@ -249,6 +276,10 @@ def _batch_line(d: dict) -> str:
     waited = d.get("timings_s", {}).get(WAIT_KEY)
     if waited:
         parts.append(f"waited {waited:.1f} s for the timing lock")
+    node = d.get("node")
+    if node:
+        parts.append(f"{'measured' if node.get('measured') else 'ran'} on {node['host']} ({node['address']}, "
+                     f"node {node['id'][:8]})")
     parts.append(f"{d['seconds']:.1f} s")
     where = d["output"] or "(dry run)"
     return f"{d['input']} -> {where}: " + ", ".join(parts)
