@@ -136,3 +136,28 @@ def test_the_timing_lock_says_when_it_waits_for_another_process(tmp_path):
     with timing_lock(path=path, waiting=lambda: told.append("again")):
         pass
     assert len(told) == 1  # a free lock: nothing to say
+
+
+def test_the_confirmation_may_run_past_the_budget_by_its_grace_but_an_on_model_group_may_not(monkeypatch):
+    """A kept selection is never left unconfirmed for want of a few seconds: the whole-model confirmation may end
+    up to CONFIRM_GRACE of the budget past it (GPT-2 dynamo exports had their confirmation skipped); a group
+    decided on the whole model is left out instead."""
+    from onnxfuse.select import region_run as rr
+
+    run = rr.RegionRun.__new__(rr.RegionRun)
+    run.budget, run.deadline = 10.0, time.perf_counter() + 1.0  # 1 s left of a 10 s budget
+    run.session_s, run.latency_s, run.profiles = 1.0, 0.2, [(1.0, {})]  # a comparison costs ~3.6 s before runs
+    run.cache = DC.DecisionCache(enabled=False)
+    run.report = type("R", (), {"rounds": 0})()
+    cand = type("C", (), {"info": type("I", (), {"size_bytes": 1, "external_bytes": 0})()})()
+    started = []
+
+    def sessions(*_a, **_k):
+        started.append(1)
+        raise RuntimeError("ran")
+    monkeypatch.setattr(rr, "timing_sessions", sessions)
+    out = rr.RegionRun.compare(run, "in.onnx", cand, "k", "on model", {})
+    assert out.ratio is None and not started and out.status.startswith("skipped: it would take about")
+    with pytest.raises(RuntimeError, match="ran"):  # the confirmation goes ahead (its sessions are made)
+        rr.RegionRun.compare(run, "in.onnx", cand, "k", "model", {})
+    assert started

@@ -44,6 +44,7 @@ CAPTURE_CHUNK = 32  # region inputs fetched per run of the original (bounds the 
 CONFIRM_RUNS = 20  # whole-model confirmation, budget permitting
 ON_MODEL_ROUNDS = 20  # rounds reserved for each group decided on the whole model (the 8 of a confirmation left
 # YOLOv8n's 6% layout gain at [0.89, 0.99]: not significant, dropped in one run of two)
+CONFIRM_GRACE = 0.5  # the whole-model confirmation may end this share of the budget past it
 COMPARE_ROUND_S = 10e-3  # a whole-model comparison's round per session at least (few comparisons: longer rounds)
 COMPARE_MIN_S = 1.0  # and runs on to about this many seconds (a small model's 20 runs are a few milliseconds)
 REGION_BUDGET_S = 10.0  # the automatic budget at most (models up to 1 GiB)
@@ -384,9 +385,12 @@ class RegionRun:
         # the sessions and one warm-up round must fit; whether MIN_RUNS_FLOOR runs do is decided after the warm-up
         # on the real (ORT_ENABLE_ALL) run times (interleaved), not on the capture's unoptimized ones
         cost = self.comparison_s()
+        # the confirmation is what makes "never slower" true: it may run past the budget, by up to
+        # CONFIRM_GRACE of it, rather than leave a kept selection unconfirmed
+        limit = self.deadline + (CONFIRM_GRACE * self.budget if kind == "model" else 0.0)
         if 3 * weights > default_budget_bytes():
             why = "skipped: three sessions of the model would not fit the memory budget"
-        elif time.perf_counter() + cost > self.deadline:
+        elif time.perf_counter() + cost > limit:
             why = f"skipped: it would take about {cost:.1f} s, past the budget"
         if why:
             self.cache.put(key, {"kind": kind, "source": "budget", "budget": self.budget, "why": why, **tag})
@@ -400,7 +404,7 @@ class RegionRun:
                                         "c": cands[0].source}, self.provider, self.opts.measure_threads,
                                        control=("c", "c2"))
             times = interleave(sessions, self.profiles, estimator=self.estimator, min_runs=runs,
-                               deadline=deadline or self.deadline, hard_deadline=self.deadline,
+                               deadline=deadline or self.deadline, hard_deadline=limit,
                                min_seconds=COMPARE_MIN_S, round_s=COMPARE_ROUND_S)
             del sessions
         except OutOfBudget:
