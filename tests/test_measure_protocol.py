@@ -149,13 +149,14 @@ def test_the_confirmation_may_run_past_the_budget_by_its_grace_but_an_on_model_g
     run.session_s, run.latency_s, run.profiles = 1.0, 0.2, [(1.0, {})]  # a comparison costs ~3.6 s before runs
     run.cache = DC.DecisionCache(enabled=False)
     run.report = type("R", (), {"rounds": 0})()
-    cand = type("C", (), {"info": type("I", (), {"size_bytes": 1, "external_bytes": 0})()})()
+    cand = rr.Rewritten.__new__(rr.Rewritten)
+    cand.__dict__.update(info=type("I", (), {"size_bytes": 1, "external_bytes": 0})(), proto=None)
     started = []
 
     def sessions(*_a, **_k):
         started.append(1)
         raise RuntimeError("ran")
-    monkeypatch.setattr(rr, "timing_sessions", sessions)
+    monkeypatch.setattr(rr, "Candidate", sessions)
     out = rr.RegionRun.compare(run, "in.onnx", cand, "k", "on model", {})
     assert out.ratio is None and not started and out.status.startswith("skipped: it would take about")
     with pytest.raises(RuntimeError, match="ran"):  # the confirmation goes ahead (its sessions are made)
