@@ -8,18 +8,13 @@ import sys
 from typing import Annotated
 
 import typer
+from typer._click.exceptions import UsageError  # typer vendors click
 
 from .. import signals
 from ..errors import OnnxfuseError
 from ..load.collisions import check_report_path
 from ..options import check_count
 from ..select.timing_lock import REPORT_WAIT_S, WAIT_KEY, busy_lock, timing_lock
-
-try:  # typer >= 0.20 vendors click; older typer uses the click package
-    from typer._click.exceptions import UsageError
-except ImportError:  # pragma: no cover
-    from click.exceptions import UsageError  # type: ignore[no-redef]
-
 from .app import PatternsOpt, TargetOpt, app, bench_status, out, parse_target, parse_threads, profile_status
 
 
