@@ -57,9 +57,10 @@ def optimize(
                                          "or auto (onnxruntime's default: one per physical core). Decisions hold "
                                          "for this count; the report, JSON, HTML and decision cache name it.")] = "1",
     measure_budget: Annotated[float | None, typer.Option("--measure-budget", help="Seconds for the whole "
-                                                         "measuring phase (default: automatic, 4-10 s, keeping "
-                                                         "optimize near 12 s; more past 1 GiB of weights; with "
-                                                         "--measure-by model, seconds per round, default 2).")]
+                                                         "measuring phase (default: automatic: what keeps optimize "
+                                                         "near 12 s, 4-10 s, raised where the steps around timing "
+                                                         "need more and past 1 GiB of weights; with --measure-by "
+                                                         "model, seconds per round, default 2).")]
     = None,
     measure_by: Annotated[str, typer.Option("--measure-by", help="regions: time each class of alike regions "
                                             "alone, then confirm on the whole model; model: rounds of "
