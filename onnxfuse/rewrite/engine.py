@@ -81,6 +81,8 @@ def rule_issue(rule: Rule, target: str, opset: int | None) -> str | None:
     in the ONNX domain where ONNX has none (opschema.runtime_only: LayerNormalization below opset 17) may be made
     as a step a later rule fuses further (Add + LayerNormalization -> SkipLayerNormalization); a rewrite that
     leaves one in the result is left out (rebuild.defined_ops_only)."""
+    if rule.unavailable:
+        return rule.unavailable
     if target not in rule.targets:
         return f"declared for {', '.join(rule.targets)} only"
     if opset is not None and not rule.opset_min <= opset <= rule.opset_max:
