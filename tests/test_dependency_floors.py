@@ -51,3 +51,11 @@ def test_the_oldest_subset_lists_test_files_that_exist():
     assert files
     for f in files:
         assert os.path.isfile(os.path.join(ROOT, "tests", f)), f
+
+
+def test_readme_states_the_floors_pyproject_declares():
+    project = _project()
+    floors = dict(re.findall(r"^([a-z]+)>=([\d.]+)", "\n".join(project["dependencies"]), re.M))
+    readme = " ".join(open(os.path.join(ROOT, "README.md"), encoding="utf-8").read().split())
+    python = project["requires-python"].removeprefix(">=")
+    assert f"Python {python}+, onnx {floors['onnx']}+ and onnxruntime {floors['onnxruntime']}+" in readme
