@@ -55,9 +55,11 @@ $PIP --no-deps --no-build-isolation -e . || { echo "could not install onnxfuse (
 python - <<'PY' || exit 1
 import onnxruntime as ort
 from onnxfuse import load_rules
-from onnxfuse.targets import kernel_issue, provider_registered, table_source
+from onnxfuse.targets import available, kernel_issue, kernel_source, table_source
 print("onnxruntime", ort.__version__, ort.get_available_providers())
-assert provider_registered("cuda"), "the CUDA execution provider did not register"
+assert available("cuda"), "the CUDA execution provider is not available"
+# one answer: where the provider is available its kernels are read from the live registry, not the table
+assert kernel_source("cuda").live, f"CUDA is available but its kernels come from {kernel_source('cuda').label}"
 bad = []
 for r in load_rules():
     if "cuda" not in r.targets:

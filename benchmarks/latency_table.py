@@ -49,7 +49,8 @@ from transformer_fusions import one_line, onnxfuse_exe, run_onnxscript  # noqa: 
 
 from onnxfuse.inputs import at_batch, discover_profiles  # noqa: E402
 from onnxfuse.inputs.shapes import ShapeSpec  # noqa: E402
-from onnxfuse.select.timing import SIGNIFICANT, paired_ratio, time_interleaved, warm_up  # noqa: E402
+from onnxfuse.measure.stats import SIGNIFICANT, paired_ratio  # noqa: E402
+from onnxfuse.measure.timing import interleave, warm_up  # noqa: E402
 from onnxfuse.validate.runtime import make_session, run  # noqa: E402
 
 PEERS = ("ortx", "onnxscript")
@@ -122,7 +123,8 @@ def time_profile(name: str, feeds: dict, paths: dict[str, str], src: str, thread
                 "A/A": session(src, threads)}
     for s in sessions.values():
         warm_up(s, feeds, max_runs=20)
-    times = time_interleaved(sessions, feeds, runs, budget)
+    times = interleave(sessions, [(1.0, feeds)], estimator="wall", min_runs=runs, floor_runs=runs,
+                       min_seconds=budget, max_runs=20 * runs)
     base = times["original"]
     control = paired_ratio(times["A/A"], base)
     floor = abs(control.median - 1) + (control.high - control.low) / 2

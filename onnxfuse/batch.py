@@ -32,11 +32,11 @@ from dataclasses import dataclass
 
 from .errors import OnnxfuseError
 from .load.collisions import check_writes, same_file
+from .measure.lock import REPORT_WAIT_S, WAIT_KEY, busy_lock
 from .options import OptimizeOptions
 from .select.decision_cache import cache_dir
-from .select.timing_lock import REPORT_WAIT_S, WAIT_KEY, busy_lock
 
-__all__ = ["BatchItem", "collect", "default_jobs", "optimize_many"]
+__all__ = ["BatchItem", "collect", "default_jobs", "optimize_many", "optimize_one", "prepare_outputs"]
 
 SCHEMA = "onnxfuse.optimize/1"
 DIED = ("the worker process died while optimizing it (a crash in onnxruntime, or killed: out of memory?)")
@@ -103,15 +103,7 @@ def optimize_many(items: list[BatchItem], options: OptimizeOptions, jobs: int,
     returns the per-model results in the items' order (each `Result.to_json()` with `error` None and
     `seconds`, or a failure: `schema`, `input`, `output` None, `error`, `seconds`). `on_result` is called
     with each result as it completes."""
-    if not options.dry_run:  # before any work: no output replaces a file another input reads (its own: refused
-        # by its own run, so the others still run)
-        check_writes([(i.input, i.output) for i in items if not same_file(i.input, i.output)], options.force,
-                     [i.input for i in items])
-        for d in sorted({os.path.dirname(os.path.abspath(i.output)) for i in items}):
-            try:
-                os.makedirs(d, exist_ok=True)
-            except OSError as e:
-                raise OnnxfuseError(f"{d}: cannot create the output folder: {e.strerror or e}") from None
+    prepare_outputs(items, options)
     done: dict[int, dict] = {}
 
     def finish(i: int, result: dict) -> None:
@@ -129,6 +121,20 @@ def optimize_many(items: list[BatchItem], options: OptimizeOptions, jobs: int,
     while broken:  # run again one at a time what a dying worker took down: only the culprit fails
         broken = _pool(broken, items, options, env, 1, finish)
     return [done[i] for i in range(len(items))]
+
+
+def prepare_outputs(items: list[BatchItem], options: OptimizeOptions) -> None:
+    """Before any work: no output replaces a file another input reads (its own: refused by its own run, so the
+    others still run), and the output folders exist."""
+    if options.dry_run:
+        return
+    check_writes([(i.input, i.output) for i in items if not same_file(i.input, i.output)], options.force,
+                 [i.input for i in items])
+    for d in sorted({os.path.dirname(os.path.abspath(i.output)) for i in items}):
+        try:
+            os.makedirs(d, exist_ok=True)
+        except OSError as e:
+            raise OnnxfuseError(f"{d}: cannot create the output folder: {e.strerror or e}") from None
 
 
 def _pool(todo: list[int], items: list[BatchItem], options: OptimizeOptions, env: dict[str, str], jobs: int,

@@ -6,8 +6,9 @@ import math
 from dataclasses import dataclass, field
 
 from .errors import OnnxfuseError
+from .targets import HOST
 
-__all__ = ["OptimizeOptions", "check_choice", "check_strings", "check_count", "check_seconds", "check_tolerance"]
+__all__ = ["OptimizeOptions", "check_choice", "check_target", "check_strings", "check_count", "check_seconds", "check_tolerance"]
 
 
 @dataclass
@@ -18,7 +19,7 @@ class OptimizeOptions:
     only: list[str] = field(default_factory=list)  # apply only these rule ids (--only)
     skip: list[str] = field(default_factory=list)  # never apply these rule ids (--skip)
     builtin: bool = True  # load patterns/*.yaml (--no-builtin turns it off)
-    target: str = "cpu"  # execution provider the output is for: cpu or cuda (--target)
+    target: str = HOST  # the registered target the output is for: cpu, cuda, openvino (targets.REGISTRY; --target)
     validate: bool = True  # check the output against the original in onnxruntime (--no-validate)
     shapes: list[str] = field(default_factory=list)  # NAME:1x3x224x224 or DIM=4 (--shape)
     inputs_npz: str | None = None  # validation inputs from an .npz file (--inputs)
@@ -48,7 +49,7 @@ class OptimizeOptions:
         (`shapes="batch=1"` is `shapes=["batch=1"]`). Returns self."""
         for name in _LISTS:
             setattr(self, name, check_strings(name, getattr(self, name)))
-        check_choice("target", self.target, ("cpu", "cuda"))
+        check_target("target", self.target)
         check_choice("measure_by", self.measure_by, ("regions", "model"))
         check_tolerance("rtol", self.rtol)
         check_tolerance("atol", self.atol)
@@ -85,6 +86,14 @@ def check_strings(option: str, value: object) -> list[str]:
     if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
         raise OnnxfuseError(f"expected a list of strings, got {type(value).__name__}", option=option, value=value)
     return list(value)
+
+
+def check_target(option: str, value: object) -> str:
+    """`value` names a registered target (targets.REGISTRY), else one OnnxfuseError naming the option and every
+    registered target."""
+    from .targets import get
+
+    return get(value, option).name
 
 
 def check_choice(option: str, value: object, choices: tuple[str, ...]) -> str:

@@ -21,8 +21,9 @@ from .load.freeze import freeze_weights
 from .load.loader import LoadInfo, load_model
 from .load.static_shapes import fix_input_shapes
 from .load.write import approx_bytes, drop_unused_initializers, save_model
+from .measure.lock import timing_lock
 from .opschema import RUNTIME_DOMAINS
-from .options import OptimizeOptions, check_choice, check_strings
+from .options import OptimizeOptions, check_strings, check_target
 from .patterns.rules import Rule
 from .progress import Phase, quiet
 from .result import Result, op_counts
@@ -32,8 +33,7 @@ from .rewrite.ruleset import builtin_patterns_dir, load_rules
 from .select.decision_cache import DecisionCache
 from .select.region_select import region_selection
 from .select.rounds import MeasureReport, measured_selection
-from .select.timing_lock import timing_lock
-from .targets import kernel_issue, provider_registered, runs_on
+from .targets import HOST, available, get, kernel_issue, missing_note, runs_on
 from .tensors import iter_nodes
 from .validate.compare import OutputCheck
 from .validate.facts import facts
@@ -129,7 +129,7 @@ class _Loaded:
     model: Model
     info: LoadInfo
     before: dict[str, int]
-    provider: str  # where validation and measuring run (cpu when cuda is asked for but not installed)
+    provider: str  # the target validation and measuring run on (its runs_elsewhere when its provider is missing)
     note: str
     validator: Validator | None
 
@@ -150,7 +150,8 @@ def _optimize(shown: str, path: str, out: str | None, opts: OptimizeOptions, pro
     measured: MeasureReport | None = None
     if opts.measure and state.eng.applications:
         assert loaded.validator is not None
-        with timing_lock(timings), _timed(timings, "measure", progress, opts.measure_budget_s):  # one at a time
+        with timing_lock(timings, waiting=lambda: progress("waiting for the timing lock: another onnxfuse is timing")), \
+                _timed(timings, "measure", progress, opts.measure_budget_s):  # one at a time
             # what the run took so far, and the validation of the kept selection still to come (about as long)
             measured, state = _measure(path, rules, opts, base, deny, state, loaded.validator,
                                        spent_s=sum(timings.values()) + timings.get("validate", 0.0),
@@ -171,9 +172,9 @@ def _measure(path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOp
              progress: Phase = quiet) -> tuple[MeasureReport, Rewritten]:
     """Measured selection on the target: by region (the default) or by whole-model rounds. `spent_s`: seconds
     optimize took before measuring (the automatic budget keeps the whole run near a target)."""
-    if opts.target == "cuda" and not provider_registered("cuda"):
-        return MeasureReport("cuda", opts.measure_threads, 0, note="not measured: the installed onnxruntime "
-                             "has no CUDA execution provider"), state
+    if not available(opts.target):
+        return MeasureReport(opts.target, opts.measure_threads, 0,
+                             note=f"not measured: {missing_note(opts.target)}"), state
     if opts.measure_by == "model":
         return measured_selection(path, rules, opts, base, deny, state, validator)
     cache = DecisionCache(enabled=opts.cache)
@@ -191,7 +192,7 @@ def _load(path: str, opts: OptimizeOptions) -> _Loaded:
         raise OnnxfuseError(f"{path}: ops with no known schema ({', '.join(unknown[:3])}): onnxruntime cannot "
                             "run the model, so it cannot be validated", hint="pass --no-validate to rewrite it anyway")
     provider = runs_on(opts.target)
-    note = "" if provider == opts.target else " on CPU (the installed onnxruntime has no CUDA execution provider)"
+    note = "" if provider == opts.target else f" on {get(provider).label} ({missing_note(opts.target)})"
     validator = Validator(path, model.proto, opts, provider) if opts.validate or opts.measure else None
     return _Loaded(model, info, before, provider, note, validator)
 
@@ -201,13 +202,15 @@ def _rewrite(loaded: _Loaded, rules: list[Rule], opts: OptimizeOptions) -> tuple
     """Rules to a fixed point on the loaded model. Rules whose ops could not be validated here are held back; a
     rewrite leaving an op the model's opset does not define is left out (rebuild.defined_ops_only)."""
     held_back: list[RuleSkip] = []
-    if opts.validate and loaded.provider != opts.target:  # fused ops with no CPU kernel cannot be validated here
+    if opts.validate and loaded.provider != opts.target:  # fused ops with no kernel where it validates cannot be
+        here, there = get(loaded.provider).label, get(opts.target).label  # validated
         for r in rules:
             ops = [f"{d}.{o}" for d, o in r.output_ops()
                    if kernel_issue(d, o, loaded.provider) and opts.target in r.targets]
             if ops:
-                held_back.append(RuleSkip(r.id, f"{', '.join(ops)} has no CPU kernel and no CUDA execution provider "
-                                                "is installed to validate it (--no-validate applies it unchecked)"))
+                held_back.append(RuleSkip(r.id, f"{', '.join(ops)} has no {here} kernel and no {there} execution "
+                                                "provider is installed to validate it (--no-validate applies it "
+                                                "unchecked)"))
         rules = [r for r in rules if r.id not in {h.rule for h in held_back}]
     model, info = loaded.model, loaded.info
     base = EngineOptions(target=opts.target, fold=opts.fold)
@@ -233,8 +236,8 @@ def _validate(path: str, rules: list[Rule], base: EngineOptions, deny: set[tuple
     assert loaded.validator is not None
     missing = unvalidatable_ops(state.proto, loaded.provider) if loaded.provider != opts.target else []
     if missing:
-        return state, (f"not run: {', '.join(missing)} have no {loaded.provider.upper()} kernel and no CUDA "
-                       "execution provider is installed"), [], []
+        return state, (f"not run: {', '.join(missing)} have no {get(loaded.provider).label} kernel and no "
+                       f"{get(opts.target).label} execution provider is installed"), [], []
     state, outcome, rolled_back = validate_with_rollback(path, rules, base, deny, state, loaded.validator)
     status = "passed" + loaded.note + (f" after rolling back {len(rolled_back)} rewrite(s)" if rolled_back else "")
     status += "".join(f"; note: {n}" for n in outcome.notes)
@@ -293,7 +296,7 @@ def unvalidatable_ops(proto: onnx.ModelProto, provider: str) -> list[str]:
 
 
 def find_inputs(model: str | os.PathLike, shapes: list[str] | None = None, inputs_npz: str | None = None,
-                target: str = "cpu", probe: bool = True, budget_bytes: int | None = None,
+                target: str = HOST, probe: bool = True, budget_bytes: int | None = None,
                 profiles: list[str] | None = None) -> InputPlan:
     """The inputs `optimize` would validate and measure on first (`Result.inputs`), and why: discovered from the
     model (see inputs/discover.py) and, with `probe`, settled by running the original on the target's provider.
@@ -302,12 +305,12 @@ def find_inputs(model: str | os.PathLike, shapes: list[str] | None = None, input
 
 
 def find_profiles(model: str | os.PathLike, shapes: list[str] | None = None, inputs_npz: str | None = None,
-                  target: str = "cpu", probe: bool = True, budget_bytes: int | None = None,
+                  target: str = HOST, probe: bool = True, budget_bytes: int | None = None,
                   profiles: list[str] | None = None) -> list[tuple[str, float, InputPlan]]:
     """(name, weight, inputs) of every shape profile `optimize` would validate and measure on (`Result.profiles`):
     prefill and decode for a decoder with a KV cache, the `profiles` given (texts as `--profile` takes them),
     else one named 'default'."""
-    check_choice("target", target, ("cpu", "cuda"))
+    check_target("target", target)
     shapes = check_strings("shapes", shapes)
     chosen = parse_profiles(check_strings("profiles", profiles)) or None
     path = os.fspath(model)

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TextIO
 
-__all__ = ["Phase", "quiet", "status_line"]
+__all__ = ["Phase", "counts_bar", "quiet", "status_line"]
 
 Phase = Callable[..., None]
 """`progress(phase, budget_s=None)`: `phase` names the step starting now (optimize's are its `timings_s` keys:
@@ -31,6 +31,14 @@ def describe(phase: str, budget_s: float | None = None) -> str:
     head, _, rest = phase.partition(": ")
     text = _WORDS.get(head, head) + (f": {rest}" if rest else "")
     return text + (f" (budget {budget_s:.3g} s)" if budget_s else "")
+
+
+def counts_bar(done: int, failed: int, running: int, queued: int, width: int = 20) -> str:
+    """`[######--------------] 6/20: 5 done, 1 failed, 2 running, 12 queued`: a batch's state in one line."""
+    total = done + failed + running + queued
+    filled = round(width * (done + failed) / total) if total else width
+    return (f"[{'#' * filled}{'-' * (width - filled)}] {done + failed}/{total}: {done} done, {failed} failed, "
+            f"{running} running, {queued} queued")
 
 
 @contextlib.contextmanager

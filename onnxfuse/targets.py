@@ -1,9 +1,15 @@
-"""Which ops each execution provider can run, at which opsets, for which element types.
+"""The execution providers onnxfuse optimizes for (targets), and which ops each one runs.
 
-Asked of the installed onnxruntime's kernel registry when it has the provider (it always has CPU). Otherwise
-(`--target cuda` with the CPU-only onnxruntime wheel) of onnxruntime's published kernel table, generated from
-its docs/OperatorKernels.md into `kernels/ort_kernels.json` (`python -m onnxfuse.kernels.generate`). Every
-answer names its source.
+A target is one registered `Target` (REGISTRY): its name (`--target`), the onnxruntime provider with the ones
+its sessions fall back on, where its kernel facts come from, its layout preference and where it validates and
+times when the installed onnxruntime lacks its provider. Everything else reads the registry: adding a target
+is one entry here plus its kernel facts (docs/targets.md).
+
+Kernel facts, per target (`Target.facts`): "registry" - the installed onnxruntime's kernel registry when it
+has the provider (it always has CPU), else onnxruntime's published kernel table generated from its
+docs/OperatorKernels.md into `kernels/ort_kernels.json` (`python -m onnxfuse.kernels.generate`); or a file in
+kernels/ of what the provider was seen to claim (`python -m onnxfuse.inspect.kernel_probe TARGET`, run with
+that provider installed). Every answer names its source.
 """
 
 from __future__ import annotations
@@ -16,13 +22,109 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 
-import onnx
-
 from .errors import OnnxfuseError, write_error
-from .ir import make_model
-from .opschema import input_type_str
 
-PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+__all__ = ["Target", "REGISTRY", "HOST", "names", "get", "available", "runs_on", "missing_note", "session_providers",
+           "kernel_source", "table_source", "facts_file", "kernels", "kernel_issue", "cpu_nchwc", "assume_cpu_nchwc",
+           "nchwc_setting"]
+
+TABLE = "ort_kernels.json"  # onnxruntime's published kernel table (kernels/)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One execution provider onnxfuse optimizes for."""
+
+    name: str  # --target, `targets:` in rules
+    label: str  # in messages: "no CPU kernel for ..."
+    provider: str  # the onnxruntime execution provider
+    fallback: tuple[str, ...] = ()  # providers a session lists after it: they run the nodes it does not claim
+    provider_options: tuple[tuple[str, str], ...] = ()  # given to onnxruntime with `provider`
+    threads_option: str | None = None  # its provider option for its own thread pool (a provider that runs a
+    # compiled graph on its own threads ignores onnxruntime's intra-op count): sessions set it to --threads
+    facts: str = "registry"  # "registry" (live registry, else TABLE) or a kernel-facts file in kernels/
+    layout: str = "nchw"  # its layout preference: "nchwc" (onnxruntime's blocked CPU layout where this CPU has
+    # it, cpu_nchwc()), "nchw", or "nhwc" (it has NHWC kernels a rule may convert to where measured faster)
+    vector_width: int | None = None  # fp32 lanes its channel dims align to; None: this CPU's (AVX-512 16, else 8)
+    calling_thread: bool = False  # at one intra-op thread every kernel runs on the calling thread, so its CPU
+    # time is the work (measure/clock.py times on it); False: other threads or a device do the work (wall time)
+    runs_elsewhere: str | None = None  # the target it validates on (never times) without its provider
+    install: str = ""  # how to get its provider: the hint when it is missing
+    lists_kernels: bool = True  # False: an onnxruntime build with this provider crashes listing its kernel
+    # registry (get_all_opkernel_def: a segmentation fault in onnxruntime-openvino 1.24.1): read no live registry
+
+
+CPU = "CPUExecutionProvider"
+HOST = "cpu"  # the target every onnxruntime has: references are computed there, and targets fall back on it
+REGISTRY: dict[str, Target] = {t.name: t for t in (
+    Target("cpu", "CPU", CPU, layout="nchwc", calling_thread=True),  # the default
+    Target("cuda", "CUDA", "CUDAExecutionProvider", fallback=(CPU,), layout="nhwc", vector_width=8,
+           runs_elsewhere="cpu", install="install onnxruntime-gpu"),
+    Target("openvino", "OpenVINO", "OpenVINOExecutionProvider", fallback=(CPU,),
+           provider_options=(("device_type", "CPU"),), threads_option="num_of_threads",
+           facts="openvino_kernels.json", runs_elsewhere="cpu",
+           install="pip install onnxruntime-openvino (in its own venv: it replaces the onnxruntime package)",
+           lists_kernels=False),
+)}
+
+
+def names() -> tuple[str, ...]:
+    return tuple(REGISTRY)
+
+
+def get(name: object, option: str = "target") -> Target:
+    """The registered target `name`; else one OnnxfuseError naming the option and every registered target."""
+    if isinstance(name, str) and name in REGISTRY:
+        return REGISTRY[name]
+    raise OnnxfuseError(f"expected one of the registered targets: {', '.join(REGISTRY)}", option=option, value=name)
+
+
+@functools.cache
+def _available_providers() -> frozenset[str]:
+    import onnxruntime as ort
+
+    return frozenset(ort.get_available_providers())
+
+
+def available(name: str) -> bool:
+    """Whether the installed onnxruntime has this target's execution provider: the one source of that answer
+    (onnxruntime.get_available_providers())."""
+    return get(name).provider in _available_providers()
+
+
+def runs_on(name: str) -> str:
+    """The target onnxfuse runs models on for `name`: itself, or its `runs_elsewhere` target when the installed
+    onnxruntime has no provider for it (CUDA with the CPU-only wheel); a target with neither is refused."""
+    t = get(name)
+    if available(name):
+        return name
+    if t.runs_elsewhere is None:
+        raise OnnxfuseError(f"the installed onnxruntime has no {t.provider}", hint=t.install or None)
+    return t.runs_elsewhere
+
+
+def missing_note(name: str) -> str:
+    """Why `name` runs elsewhere, for reports: '' when it runs on itself."""
+    t = get(name)
+    if available(name):
+        return ""
+    return f"the installed onnxruntime has no {t.label} execution provider"
+
+
+def session_providers(name: str, threads: int = 0) -> list[str | tuple[str, dict[str, str]]]:
+    """`providers=` for an onnxruntime session on `name` (its provider with its options, then its fallback);
+    `threads` (> 0) also goes to a provider's own thread pool (Target.threads_option). Refused with the install
+    hint when the installed onnxruntime lacks the provider."""
+    t = get(name, "provider")
+    if not available(name):
+        raise OnnxfuseError(f"{t.label} execution provider not available in the installed onnxruntime",
+                            hint=(f"{t.install} or use --provider cpu" if t.install else None))
+    options = dict(t.provider_options)
+    if t.threads_option and threads > 0:
+        options[t.threads_option] = str(threads)
+    return [(t.provider, options) if options else t.provider, *t.fallback]
+
+
 OPEN = 2**31 - 1  # upper end of a kernel registered for every later opset
 TABLE_DOMAINS = ("", "com.microsoft")  # what the published table covers
 
@@ -84,8 +186,15 @@ def _elem(type_string: str) -> str | None:
     return None
 
 
+def _live_listing_safe() -> bool:
+    """False where a provider whose builds crash listing the registry (Target.lists_kernels) is installed."""
+    return not any(t.provider in _available_providers() for t in REGISTRY.values() if not t.lists_kernels)
+
+
 @functools.cache
 def _live() -> dict[str, dict[tuple[str, str], tuple[Kernel, ...]]]:
+    if not _live_listing_safe():
+        return {}
     import onnxruntime.capi.onnxruntime_pybind11_state as C
 
     acc: dict[str, dict[tuple[str, str], list[Kernel]]] = {}
@@ -99,9 +208,10 @@ def _live() -> dict[str, dict[tuple[str, str], tuple[Kernel, ...]]]:
 
 
 @functools.cache
-def published_table() -> tuple[dict[str, str], dict[str, dict[tuple[str, str], tuple[Kernel, ...]]]]:
-    """(source, provider -> (domain, op) -> kernels) from the shipped kernels/ort_kernels.json."""
-    text = resources.files("onnxfuse.kernels").joinpath("ort_kernels.json").read_text(encoding="utf-8")
+def facts_file(file: str = TABLE) -> tuple[dict[str, str], dict[str, dict[tuple[str, str], tuple[Kernel, ...]]]]:
+    """(source, provider -> (domain, op) -> kernels) from a kernel-facts file shipped in kernels/ (the published
+    table by default)."""
+    text = resources.files("onnxfuse.kernels").joinpath(file).read_text(encoding="utf-8")
     data = json.loads(text)
     table: dict[str, dict[tuple[str, str], tuple[Kernel, ...]]] = {}
     for provider, domains in data["kernels"].items():
@@ -114,43 +224,42 @@ def published_table() -> tuple[dict[str, str], dict[str, dict[tuple[str, str], t
     return data["source"], table
 
 
-def table_label() -> str:
-    source, _ = published_table()
+def facts_label(file: str = TABLE) -> str:
+    """Where a kernel-facts file's facts were read, for messages."""
+    source, _ = facts_file(file)
+    if "probe" in source:
+        return f"probed in {source['package']} {source['onnxruntime']}, kernels/{file}"
     release = f" {source['onnxruntime']}" if source.get("onnxruntime") else ""
     return f"onnxruntime{release}'s published kernel table, OperatorKernels.md at {source['commit'][:7]}"
 
 
 @functools.cache
-def provider_registered(target: str) -> bool:
-    """Whether the installed onnxruntime has this target's execution provider (its kernels registered)."""
-    return PROVIDERS[target] in _live()
-
-
-@functools.cache
 def kernel_source(target: str) -> KernelSource:
-    """Where `target`'s kernels are read: the installed onnxruntime when it has the provider, else the table."""
-    if provider_registered(target):
+    """Where `target`'s kernels are read: its facts file, or (facts "registry") the installed onnxruntime when
+    it has the provider, else the published table."""
+    t = get(target)
+    if t.facts != "registry":
+        _, table = facts_file(t.facts)
+        return KernelSource(facts_label(t.facts), False, table.get(t.provider, {}))
+    live = _live()
+    if available(target) and t.provider in live:
         import onnxruntime as ort
 
-        return KernelSource(f"the installed onnxruntime {ort.__version__}", True, _live()[PROVIDERS[target]])
+        return KernelSource(f"the installed onnxruntime {ort.__version__}", True, live[t.provider])
     return table_source(target)
 
 
 @functools.cache
 def table_source(target: str) -> KernelSource:
     """`target`'s kernels in onnxruntime's published table, whatever is installed."""
-    _, table = published_table()
-    return KernelSource(table_label(), False, table.get(PROVIDERS[target], {}), TABLE_DOMAINS)
-
-
-def runs_on(target: str) -> str:
-    """Where onnxfuse runs models for `target`: the target itself, or the CPU when the installed onnxruntime
-    has no provider for it (CUDA with the CPU-only wheel)."""
-    return target if provider_registered(target) else "cpu"
+    _, table = facts_file(TABLE)
+    return KernelSource(facts_label(TABLE), False, table.get(get(target).provider, {}), TABLE_DOMAINS)
 
 
 def elem_name(elem_type: int) -> str:
     """onnx.TensorProto.FLOAT16 -> 'float16' (the element type as kernel tables write it)."""
+    import onnx
+
     return onnx.TensorProto.DataType.Name(elem_type).lower()
 
 
@@ -177,7 +286,7 @@ def kernel_issue(domain: str, op: str, target: str, elem_type: int | None = None
     if ks is None:
         return None
     qual = f"{domain}.{op}" if domain else op
-    where = target.upper()
+    where = get(target).label
     if not ks:
         return f"no {where} kernel for {qual} ({src.label})"
     if opset is not None and domain == "":
@@ -188,6 +297,8 @@ def kernel_issue(domain: str, op: str, target: str, elem_type: int | None = None
         ks = tuple(at)
     if elem_type:
         elem = elem_name(elem_type)
+        from .opschema import input_type_str
+
         constraint = input_type_str(domain, op, input, opset if domain == "" else None)
         if not any(k.takes(elem, constraint) for k in ks):
             if constraint and constraint.startswith("tensor("):
@@ -247,8 +358,11 @@ def _probe_nchwc() -> bool:
     import tempfile
 
     import numpy as np
+    import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
+
+    from .ir import make_model
 
     w = numpy_helper.from_array(np.ones((16, 16, 3, 3), np.float32), "w")
     graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "probe",

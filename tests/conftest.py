@@ -14,6 +14,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from onnx import TensorProto, numpy_helper
 
+from onnxfuse.measure.timing import Timings
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models")
 SHARED_MODELS = os.path.join(os.path.dirname(ROOT), "shared", "models")
@@ -102,20 +104,16 @@ def stepping_clock(step=0.4):
 
 
 def fake_interleaved(region=0.8, whole=0.9):
-    """A stand-in for region timing's `interleaved` (select/region_run.py): a region's fused version ("f") takes
+    """A stand-in for measured selection's `interleave` (select/region_run.py): a region's fused version ("f") takes
     `region` of its original's time, and in a whole-model comparison (the confirmation, a group decided on the
     model) the candidate ("c", "c2") takes `whole` of its base's; the sessions are still made for real. `calls`
     lists the sessions of each call."""
-    def fake(sessions, profiles, min_runs, deadline, hard_deadline=None, per_profile=None, min_seconds=0.0):
+    def fake(sessions, profiles, *, estimator, **_kw):
         fake.calls.append(sorted(sessions))
         rng = np.random.default_rng(0)
         base = 1e-3 * (1 + 0.001 * rng.standard_normal(30))
         out = {k: list(base * (region if k == "f" else whole if k in ("c", "c2") else 1.0)) for k in sessions}
-        if per_profile is not None:
-            for p in range(len(profiles)):
-                for k, ts in out.items():
-                    per_profile[k, p] = ts
-        return out
+        return Timings.of(out, estimator, len(profiles))
     fake.calls = []
     return fake
 
@@ -130,7 +128,7 @@ def fake_timer(monkeypatch):
 
     def install(region=0.8, whole=0.9):
         fake = fake_interleaved(region, whole)
-        monkeypatch.setattr(region_run, "interleaved", fake)
+        monkeypatch.setattr(region_run, "interleave", fake)
         monkeypatch.setattr(time, "perf_counter", stepping_clock(1e-4))
         return fake
 

@@ -15,7 +15,7 @@ from conftest import MODELS
 
 import onnxfuse
 from onnxfuse.batch import collect
-from onnxfuse.select.timing_lock import WAIT_KEY, busy_lock, lock_path, timing_lock
+from onnxfuse.measure.lock import WAIT_KEY, busy_lock, lock_path, timing_lock
 
 NAMES = ["cnn_small.onnx", "if_subgraph.onnx", "transformer_small.onnx"]
 

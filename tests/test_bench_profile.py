@@ -34,7 +34,7 @@ def test_bench_two_models(optimized):
         assert m.session_ms > 0 and m.first_run_ms > 0 and m.warmup_runs >= 20
     assert (res.verdict in ("faster", "slower", "no significant change") or res.verdict.startswith("within the noise floor"))
     assert res.ratio.low <= res.ratio.median <= res.ratio.high
-    assert res.inputs == {"x": [2, 3, 32, 32]}
+    assert res.inputs == {"x": [1, 3, 32, 32]}  # what optimize times at: batch 1 (validation runs batch 2)
     json.dumps(res.to_json())
 
 
@@ -71,7 +71,7 @@ def test_profile_tables(optimized):
     assert "Conv" in ops or "FusedConv" in ops
     gemm = next(s for s in r.by_node if s.op == "FusedGemm")
     assert gemm.replaces == "/relu/Relu,/fc1/Gemm"  # linked to the original nodes it replaced
-    assert gemm.flops == 2 * 2 * 32 * 64  # [2, 64] x [64, 32] -> [2, 32]
+    assert gemm.flops == 2 * 1 * 32 * 64  # [1, 64] x [64, 32] -> [1, 32]: optimize times batch 1
     assert r.peaks.gflops > 0 and r.peaks.gbytes > 0
     assert len(r.signals) == 3 and r.signals[1].startswith("many short ops:")
     assert r.latency_ms > 0 and r.agreement > 0
@@ -104,6 +104,21 @@ def test_html_is_self_contained(optimized):
     assert 'id="verdict">output vs input: ' in page and "B vs A" not in page
     low = page.lower()
     assert "http://" not in low.replace("http://www.w3", "") and "https://" not in low and "<script" not in low
+    # the headline first (the verdicts in words), then the latency chart, then what was fused
+    assert page.index('id="headline"') < page.index('id="latency-chart"') < page.index("Fusions")
+    assert "bench: output vs input" in page and "rewrite(s) kept" in page
+
+
+def test_optimize_html_says_where_it_wrote_the_report_and_names_the_model_absolutely(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    import shutil as sh
+
+    sh.copy(CNN, "m.onnx")
+    code, _, stderr = cli("optimize", "m.onnx", "o.onnx", "--no-measure", "--html", "r.html")
+    assert code == 0, stderr
+    page = (tmp_path / "r.html").read_text()
+    assert f"report written to {tmp_path / 'r.html'}" in stderr
+    assert f"<title>onnxfuse optimize: {tmp_path / 'm.onnx'}</title>" in page
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -147,6 +162,12 @@ def test_cli_bench_and_profile(cli, optimized, tmp_path):
     code, stdout, stderr = cli("profile", CNN, optimized[0], "--runs", "3", "--nodes", "--html", html)
     assert code == 0, stderr
     assert "op time by type" in stdout and "kernel times sum to" in stdout and html.exists()
+    # A and B judged as bench and optimize judge them: interleaved with an A/A control, one verdict
+    verdict_line = next(line for line in stdout.splitlines() if "interleaved with a second session of A" in line)
+    assert "on thread CPU time ->" in verdict_line and data["estimator"] == "cpu"
+    word = verdict_line.rsplit("-> ", 1)[1]
+    gap = next(line for line in stdout.splitlines() if "the gap between A" in line)
+    assert ("is slower" in gap) == (word == "slower")  # no "slower" a verdict does not say
     assert stdout.count("GEMM-bound limit") >= 2 and "headroom" in stdout and "the gap between A" in stdout and "GEMM-bound limit" in html.read_text()
     assert "this file was not optimized" in stdout and 'class="known"' in html.read_text()  # notes on the costs
     code, _, stderr = cli("bench", str(tmp_path / "missing.onnx"))
@@ -155,16 +176,18 @@ def test_cli_bench_and_profile(cli, optimized, tmp_path):
     assert code == 1 and "--batch 1,x" in stderr
 
 
-def test_verdict_respects_the_a_a_noise_floor():
-    from onnxfuse.inspect.latency import verdict
-    from onnxfuse.select.timing import Ratio
+def test_bench_verdict_is_optimizes_verdict_beyond_the_a_a_noise_floor():
+    """bench judges B against A and a second session of A with the same function optimize decides with
+    (measure/verdicts.py): the A/A difference is the floor B must clear, plus SIGNIFICANT."""
+    from onnxfuse.measure.verdicts import verdict
 
-    b = Ratio(0.97, 0.96, 0.98)
-    assert verdict(b, Ratio(1.0, 0.997, 1.003)) == "faster"
-    # order alone shows 4%: B's CI is below 1, but not by more than that
-    assert verdict(b, Ratio(1.04, 1.03, 1.05)) == "within the noise floor (±5.0%): not counted as faster"
-    assert verdict(Ratio(1.0, 0.99, 1.01), Ratio(1.0, 0.997, 1.003)) == "no significant change"
-    assert verdict(Ratio(1.10, 1.08, 1.12), Ratio(1.02, 1.01, 1.03)) == "slower"
+    a, a2 = [1.0] * 20, [1.0] * 20
+    assert verdict({"A": a, "A2": a2, "B": [0.97] * 20}, "B", ("A", "A2")).word == "faster"
+    a2 = [1.04] * 20  # order alone shows 4%: B is below A and A2's mean (1.02), but not by more than that
+    v = verdict({"A": a, "A2": a2, "B": [0.99] * 20}, "B", ("A", "A2"))
+    assert v.floor == pytest.approx(0.04) and v.word == "within the noise floor (±4.5%): not counted as faster"
+    assert verdict({"A": a, "A2": a, "B": [1.0] * 20}, "B", ("A", "A2")).word == "no significant change"
+    assert verdict({"A": a, "A2": [1.01] * 20, "B": [1.10] * 20}, "B", ("A", "A2")).word == "slower"
 
 
 def test_gemm_bound_limit_headroom_and_captured_share():
@@ -213,12 +236,12 @@ def test_headroom_split_by_what_could_remove_it():
 
 
 def test_profile_at_one_batch_size_profiles_there():
-    """`profile --batch 4`: one batch size is where the model is profiled (optimize's inputs use batch 2 here),
+    """`profile --batch 4`: one batch size is where the model is profiled (optimize times batch 1 here),
     not a sweep of one point silently ignored."""
     at_default = profile(CNN, runs=3, known=False)
     at_4 = profile(CNN, runs=3, batches=[4], known=False)
     total = lambda r: sum(n.flops * n.calls_per_run for n in r.by_node)  # noqa: E731
-    assert total(at_4) == pytest.approx(2 * total(at_default))
+    assert total(at_4) == pytest.approx(4 * total(at_default))
 
 
 def test_profile_at_one_batch_size_is_refused_where_it_cannot_apply(cli, tmp_path):

@@ -61,7 +61,7 @@ def test_bad_flag_one_line(cli, tmp_path):
     code, _, stderr = cli("optimize", CNN, tmp_path / "o.onnx", "--targett", "cpu")
     _one_line_error(code, stderr, "No such option: --targett", expected_code=2)
     code, _, stderr = cli("optimize", CNN, tmp_path / "o.onnx", "--target", "tpu")
-    _one_line_error(code, stderr, "--target tpu: expected cpu or cuda")
+    _one_line_error(code, stderr, "--target tpu: expected one of the registered targets: cpu, cuda, openvino")
     code, _, stderr = cli("optimize", CNN, tmp_path / "o.onnx", "--only", "no-such-rule")
     _one_line_error(code, stderr, "--only no-such-rule: no rule with that id")
 
@@ -204,4 +204,4 @@ def test_patterns_list_for_a_target_says_which_rules_are_used_and_why_not(cli):
     assert used["conv-nhwc"] == "no" and used["erf-gelu"] == "partly"  # CPU Gelu: float32, not float16
     assert "the CPU kernel for" in stdout and "float16" in stdout  # the why column wraps
     code, _, stderr = cli("patterns", "list", "--target", "tpu")
-    _one_line_error(code, stderr, "--target tpu: expected cpu or cuda")
+    _one_line_error(code, stderr, "--target tpu: expected one of the registered targets: cpu, cuda, openvino")

@@ -145,3 +145,30 @@ def test_optimize_goes_on_with_a_cache_of_the_wrong_shape(tmp_path, cli, monkeyp
     assert result["warnings"] == [warning] and result["measure"]["warnings"] == [warning]
     assert (tmp_path / "o.onnx").exists()
     assert set(json.loads(path.read_text())["decisions"]).isdisjoint({"a" * 64, "b" * 64})  # dropped on save
+
+
+def test_a_cached_selection_report_round_trips_in_its_own_format():
+    """The cache keeps a selection's report in cached_report.py's format, not the public --json schema: what
+    to_cache writes passes the shape check and from_cache gives the same rows back (timed rows as cached)."""
+    from onnxfuse.measure.stats import Ratio
+    from onnxfuse.select.cache_entries import entry_problem
+    from onnxfuse.select.cached_report import from_cache, to_cache
+    from onnxfuse.select.rounds import GroupEffect, MeasureReport
+
+    rep = MeasureReport("cpu", 1, 3, estimator="cpu", final=Ratio(0.9, 0.85, 0.95), floor=0.01,
+                        confirmed="timed", profiles=[("prefill", 1.0, Ratio(0.9, 0.8, 1.0))])
+    rep.groups = [GroupEffect("Gelu", ["erf-gelu"], 4, True, Ratio(0.8, 0.7, 0.9), source="timed", instances=2,
+                              floor=0.02, seconds_each=1e-3),
+                  GroupEffect("FusedConv", ["conv-relu"], 1, False, None, source="undecided", why="x")]
+    data = to_cache(rep)
+    assert "with_over_without" not in str(data)  # not --json's keys
+    entry = {"kind": "selection", "kept": [["erf-gelu", "v"]], "dropped": [], "dropped_everything": False,
+             "undecided": 0, "budget": 4.0, "report": data}
+    assert entry_problem(entry) is None
+    back = MeasureReport("cpu", 1, 0)
+    from_cache(data, back)
+    assert [(g.group, g.kept, g.effect, g.source, g.instances, g.floor) for g in back.groups] == [
+        ("Gelu", True, Ratio(0.8, 0.7, 0.9), "cached", 2, 0.02), ("FusedConv", False, None, "undecided", 1, 0.0)]
+    assert back.final == rep.final and back.confirmed == "cached" and back.profiles == rep.profiles
+    data["groups"][0]["effect"] = "0.8"
+    assert entry_problem(entry) is not None  # a damaged entry is a miss, never a failed run

@@ -156,3 +156,13 @@ def test_json_md_units_of_measure_seconds_and_phases(tmp_path):
     m, whole = d["measure"], d["timings_s"]["measure"]
     assert 0 < m["seconds"] <= whole
     assert m["phases"] and all(0 <= v <= whole for v in m["phases"].values())
+
+
+def test_architecture_rank_table_is_test_layers_stages():
+    """The import-direction table of docs/architecture.md lists tests/test_layers.py's STAGES, in order."""
+    from test_layers import STAGES
+
+    rows = re.findall(r"^\| (?:base|\d+|top) \| (.*?) \|$", _doc("architecture.md"), re.M)
+    table = [tuple(sorted(m.rstrip("/") for m in re.findall(r"`([\w/]+)`", row))) for row in rows]
+    stages = [tuple(sorted("__init__" if m == "" else m for m in stage)) for stage in STAGES]
+    assert table == stages

@@ -163,7 +163,7 @@ CASES = [
      lambda t: [CNN, OUT, "--inputs", _npz_declaring(t, (1, 3, 32, 32), "|O")],
      "in.npz: array 'x' holds Python objects (object), not numbers", 1),
     ("unknown flag", lambda t: [CNN, OUT, "--fast"], "No such option: --fast", 2),
-    ("bad flag value", lambda t: [CNN, OUT, "--target", "tpu"], "--target tpu: expected cpu or cuda", 1),
+    ("bad flag value", lambda t: [CNN, OUT, "--target", "tpu"], "--target tpu: expected one of the registered targets: cpu, cuda, openvino", 1),
     ("unknown rule id", lambda t: [CNN, OUT, "--skip", "nope"], "--skip nope: no rule with that id", 1),
     ("--static without every dim", lambda t: [CNN, OUT, "--static"],
      "fixing the input shapes (static) needs a value for every dynamic input dim; missing: x[0] (batch)", 1),

@@ -300,27 +300,35 @@ def test_bench_times_a_kv_decoder_at_prefill_and_decode(cli, tmp_path):
     src = save(_text_model(64, past=True, total="total_sequence"), tmp_path / "kv.onnx")
     res = bench([src, src], min_runs=5, budget_s=0.05)
     assert [(r.profile, r.inputs["ids"], r.inputs["past_key"][2]) for r in [res, *res.profiles]] == [
-        ("prefill", [2, 32], 0), ("decode", [2, 1], 31)]
+        ("prefill", [1, 32], 0), ("decode", [1, 1], 31)]  # optimize times batch 1
     assert all(r.verdict and len(r.models) == 2 for r in [res, *res.profiles])
     data = res.to_json()
     assert data["profile"] == "prefill" and [p["profile"] for p in data["profiles"]] == ["decode"]
     code, stdout, stderr = cli("bench", src, "--budget", "0.05", "--runs", "5", "--profile", "short:sequence=8")
     assert code == 0, stderr
-    assert "ids 2x8" in stdout and "profile:" not in stdout  # one profile: the plain table
+    assert "ids 1x8" in stdout and "profile:" not in stdout  # one profile: the plain table
     code, stdout, stderr = cli("bench", src, src, "--budget", "0.05", "--runs", "5")
     assert code == 0, stderr
     assert "prefill profile: latency" in stdout and "decode: B vs A" in stdout
 
 
-def test_weighted_time_fn_adds_profiles_per_round():
-    from onnxfuse.select.rounds import weighted_time_fn
+def test_interleave_adds_profiles_per_round_relative_to_the_first_session(monkeypatch):
+    from onnxfuse.measure import timing as I
 
-    def fake(sources, feeds):
-        return {k: [feeds["scale"] * (i + 1)] * 3 for i, k in enumerate(sources)}
+    clock = [0.0]
 
-    timed = weighted_time_fn(fake, [(1.0, {"scale": 1.0}), (4.0, {"scale": 10.0})])
-    # each profile relative to the first source's time there (1 and 10): a = 1 + 4, b = 2 + 4 * 2
-    assert timed({"a": None, "b": None}, {}) == {"a": [5.0] * 3, "b": [10.0] * 3}
+    class Fake:
+        def __init__(self, k):
+            self.k = k
+
+        def run(self, _out, feeds):
+            clock[0] += feeds["scale"] * self.k
+
+    monkeypatch.setattr(I, "now", lambda: (clock[0], clock[0]))
+    t = I.interleave({"a": Fake(1), "b": Fake(2)}, [(1.0, {"scale": 1.0}), (4.0, {"scale": 10.0})],
+                     estimator="cpu", min_runs=3, floor_runs=3)
+    # each profile relative to the first session's time there (1 and 10): a = 1 + 4, b = 2 + 4 * 2
+    assert dict(t) == {"a": [5.0] * 3, "b": [10.0] * 3} and t.on("wall") == dict(t)
 
 
 def test_frames_of_a_fixed_size_are_read_from_the_reshape_target():

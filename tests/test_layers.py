@@ -9,10 +9,10 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "onnxfuse"
 # the stages, in pipeline order (the first part of the module path below onnxfuse; "" is the package itself)
-STAGES = [("errors", "files", "options", "progress", "signals", "words", "ir", "tensors", "opschema", "targets",
+STAGES = [("errors", "files", "cache_folder", "options", "progress", "signals", "words", "ir", "tensors", "opschema", "targets",
            "kernels", "patterns", "match"),
-          ("inputs", "load"), ("rewrite",), ("validate",), ("select",), ("result",), ("inspect",),
-          ("pipeline", "batch", "cli", "")]
+          ("inputs", "load"), ("rewrite",), ("validate",), ("measure",), ("select",), ("result",), ("inspect",),
+          ("pipeline", "batch", "fleet", "cli", "")]
 
 
 def _stage(module: str) -> int:

@@ -2,8 +2,8 @@
 
 import numpy as np
 
+from onnxfuse.measure.stats import Ratio, paired_ratio
 from onnxfuse.select.rounds import select
-from onnxfuse.select.timing import Ratio, paired_ratio
 
 
 def fake_timer(cost_of: dict[str, float], noise: float = 0.002, runs: int = 60):

@@ -10,7 +10,7 @@ from onnx import TensorProto
 
 from onnxfuse import OptimizeOptions, optimize
 from onnxfuse.patterns.spec import json_schema_text
-from onnxfuse.targets import provider_registered
+from onnxfuse.targets import available
 
 
 def _conv_relu_nodes(x="x", y="y", prefix=""):
@@ -77,7 +77,7 @@ def test_cuda_target_without_gpu(tmp_path):
     assert skipped["conv-activation"] == "declared for cpu only"
     assert "conv-activation" not in r.fired and r.fired["conv-relu"] == 2
     assert "gemm-activation" in skipped
-    if not provider_registered("cuda"):
+    if not available("cuda"):
         assert r.validation == "passed on CPU (the installed onnxruntime has no CUDA execution provider)"
 
 

@@ -9,11 +9,11 @@ import os
 
 import pytest
 from conftest import MODELS
+from onnxfuse.select.timing import Ratio
 from rich.console import Console
 
 from onnxfuse.inspect.report import print_measure
 from onnxfuse.select.rounds import GroupEffect, MeasureReport
-from onnxfuse.select.timing import Ratio
 
 CNN = os.path.join(MODELS, "cnn_small.onnx")
 

@@ -23,7 +23,7 @@ BAD_FLAGS = [
     (["--measure-budget", "-3"], "onnxfuse: error: --measure-budget -3: must be a number of seconds > 0"),
     (["--jobs", "0"], "onnxfuse: error: --jobs 0: must be >= 1"),
     (["--measure-by", "layers"], "onnxfuse: error: --measure-by layers: expected regions or model"),
-    (["--target", "gpu"], "onnxfuse: error: --target gpu: expected cpu or cuda"),
+    (["--target", "gpu"], "onnxfuse: error: --target gpu: expected one of the registered targets: cpu, cuda, openvino"),
 ]
 
 
@@ -43,12 +43,12 @@ def test_optimize_flag_values_checked_up_front(cli, tmp_path, monkeypatch, flags
     ("bench", ["--runs", "0"], "--runs 0: must be >= 1"),
     ("bench", ["--threads", "0"], "--threads 0: expected a thread count >= 1, or auto (hint: auto: onnxruntime's default, one thread per physical core)"),
     ("bench", ["--level", "max"], "--level max: expected one of disable, basic, extended, all"),
-    ("bench", ["--provider", "gpu"], "--provider gpu: expected cpu or cuda"),
+    ("bench", ["--provider", "gpu"], "--provider gpu: expected one of the registered targets: cpu, cuda, openvino"),
     ("bench", ["--batch", "1,0"], "--batch 1,0: sizes must be >= 1"),
     ("profile", ["--threads", "0"], "--threads 0: expected a thread count >= 1, or auto (hint: auto: onnxruntime's default, one thread per physical core)"),
     ("profile", ["--runs", "0"], "--runs 0: must be >= 1"),
-    ("explain", ["--target", "gpu"], "--target gpu: expected cpu or cuda"),
-    ("inputs", ["--target", "gpu"], "--target gpu: expected cpu or cuda"),
+    ("explain", ["--target", "gpu"], "--target gpu: expected one of the registered targets: cpu, cuda, openvino"),
+    ("inputs", ["--target", "gpu"], "--target gpu: expected one of the registered targets: cpu, cuda, openvino"),
 ])
 def test_other_commands_check_values(cli, cmd, flags, line):
     code, _, stderr = cli(cmd, CNN, *flags)
@@ -57,7 +57,7 @@ def test_other_commands_check_values(cli, cmd, flags, line):
 
 
 @pytest.mark.parametrize("kw,message", [
-    (dict(target="gpu"), "target='gpu': expected cpu or cuda"),
+    (dict(target="gpu"), "target='gpu': expected one of the registered targets: cpu, cuda, openvino"),
     (dict(measure_threads=0), "measure_threads=0: must be >= 1"),
     (dict(measure_threads=2.5), "measure_threads=2.5: expected a whole number"),
     (dict(rtol=-1), "rtol=-1: must be a finite number >= 0"),
@@ -77,7 +77,7 @@ def test_api_bench_profile_inputs_errors_name_options():
         onnxfuse.bench([CNN], budget_s=0)
     with pytest.raises(OnnxfuseError, match=r"^threads=0: must be >= 1$"):
         onnxfuse.profile(CNN, threads=0)
-    with pytest.raises(OnnxfuseError, match=r"^target='gpu': expected cpu or cuda$"):
+    with pytest.raises(OnnxfuseError, match=r"^target='gpu': expected one of the registered targets: cpu, cuda, openvino$"):
         onnxfuse.find_inputs(CNN, target="gpu")
 
 

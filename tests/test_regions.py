@@ -13,14 +13,16 @@ from conftest import MODELS, make_model, stepping_clock
 
 from onnxfuse import OptimizeOptions, find_inputs, optimize
 from onnxfuse.load.loader import load_model
+from onnxfuse.measure import timing as rt
+from onnxfuse.measure.stats import Ratio
+from onnxfuse.measure.timing import Timings, interleave
+from onnxfuse.measure.verdicts import verdict
 from onnxfuse.rewrite.engine import EngineOptions, run
 from onnxfuse.rewrite.ruleset import load_rules
 from onnxfuse.select import region_run as rr
 from onnxfuse.select import region_select as rs
-from onnxfuse.select import region_timing as rt
 from onnxfuse.select.decision_cache import DecisionCache
 from onnxfuse.select.regions import find_regions, region_model, signature
-from onnxfuse.select.timing import Ratio
 from onnxfuse.tensors import TensorType
 from onnxfuse.validate.compare import default_tolerance
 
@@ -123,25 +125,23 @@ def test_alike_regions_share_a_signature_and_others_do_not(tmp_path):
 
 def _fake_interleaved(ratio_of):
     """Times where a region's fused version takes ratio_of(label) of its original version's time."""
-    def fake(sessions, profiles, min_runs, deadline, hard_deadline=None, per_profile=None, min_seconds=0.0):
+    def fake(sessions, profiles, *, estimator, **_kw):
         rng = np.random.default_rng(0)
         n = 30
         base = 1e-3 * (1 + 0.001 * rng.standard_normal(n))
         out = {"a": list(base), "b": list(base * (1 + 0.0005 * rng.standard_normal(n)))}
         if "f" in sessions:
             out["f"] = list(base * fake.ratio)
-            for p in range(len(profiles)):
-                for k, ts in out.items():
-                    if per_profile is not None:
-                        per_profile[k, p] = ts
-        else:  # whole-model confirmation; per profile, fake.per_profile[p] (default: fake.whole)
-            out = {"o": list(base), "c": list(base * fake.whole), "c2": list(base * fake.whole)}
-            for p in range(len(profiles)):
-                r = fake.per_profile[p] if p < len(fake.per_profile) else fake.whole
+            return Timings.of(out, estimator, len(profiles))
+        # whole-model confirmation; per profile, fake.per_profile[p] (default: fake.whole)
+        out = {"o": list(base), "c": list(base * fake.whole), "c2": list(base * fake.whole)}
+        t = Timings.of(out, estimator, len(profiles))
+        for p in range(len(profiles)):
+            r = fake.per_profile[p] if p < len(fake.per_profile) else fake.whole
+            for clock in ("wall", "cpu"):
                 for k, f in (("o", 1.0), ("c", r), ("c2", r)):
-                    if per_profile is not None:
-                        per_profile[k, p] = list(base * f)
-        return out
+                    t.raw[clock, k, p] = list(base * f)
+        return t
     fake.ratio, fake.whole, fake.per_profile = ratio_of, 1.0, []
     return fake
 
@@ -154,7 +154,7 @@ def _optimize(tmp_path, name, **kw):
 
 @pytest.mark.parametrize("ratio,kept", [(0.8, True), (1.0, False), (1.2, False)])
 def test_a_region_class_is_kept_only_when_faster_beyond_noise(tmp_path, monkeypatch, ratio, kept):
-    monkeypatch.setattr(rr, "interleaved", _fake_interleaved(ratio))
+    monkeypatch.setattr(rr, "interleave", _fake_interleaved(ratio))
     monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # budgets and deadlines: not the load
     r, _ = _optimize(tmp_path, "o.onnx", cache=False)
     timed = [g for g in r.measure.groups if g.source == "timed"]
@@ -166,10 +166,48 @@ def test_a_region_class_is_kept_only_when_faster_beyond_noise(tmp_path, monkeypa
     assert (fused > 0) is kept
 
 
+def test_an_undecided_class_is_said_so_and_decided_afresh_only_where_a_run_can_do_better(tmp_path, monkeypatch):
+    """A fused version whose interval crosses the line (0.995 of the original, 1% noise per run): "undecided",
+    left as the original where nothing decided follows. A second run on the same machine reuses that (it times
+    nothing and writes the same bytes); a run on a quieter machine, or with a larger --measure-budget, times it
+    again (an undecided result is weak evidence, not a decision)."""
+    monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "cache"))
+
+    def fake(sessions, profiles, *, estimator, **_kw):
+        if "f" in sessions:
+            fake.regions += 1
+        rng = np.random.default_rng(fake.regions)
+        base = 1e-3 * np.ones(40)
+        if "f" in sessions:
+            out = {"a": list(base), "b": list(base), "f": list(base * (0.995 + 0.01 * rng.standard_normal(40)))}
+        else:
+            out = {"o": list(base), "c": list(base), "c2": list(base)}
+        return Timings.of(out, estimator, len(profiles))
+    fake.regions = 0
+    monkeypatch.setattr(rr, "interleave", fake)
+    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))
+    monkeypatch.setattr(rr, "_load_per_core", lambda: 2.0)  # a loaded machine
+    r, a = _optimize(tmp_path, "a.onnx", measure_budget_s=6.0)
+    undecided = [g for g in r.measure.groups if g.source == "undecided"]
+    assert undecided and all(not g.kept for g in undecided if g.why == "nothing decided to follow")
+    assert r.measure.estimator == "cpu"
+    first = fake.regions
+    r2, b = _optimize(tmp_path, "b.onnx", measure_budget_s=6.0)  # the same machine, as loaded
+    assert fake.regions == first and a.read_bytes() == b.read_bytes()
+    assert [g.source for g in r2.measure.groups if g.group == undecided[0].group].count("undecided") >= 1
+    monkeypatch.setattr(rr, "_load_per_core", lambda: 0.1)  # quieter: worth timing again
+    _optimize(tmp_path, "c.onnx", measure_budget_s=6.0)
+    assert fake.regions > first
+    second = fake.regions
+    monkeypatch.setattr(rr, "_load_per_core", lambda: 0.1)
+    _optimize(tmp_path, "d.onnx", measure_budget_s=12.0)  # a larger budget: timed again too
+    assert fake.regions > second
+
+
 def test_a_slower_whole_model_confirmation_writes_the_original(tmp_path, monkeypatch):
     fake = _fake_interleaved(0.8)
     fake.whole = 1.2
-    monkeypatch.setattr(rr, "interleaved", fake)
+    monkeypatch.setattr(rr, "interleave", fake)
     monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # budgets and deadlines: not the load
     r, out = _optimize(tmp_path, "o.onnx", cache=False)
     assert r.measure.dropped_everything and r.measure.final.verdict == "slower"
@@ -211,7 +249,7 @@ def test_the_confirmation_reports_each_profile(tmp_path, monkeypatch, cli):
     monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "cache"))
     fake = _fake_interleaved(0.8)
     fake.whole, fake.per_profile = 0.9, [0.85, 0.97]
-    monkeypatch.setattr(rr, "interleaved", fake)
+    monkeypatch.setattr(rr, "interleave", fake)
     monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # budgets and deadlines: not the load
     profiles = ["small:batch=1", "large:batch=3@2"]
     r, _ = _optimize(tmp_path, "o.onnx", profiles=profiles)
@@ -242,7 +280,7 @@ def test_decisions_are_cached_and_a_second_run_writes_the_same_bytes(tmp_path, m
     def no_timing(*a, **k):
         raise AssertionError("a cached decision was timed again")
 
-    monkeypatch.setattr(rr, "interleaved", no_timing)
+    monkeypatch.setattr(rr, "interleave", no_timing)
     r2, out2 = _optimize(tmp_path, "b.onnx")
     assert "timed" not in {g.source for g in r2.measure.groups}
     assert {g.source for g in r2.measure.groups} >= {"cached"} and r2.measure.confirmed == "cached"
@@ -258,7 +296,7 @@ def test_decisions_are_cached_and_a_second_run_writes_the_same_bytes(tmp_path, m
 
 def test_a_budget_too_small_leaves_the_unreached_regions_as_the_original(tmp_path, monkeypatch):
     monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(rr, "interleaved", _fake_interleaved(0.5))
+    monkeypatch.setattr(rr, "interleave", _fake_interleaved(0.5))
     monkeypatch.setattr(rs.time, "perf_counter", stepping_clock())
     r, out = _optimize(tmp_path, "o.onnx", measure_budget_s=4.0)
     sources = [g.source for g in r.measure.groups]
@@ -296,7 +334,8 @@ def test_verdict_uses_the_two_original_sessions_as_noise_floor():
     a = [1.0] * 20
     b = [1.03] * 20  # two sessions of one model differ by 3%
     f = [0.99] * 20
-    ratio, floor = rt.verdict({"a": a, "b": b, "f": f}, "a", "b", "f")
+    v = verdict({"a": a, "b": b, "f": f}, "f", ("a", "b"))
+    ratio, floor = v.ratio, v.floor
     assert abs(floor - 0.03) < 1e-9 and ratio.median < 1
     # the CI is below 1 but not beyond the noise floor: said so, not "no significant change"
     assert ratio.verdict_beyond(floor) == "within the noise floor (±3.5%): not counted as faster"
@@ -325,7 +364,7 @@ def test_rules_shadowed_by_a_dropped_region_are_timed_in_a_second_pass(tmp_path,
                            instances=len(c.regions))
 
     monkeypatch.setattr(rr.RegionRun, "time_class", fake_time_class)
-    monkeypatch.setattr(rr, "interleaved", _fake_interleaved(1.0))  # the confirmation: no change
+    monkeypatch.setattr(rr, "interleave", _fake_interleaved(1.0))  # the confirmation: no change
     monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # the second pass fits whatever the load
     r = optimize(BERT, str(tmp_path / "out.onnx"), OptimizeOptions(cache=False))
     assert "self-attention" not in r.fired and r.fired.get("matmul-scale", 0) >= 2, r.fired
@@ -353,7 +392,7 @@ def test_a_model_of_the_same_architecture_reuses_the_decisions(tmp_path, monkeyp
     second = _gelu_chain(str(tmp_path / "b.onnx"), seed=1)
     r1 = optimize(first, str(tmp_path / "a.opt.onnx"), OptimizeOptions())
     assert "timed" in {g.source for g in r1.measure.groups}
-    monkeypatch.setattr(rr, "interleaved", lambda *a, **k: (_ for _ in ()).throw(AssertionError("timed")))
+    monkeypatch.setattr(rr, "interleave", lambda *a, **k: (_ for _ in ()).throw(AssertionError("timed")))
     r2 = optimize(second, str(tmp_path / "b.opt.onnx"), OptimizeOptions())
     sources = {g.source for g in r2.measure.groups}
     assert "timed" not in sources and "cached" in sources
@@ -374,14 +413,14 @@ def test_profiles_count_by_weight_not_by_duration(monkeypatch):
             clock[0] += self.costs[feeds["p"]]
 
     sessions = {"a": Fake([10.0, 1.0]), "b": Fake([10.0, 1.0]), "f": Fake([9.5, 1.2])}
-    raw: dict = {}
-    times = rt.interleaved(sessions, [(1.0, {"p": 0}), (1.0, {"p": 1})], 10, 1e9, None, raw)
-    ratio, floor = rt.verdict(times, "a", "b", "f")
-    assert ratio.median == pytest.approx((0.95 + 1.2) / 2) and floor == 0 and ratio.verdict == "slower"
-    assert raw["f", 0][0] == 9.5 and raw["a", 1][0] == 1.0  # seconds per profile, as run
-    times = rt.interleaved(sessions, [(3.0, {"p": 0}), (1.0, {"p": 1})], 10, 1e9)  # prefill counts 3x
-    assert rt.verdict(times, "a", "b", "f")[0].median == pytest.approx((3 * 0.95 + 1.2) / 4)
-    single = rt.interleaved(sessions, [(1.0, {"p": 0})], 10, 1e9)
+    times = interleave(sessions, [(1.0, {"p": 0}), (1.0, {"p": 1})], estimator="wall", min_runs=10, deadline=1e9)
+    v = verdict(times, "f", ("a", "b"))
+    assert v.ratio.median == pytest.approx((0.95 + 1.2) / 2) and v.floor == 0 and v.ratio.verdict == "slower"
+    assert times.profile("f", 0)[0] == 9.5 and times.profile("a", 1)[0] == 1.0  # seconds per profile, as run
+    times = interleave(sessions, [(3.0, {"p": 0}), (1.0, {"p": 1})], estimator="wall", min_runs=10,
+                       deadline=1e9)  # prefill counts 3x
+    assert verdict(times, "f", ("a", "b")).ratio.median == pytest.approx((3 * 0.95 + 1.2) / 4)
+    single = interleave(sessions, [(1.0, {"p": 0})], estimator="wall", min_runs=10, deadline=1e9)
     assert single["f"][0] == 9.5  # one profile: plain seconds
 
 
@@ -472,9 +511,15 @@ def test_a_whole_model_comparison_runs_on_to_its_minimum_time(monkeypatch):
             clock[0] += 0.0001
     sessions = {"a": S(), "b": S()}
     far = 60.0
-    short = rt.interleaved(sessions, [(1.0, {})], 20, far, far)
-    long = rt.interleaved(sessions, [(1.0, {})], 20, far, far, min_seconds=0.05)
+    short = interleave(sessions, [(1.0, {})], estimator="wall", min_runs=20, deadline=far, hard_deadline=far, repeat=1)
+    long = interleave(sessions, [(1.0, {})], estimator="wall", min_runs=20, deadline=far, hard_deadline=far,
+                      min_seconds=0.05, repeat=1)
     assert len(short["a"]) == 20 and 20 < len(long["a"]) <= rt.MAX_RUNS
     assert len(long["a"]) == pytest.approx(0.05 / 0.0002, abs=1)  # two sessions a round, until 50 ms
-    capped = rt.interleaved(sessions, [(1.0, {})], 20, far, far, min_seconds=10.0)
+    capped = interleave(sessions, [(1.0, {})], estimator="wall", min_runs=20, deadline=far, hard_deadline=far,
+                        min_seconds=10.0, repeat=1)
     assert len(capped["a"]) == rt.MAX_RUNS
+
+    # by default a round of this 0.1 ms model is 20 runs of each session, the fastest counting
+    auto = interleave(sessions, [(1.0, {})], estimator="wall", min_runs=20, deadline=far, hard_deadline=far)
+    assert len(auto["a"]) == 20 and clock[0] > 20 * 20 * 2 * 0.0001

@@ -5,8 +5,8 @@ fused op with no kernel on any of the rule's targets, an id that collides with a
 from __future__ import annotations
 
 from onnxfuse.inspect.selftest import NOT_VALIDATED, check_rule
+from onnxfuse.kernels.applicable import rule_issue
 from onnxfuse.patterns.parser import load_path
-from onnxfuse.rewrite.engine import rule_issue
 
 MISH = """rules:
 - id: my-mish

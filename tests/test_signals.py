@@ -18,7 +18,7 @@ import time
 import pytest
 from conftest import MODELS
 
-from onnxfuse.select.timing_lock import busy_lock, lock_path, timing_lock
+from onnxfuse.measure.lock import busy_lock, lock_path, timing_lock
 
 pytestmark = pytest.mark.skipif(not os.path.isfile("/proc/locks"), reason="reads /proc (Linux)")
 

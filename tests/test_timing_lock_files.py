@@ -12,7 +12,7 @@ import threading
 import pytest
 from conftest import MODELS
 
-from onnxfuse.select import timing_lock as TL
+from onnxfuse.measure import lock as TL
 
 CNN = os.path.join(MODELS, "cnn_small.onnx")
 SECRET = b"another user's private data\n"

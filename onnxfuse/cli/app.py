@@ -12,7 +12,8 @@ import typer
 from rich.console import Console
 
 from .. import __version__
-from ..options import check_choice
+from ..options import check_target
+from ..targets import names
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="Make ONNX models faster on onnxruntime with validated YAML fusions.")
@@ -47,7 +48,7 @@ def _main(version: Annotated[bool, typer.Option("--version", callback=_print_ver
 # What --help shows for a value (typer's default is the Python type: `--only <list[str]>`, `{model}`): by
 # parameter name, one table for every command; other parameters show their name in capitals.
 METAVARS = {"patterns": "FILE", "only": "RULE_ID", "skip": "RULE_ID", "rule": "RULE_ID", "rule_id": "RULE_ID",
-            "target": "cpu|cuda", "provider": "cpu|cuda", "shape": "NAME:1x3x224x224|DIM=V", "inputs": "X.npz",
+            "target": "|".join(names()), "provider": "|".join(names()), "shape": "NAME:1x3x224x224|DIM=V", "inputs": "X.npz",
             "profile": "NAME:DIM=V,...[@WEIGHT]", "rtol": "R", "atol": "A", "threads": "N|auto",
             "measure_budget": "SECONDS", "budget": "SECONDS", "measure_by": "regions|model", "html": "FILE",
             "jobs": "N", "runs": "N", "level": "all|extended|basic|disable", "batch": "1,2,4,...|N",
@@ -80,7 +81,7 @@ _human_metavars()
 
 PatternsOpt = Annotated[list[str] | None, typer.Option("--patterns", "-p", help="Extra pattern file or folder "
                                                        "(repeatable).")]
-TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Execution provider: cpu or cuda.")]
+TargetOpt = Annotated[str, typer.Option("--target", "-t", help=f"The execution provider the output is for: {', '.join(names())} (docs/targets.md).")]
 
 
 # API option names (OnnxfuseError.option) -> the flags that set them: a CLI error names the flag
@@ -103,11 +104,11 @@ ThreadsOpt = Annotated[str, typer.Option("--threads", help="onnxruntime intra-op
 
 
 def parse_target(value: str, option: str = "target") -> str:
-    return check_choice(option, value, ("cpu", "cuda"))
+    return check_target(option, value)
 
 
 BenchShape = Annotated[list[str] | None, typer.Option("--shape", help="Input shape name:1x3x224x224 or dim=4.")]
-ProviderOpt = Annotated[str, typer.Option("--provider", help="cpu or cuda.")]
+ProviderOpt = Annotated[str, typer.Option("--provider", help=f"Execution provider: {', '.join(names())}.")]
 LevelOpt = Annotated[str, typer.Option("--level", help="ORT optimization level: disable|basic|extended|all.")]
 InputsOpt = Annotated[str | None, typer.Option("--inputs", help="Inputs from an .npz file.")]
 

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from ..targets import HOST
 from .app import BenchShape, TargetOpt, app, out, parse_target
 
 
@@ -17,7 +18,7 @@ def inputs_cmd(
     profile: Annotated[list[str] | None, typer.Option("--profile", help="A named shape profile NAME:DIM=V,..."
                                                       "[@WEIGHT] (repeatable), as optimize takes it (default for a "
                                                       "decoder with a KV cache: prefill and decode).")] = None,
-    target: TargetOpt = "cpu",
+    target: TargetOpt = HOST,
     no_probe: Annotated[bool, typer.Option("--no-probe", help="Do not run the model; print the first "
                                            "candidate within the memory budget.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the inputs as JSON (docs/json.md).")] = False,

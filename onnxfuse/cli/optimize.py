@@ -13,8 +13,9 @@ from typer._click.exceptions import UsageError  # typer vendors click
 from .. import signals
 from ..errors import OnnxfuseError
 from ..load.collisions import check_report_path
+from ..measure.lock import REPORT_WAIT_S, WAIT_KEY, busy_lock, timing_lock
 from ..options import check_count
-from ..select.timing_lock import REPORT_WAIT_S, WAIT_KEY, busy_lock, timing_lock
+from ..targets import HOST
 from .app import PatternsOpt, TargetOpt, app, bench_status, out, parse_target, parse_threads, profile_status
 
 
@@ -27,7 +28,7 @@ def optimize(
     patterns: PatternsOpt = None,
     only: Annotated[list[str] | None, typer.Option("--only", help="Apply only this rule id (repeatable).")] = None,
     skip: Annotated[list[str] | None, typer.Option("--skip", help="Never apply this rule id (repeatable).")] = None,
-    target: TargetOpt = "cpu",
+    target: TargetOpt = HOST,
     no_builtin: Annotated[bool, typer.Option("--no-builtin", help="Use only the --patterns files.")] = False,
     no_validate: Annotated[bool, typer.Option("--no-validate", help="Skip the onnxruntime check.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Report what would change; write nothing.")] = False,
@@ -77,6 +78,11 @@ def optimize(
                                              "measuring stays one model at a time.")] = None,
     recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Input folders: also the models in "
                                             "their subfolders.")] = False,
+    ray: Annotated[str | None, typer.Option("--ray", help="Optimize the models on a Ray cluster instead of "
+                                            "--jobs: auto (a running cluster, else one started here) or its "
+                                            "address; each node measures one model at a time and all nodes "
+                                            "share decisions (docs/fleet.md; pip install 'onnxfuse[ray]').")]
+    = None,
 ) -> None:
     """Apply fusion patterns to a fixed point, validate with onnxruntime, write OUT atomically. With several
     models (or a folder), write each into the folder OUT under its own file name."""
@@ -92,13 +98,16 @@ def optimize(
                            measure_by=measure_by, cache=not no_cache).check()
     if jobs is not None:
         check_count("jobs", jobs)
+    if jobs is not None and ray is not None:
+        raise OnnxfuseError("--jobs and --ray are two ways of running a batch: give one",
+                            hint="--ray runs as many models at once as the cluster has timing slots")
     if (bench_after or html) and dry_run:
         raise OnnxfuseError("--bench/--html need the written output; drop --dry-run")
     if len(paths) < 2:
         raise UsageError("Missing argument 'OUT': onnxfuse optimize IN OUT, or IN... OUTDIR", ctx)
     inputs, output = paths[:-1], paths[-1]
-    if len(inputs) > 1 or os.path.isdir(inputs[0]):
-        _optimize_batch(inputs, output, opts, jobs, recursive, bench_after, html, as_json)
+    if len(inputs) > 1 or os.path.isdir(inputs[0]) or ray is not None:
+        _optimize_batch(inputs, output, opts, jobs, recursive, bench_after, html, as_json, ray)
         return
     input = inputs[0]
     from ..progress import status_line
@@ -134,12 +143,16 @@ def _report_optimize(result, input: str, output: str, opts, bench_after: bool, h
         from .. import profile as run_profile
         from ..inspect.html_report import render, write
 
-        with profile_status(not as_json) as progress:
+        with profile_status(not as_json) as progress, timing_lock():
+            # the latency the profile reports is bench's where it ran (one number per model on the page)
             profiles = [run_profile(p, opts.target, opts.measure_threads, shapes=opts.shapes or None,
-                                    inputs_npz=opts.inputs_npz, progress=progress(label))
-                        for label, p in (("input", input), ("output", output))]
-        write(html, render(f"onnxfuse optimize: {input}", bench=bench_res, profiles=profiles,
+                                    inputs_npz=opts.inputs_npz, progress=progress(label),
+                                    latency_ms=bench_res.models[i].median_ms if bench_res else None)
+                        for i, (label, p) in enumerate((("input", input), ("output", output)))]
+        write(html, render(f"onnxfuse optimize: {os.path.abspath(input)}", bench=bench_res, profiles=profiles,
                            labels=["input", "output"], result=result))
+        if not as_json:
+            print(f"report written to {os.path.abspath(html)}", file=sys.stderr)
     if as_json:
         data = result.to_json()
         if bench_res is not None:
@@ -156,17 +169,19 @@ def _report_optimize(result, input: str, output: str, opts, bench_after: bool, h
 
 
 def _optimize_batch(inputs: list[str], out_dir: str, opts, jobs: int | None, recursive: bool, bench_after: bool,
-                    html: str | None, as_json: bool) -> None:
+                    html: str | None, as_json: bool, ray: str | None = None) -> None:
     """Several models (or folders) into the folder OUT_DIR: one line per model as it finishes, then a total;
-    with --json, the list of per-model results. Exit code 1 if any model failed."""
+    with --json, the list of per-model results. Exit code 1 if any model failed. With `ray` (an address or
+    auto) on a Ray cluster (fleet/), with a bar of done, failed, running and queued models on a terminal."""
     import time
 
-    from ..batch import collect, default_jobs, optimize_many
+    from ..batch import BatchItem, collect, default_jobs, optimize_many
 
     if html:
         raise OnnxfuseError("--html writes the report of one model; with several models use --bench, or --html "
                             "on each model alone")
-    items = collect(inputs, out_dir, recursive)
+    one_file = ray is not None and len(inputs) == 1 and not os.path.isdir(inputs[0]) and not os.path.isdir(out_dir)
+    items = [BatchItem(inputs[0], out_dir)] if one_file else collect(inputs, out_dir, recursive)  # --ray IN OUT
     n_jobs = min(jobs or default_jobs(), len(items))
     t0 = time.perf_counter()
 
@@ -182,8 +197,12 @@ def _optimize_batch(inputs: list[str], out_dir: str, opts, jobs: int | None, rec
         if not as_json:
             print(_batch_line(d), flush=True)
 
+    how = f"--jobs {n_jobs}"
     try:
-        results = optimize_many(items, opts, n_jobs, show)
+        if ray is None:
+            results = optimize_many(items, opts, n_jobs, show)
+        else:
+            results, how = _on_ray(items, opts, ray, show, as_json)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (signals.py)
         print(f"onnxfuse: {signals.word(e)} after {len(finished)} of {len(items)} model(s); the models finished "
               "by then are written, nothing partial", file=sys.stderr)
@@ -197,9 +216,22 @@ def _optimize_batch(inputs: list[str], out_dir: str, opts, jobs: int | None, rec
         done = "checked (dry run: nothing written)" if opts.dry_run else f"written to {out_dir}"
         print(f"{len(results)} model(s): {len(results) - len(failed)} {done}, {len(failed)} failed"
               + (f" ({', '.join(os.path.basename(d['input']) for d in failed)})" if failed else "")
-              + f"; {time.perf_counter() - t0:.1f} s with --jobs {n_jobs}")
+              + f"; {time.perf_counter() - t0:.1f} s with {how}")
     if failed:
         raise typer.Exit(1)
+
+
+def _on_ray(items, opts, address: str, show, as_json: bool) -> tuple[list[dict], str]:
+    """The batch on Ray, its bar on a terminal's stderr; (results, how it ran, for the total line)."""
+    from ..fleet import optimize_on_ray
+    from ..fleet.driver import nodes_used
+    from ..progress import counts_bar, status_line
+
+    with status_line(not as_json) as progress:
+        results = optimize_on_ray(items, opts, address, show,
+                                  on_progress=lambda c: progress(counts_bar(c["done"], c["failed"], c["running"],
+                                                                            c["queued"])))
+    return results, f"Ray ({nodes_used(results)} node(s))"
 
 
 class BatchInterrupted(Exception):
@@ -240,6 +272,10 @@ def _batch_line(d: dict) -> str:
     waited = d.get("timings_s", {}).get(WAIT_KEY)
     if waited:
         parts.append(f"waited {waited:.1f} s for the timing lock")
+    node = d.get("node")
+    if node:
+        parts.append(f"{'measured' if node.get('measured') else 'ran'} on {node['host']} ({node['address']}, "
+                     f"node {node['id'][:8]})")
     parts.append(f"{d['seconds']:.1f} s")
     where = d["output"] or "(dry run)"
     return f"{d['input']} -> {where}: " + ", ".join(parts)

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from ..errors import OnnxfuseError
+from ..targets import HOST
 from .app import PatternsOpt, TargetOpt, app, out, parse_target, patterns_app
 
 
@@ -18,7 +19,7 @@ def explain(
     model: Annotated[str, typer.Argument(help="Model to inspect.")],
     rule: Annotated[str | None, typer.Option("--rule", "-r", help="Only this rule (shows every attempt).")] = None,
     patterns: PatternsOpt = None,
-    target: TargetOpt = "cpu",
+    target: TargetOpt = HOST,
     as_json: Annotated[bool, typer.Option("--json", help="Print the explanation as JSON (every near miss, "
                                           "with `hidden` saying why a row is left out by default).")] = False,
     show_all: Annotated[bool, typer.Option("--all", help="Also the near misses of rules that cannot apply on "
@@ -66,7 +67,7 @@ def patterns_list(patterns: PatternsOpt = None,
                   no_builtin: Annotated[bool, typer.Option("--no-builtin", help="Only the --patterns files.")]
                   = False,
                   target: Annotated[str | None, typer.Option("--target", "-t", help="Say for each rule whether it "
-                                                             "is used on this target (cpu or cuda), and why not.")]
+                                                             "is used on this target, and why not.")]
                   = None) -> None:
     """All rules, in the order they are tried (bigger matches first)."""
     from .. import load_rules, rules_in_order

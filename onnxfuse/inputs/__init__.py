@@ -7,10 +7,10 @@ from onnxruntime's errors), `discover.py` (the search). May import the base modu
 """
 
 from .discover import DimChoice, InputPlan, default_budget_bytes, discover, fmt_bytes
-from .profiles import Profile, at_batch, at_dims, check_names, discover_profiles, parse_profiles
+from .profiles import Profile, at_batch, at_dims, check_names, discover_profiles, parse_profiles, timing_feeds
 from .shapes import InputInfo, ShapeSpec, model_inputs, parse_shape_specs
 from .synth import make_inputs
 
-__all__ = ["DimChoice", "InputInfo", "InputPlan", "Profile", "ShapeSpec", "at_batch", "at_dims", "check_names", "default_budget_bytes",
+__all__ = ["timing_feeds", "DimChoice", "InputInfo", "InputPlan", "Profile", "ShapeSpec", "at_batch", "at_dims", "check_names", "default_budget_bytes",
            "discover", "discover_profiles", "fmt_bytes", "make_inputs", "model_inputs", "parse_profiles",
            "parse_shape_specs"]

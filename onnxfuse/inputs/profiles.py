@@ -15,7 +15,8 @@ from .discover import DimChoice, InputPlan, discover, plan_dims, shapes_at
 from .shapes import BATCH_DEFAULT, ShapeSpec, check_spec_names, model_inputs, parse_shape_specs
 from .synth import synthesize
 
-__all__ = ["Profile", "at_batch", "check_names", "default_profiles", "discover_profiles", "parse_profiles"]
+__all__ = ["Profile", "at_batch", "check_names", "default_profiles", "discover_profiles", "parse_profiles",
+           "timing_feeds"]
 
 
 @dataclass
@@ -125,6 +126,14 @@ def at_batch(model: onnx.ModelProto, plan: InputPlan, batch: int, seed: int = 0)
     if not any(d.role == "batch" for d in plan.dims):
         return None
     return at_dims(model, plan, lambda d: batch if d.role == "batch" else d.value, seed)
+
+
+def timing_feeds(model: onnx.ModelProto, plan: InputPlan, user_given: bool) -> dict[str, np.ndarray]:
+    """The inputs timing runs on, in optimize, bench and profile alike: the plan's at batch 1 (the usual
+    deployment; validation runs batch 2, which exposes batch-broadcasting bugs), unless the user gave the shapes
+    or inputs (`user_given`), or the plan has no batch dim."""
+    feeds = None if user_given else at_batch(model, plan, 1)
+    return feeds if feeds is not None else plan.feeds
 
 
 def at_dims(model: onnx.ModelProto, plan: InputPlan, value: Callable[[DimChoice], int],

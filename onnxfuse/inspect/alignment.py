@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from ..ir import Model
+from ..targets import get
 
 
 @dataclass(frozen=True)
@@ -30,9 +31,11 @@ class Misaligned:
 
 @functools.cache
 def vector_width(target: str) -> int:
-    """fp32 lanes: 16 with AVX-512, else 8 (AVX2/NEON pairs); CUDA tensor cores tile by 8."""
-    if target == "cuda":
-        return 8
+    """fp32 lanes: the target's own (Target.vector_width: CUDA tensor cores tile by 8), else this CPU's: 16 with
+    AVX-512, else 8 (AVX2/NEON pairs)."""
+    width = get(target).vector_width
+    if width is not None:
+        return width
     try:
         with open("/proc/cpuinfo") as f:
             return 16 if " avx512f" in f.read() else 8

@@ -9,11 +9,12 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from ..errors import OnnxfuseError
-from ..options import check_choice, check_strings
+from ..options import check_strings, check_target
 from ..rewrite.engine import NearMiss, RuleSkip, near_misses
 from ..rewrite.fold import CLEANUP_STEPS
 from ..rewrite.rebuild import rebuild
 from ..rewrite.ruleset import load_rules
+from ..targets import HOST
 from ..validate.facts import run_facts
 from .alignment import Misaligned, alignment_report, vector_width
 
@@ -41,11 +42,11 @@ class Explanation:
                 "misaligned": [{**m.__dict__, "padded": m.padded, "waste": m.waste} for m in self.misaligned]}
 
 
-def explain(model: str | os.PathLike, patterns: list[str] | None = None, target: str = "cpu",
+def explain(model: str | os.PathLike, patterns: list[str] | None = None, target: str = HOST,
             rule: str | None = None, builtin: bool = True) -> Explanation:
     """Apply the rules to a fixed point, then report for every candidate left why its best attempt failed
     (only `rule`'s attempts, all of them, when given)."""
-    check_choice("target", target, ("cpu", "cuda"))
+    check_target("target", target)
     rules = load_rules(check_strings("patterns", patterns), builtin, only=None)
     if rule is not None and rule not in {r.id for r in rules}:
         raise OnnxfuseError("no rule with that id", hint="see `onnxfuse patterns list`", option="rule", value=rule)

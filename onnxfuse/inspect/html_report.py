@@ -7,6 +7,7 @@ import datetime as _dt
 import html
 from collections import Counter
 
+from ..measure.clock import describe
 from .latency import BenchResult
 from .op_profile import ProfileResult, captured_share
 from .report import headroom_line, known_lines, share_words, split_line
@@ -101,8 +102,9 @@ def _bench_section(b: BenchResult, named: bool = False, first: bool = True) -> s
         ident = ' id="verdict"' if first else ""
         a, b_ = (b.models[0].label, b.models[1].label) if len(b.models) > 1 else ("A", "B")
         out.append(f'<p class="verdict"{ident}>{_e(b_)} vs {_e(a)}: {b.speedup:.3f}x speed, time ratio '
-                   f"{_e(b.ratio)} (95% CI) &rarr; {_e(b.verdict)}</p><p class=meta>Noise floor: a second session "
-                   f"of {_e(a)} against {_e(a)} measures {_e(b.control)}; {_e(b_)} must differ by more than that.</p>")
+                   f"{_e(b.ratio)} (95% CI, {_e(describe(b.estimator))}) &rarr; {_e(b.verdict)}</p><p class=meta>"
+                   f"Noise floor: a second session of {_e(a)} differs from {_e(a)} by {b.floor:.1%}; {_e(b_)} "
+                   "must differ by more than that.</p>")
     if b.batches:
         labels = [m.label for m in b.models]
         rows = [[p.batch] + [f"{p.median_ms[lab]:.3f}" for lab in labels] + [f"{p.throughput[lab]:.1f}"
@@ -165,10 +167,14 @@ def _optimize_section(result) -> str:
     if m is not None and m.groups:
         rows = [[_e(g.group), _e(", ".join(g.rules)), g.rewrites, "" if g.gain is None else f"{g.gain * 100:+.1f}%",
                  _e(g.effect or ""), f'<span class="{"kept" if g.kept else "dropped"}">'
-                 f'{"kept" if g.kept else "dropped"}</span>'] for g in m.groups]
-        out.append(f"<h3>Measured selection</h3><p class=meta>timed on {_e(m.provider)} at {m.threads} thread(s): "
-                   "the decisions hold for that thread count</p>" + _table(
-            ["fused op group", "rules", "rewrites", "latency saved", "with/without [95% CI]", ""], rows, 2))
+                 f'{"kept" if g.kept else "dropped"}</span>', _e(g.source)] for g in m.groups]
+        kept = sum(g.kept for g in m.groups)
+        out.append(f"<details id=selection><summary>Measured selection: {kept} of {len(m.groups)} group(s) kept "
+                   "(click to expand)</summary>"
+                   f"<p class=meta>timed on {_e(m.provider)} at {m.threads} thread(s), "
+                   f"{_e(describe(m.estimator) if m.estimator else '')}: the decisions hold for that thread count</p>"
+                   + _table(["fused op group", "rules", "rewrites", "latency saved", "with/without [95% CI]", "",
+                             "how"], rows, 2) + "</details>")
     out.append(f"<h2>Validation</h2><p>{_e(result.validation)}</p>")
     rows = [[_e(c.name), _e(c.dtype), _e("x".join(map(str, c.shape))), f"{c.max_abs:.2e}", f"{c.max_rel:.2e}",
              f"{c.cosine:.6f}", f"{c.min_tolerance:.1e}",
@@ -178,17 +184,38 @@ def _optimize_section(result) -> str:
     return "".join(out)
 
 
+def headline(bench: BenchResult | None, result) -> str:
+    """The page's first lines: what the run decided and what it measured, in words."""
+    lines = []
+    m = getattr(result, "measure", None)
+    if m is not None and m.final is not None:
+        word = m.final.verdict_beyond(m.floor)
+        lines.append(f"optimize measured the output at {m.final.median:.3f} of the input's latency "
+                     f"({_e(m.final)}, {_e(describe(m.estimator) if m.estimator else 'wall time')}) &rarr; "
+                     f"<b>{_e(word)}</b>")
+    elif m is not None:
+        lines.append(f"optimize: {_e(m.note or m.confirmed or 'nothing timed')}")
+    if bench is not None and bench.ratio is not None:
+        lines.append(f"bench: output vs input {_e(bench.ratio)} on {_e(describe(bench.estimator))} &rarr; "
+                     f"<b>{_e(bench.verdict)}</b>; median {bench.models[0].median_ms:.3f} ms &rarr; "
+                     f"{bench.models[1].median_ms:.3f} ms")
+    if result is not None:
+        lines.append(f"{sum(result.fired.values())} rewrite(s) kept, nodes {result.nodes_before} &rarr; "
+                     f"{result.nodes_after}; validation: {_e(result.validation)}")
+    return f'<div id="headline" class="verdict">{"<br>".join(lines)}</div>' if lines else ""
+
+
 def render(title: str, bench: BenchResult | None = None, profiles: list[ProfileResult] | None = None,
            labels: list[str] | None = None, result=None) -> str:
     import onnxruntime as ort
 
     body = [f"<h1>{_e(title)}</h1><p class=meta>onnxfuse report, {_dt.datetime.now():%Y-%m-%d %H:%M}, "
-            f"onnxruntime {_e(ort.__version__)}</p>"]
-    if result is not None:
-        body.append(_optimize_section(result))
-    if bench is not None:
+            f"onnxruntime {_e(ort.__version__)}</p>", headline(bench, result)]
+    if bench is not None:  # the verdict and the latency chart first
         for n, one in enumerate([bench, *bench.profiles]):
             body.append(_bench_section(one, named=bool(bench.profiles), first=n == 0))
+    if result is not None:
+        body.append(_optimize_section(result))
     if profiles:
         body.append(_profile_section(profiles, labels or [p.path for p in profiles]))
     return (f"<!doctype html><html><head><meta charset=utf-8><title>{_e(title)}</title><style>{CSS}</style></head>"

@@ -1,6 +1,8 @@
 """Latency protocol: same session options for A and B, warm-up until timings settle, A and B interleaved in
-one process, then median / p90 / p99 / min / spread, and the speedup of B over A with a bootstrap 95%
-confidence interval and a verdict. Optional batch sweep for models with a dynamic batch dimension."""
+one process (measure/timing.py), then median / p90 / p99 / min / spread on wall time, and B against A with a
+bootstrap 95% confidence interval and the verdict optimize gives (measure/verdicts.py: beyond the noise floor of
+a second session of A, on the same estimator: thread CPU time at one thread on the CPU). Optional batch sweep
+for models with a dynamic batch dimension."""
 
 from __future__ import annotations
 
@@ -12,20 +14,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from ..inputs import discover, discover_profiles, parse_profiles
+from ..inputs import discover, discover_profiles, parse_profiles, timing_feeds
 from ..inputs.shapes import ShapeSpec, model_inputs, parse_shape_specs, resolve_shapes
 from ..inputs.synth import make_inputs
-from ..options import check_choice, check_count, check_seconds, check_strings
-from ..select.timing import (
-    SIGNIFICANT,
-    Progress,
-    Ratio,
-    judge,
-    paired_ratio,
-    percentile,
-    time_interleaved,
-    warm_up,
-)
+from ..measure.clock import WALL, estimator_for
+from ..measure.stats import Ratio, paired_ratio, percentile
+from ..measure.timing import Progress, interleave, warm_up
+from ..measure.verdicts import verdict
+from ..options import check_choice, check_count, check_seconds, check_strings, check_target
+from ..targets import HOST
 from ..validate.runtime import LEVELS, make_session, resolve_threads, run
 
 
@@ -67,6 +64,8 @@ class BenchResult:
     batches: list[BatchPoint] = field(default_factory=list)
     control: Ratio | None = None  # the same model A in a second session against A: the noise floor
     profile: str = "default"  # the shape profile timed (prefill, decode, a --profile, or default)
+    estimator: str = WALL  # the clock the verdict reads (measure/clock.py); latencies are wall time
+    floor: float = 0.0  # the A/A control's distance from 1: the noise floor the verdict clears
     profiles: list[BenchResult] = field(default_factory=list)  # the other profiles (a KV-cache decoder: decode)
 
     def to_json(self) -> dict:
@@ -74,19 +73,13 @@ class BenchResult:
             "schema": "onnxfuse.bench/1", "profile": self.profile,
             "provider": self.provider, "threads": self.threads, "level": self.level, "inputs": self.inputs,
             "models": [{k: v for k, v in m.__dict__.items() if k != "samples_ms"} for m in self.models],
-            "speedup": self.speedup,
+            "speedup": self.speedup, "estimator": self.estimator, "noise_floor": self.floor,
             "ratio": None if self.ratio is None else self.ratio.__dict__,
             "verdict": self.verdict,
             "control_ratio": None if self.control is None else self.control.__dict__,
             "batches": [b.__dict__ for b in self.batches],
             "profiles": [p.to_json() for p in self.profiles],
         }
-
-
-def verdict(ratio: Ratio, control: Ratio) -> str:
-    """B against A, beyond what a second session of A itself shows (placement and order effects): B's interval
-    must clear 1 by more than the control's distance from 1 plus its half-width (and at least 0.5%)."""
-    return judge(ratio, max(SIGNIFICANT, abs(control.median - 1) + (control.high - control.low) / 2))
 
 
 def _load(path: str, provider: str, threads: int, level: str):
@@ -101,10 +94,10 @@ def probed_inputs(path: str, proto: onnx.ModelProto, spec: ShapeSpec | None, inp
     caller has one of the model whose runs nothing times yet, else with a session of its own."""
     probe = session if session is not None else make_session(path, "disable", provider)
     plan, _ = discover(proto, lambda feeds: run(probe, feeds), spec, inputs_npz)
-    return plan.feeds
+    return timing_feeds(proto, plan, bool(spec or inputs_npz))
 
 
-def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cpu", threads: int | str = 1,
+def bench(paths: list[str], labels: list[str] | None = None, provider: str = HOST, threads: int | str = 1,
           level: str = "all", shapes: list[str] | None = None, inputs_npz: str | None = None,
           min_runs: int = 50, budget_s: float = 5.0, batches: list[int] | None = None,
           progress: Progress | None = None, profiles: list[str] | None = None) -> BenchResult:
@@ -136,7 +129,8 @@ def bench(paths: list[str], labels: list[str] | None = None, provider: str = "cp
         step = None if progress is None else (
             lambda what, f, n=n, name=prof.name: progress(f"{name}: {what}" if len(plans) > 1 else what,
                                                           (n + f) / len(plans)))
-        r = _bench_feeds(sessions, load_ms, paths, labels, plan.feeds, provider, threads, level, min_runs,
+        feeds = timing_feeds(proto, plan, bool(spec or inputs_npz))  # optimize's timing inputs: batch 1
+        r = _bench_feeds(sessions, load_ms, paths, labels, feeds, provider, threads, level, min_runs,
                          budget_s / len(plans), step)
         r.profile = prof.name
         if batches:
@@ -152,7 +146,7 @@ def check_bench_options(provider: str, threads: int, level: str, runs: int | Non
                         budget_s: float | None = None, batches: list[int] | None = None,
                         runs_option: str = "min_runs") -> None:
     """bench's and profile's values, checked before anything loads: one OnnxfuseError naming the option."""
-    check_choice("provider", provider, ("cpu", "cuda"))
+    check_target("provider", provider)
     check_count("threads", threads)
     check_choice("level", level, LEVELS)
     if runs is not None:
@@ -175,21 +169,25 @@ def _bench_feeds(sessions: dict, load_ms: dict[str, float], paths: list[str], la
         run(s, feeds)
         first_ms[label] = (time.perf_counter() - t) * 1e3
         warm[label] = warm_up(s, feeds)
-    times = time_interleaved(sessions, feeds, min_runs, budget_s, progress)
+    estimator = estimator_for(provider, threads)
+    times = interleave(sessions, [(1.0, feeds)], estimator=estimator, min_runs=min_runs, floor_runs=min_runs,
+                       min_seconds=budget_s, max_runs=20 * min_runs, progress=progress)
+    wall = times.on(WALL)
     models = []
     for label, path in zip(labels, paths, strict=True):
-        ms = [t * 1e3 for t in times[label]]
+        ms = [t * 1e3 for t in wall[label]]
         med = statistics.median(ms)
         models.append(Latency(label, path, load_ms[label], first_ms[label], warm[label], len(ms), med,
                               percentile(ms, 90), percentile(ms, 99), min(ms),
                               (percentile(ms, 90) - percentile(ms, 10)) / med, ms))
-    result = BenchResult(provider, threads, level, {k: list(v.shape) for k, v in feeds.items()}, models)
+    result = BenchResult(provider, threads, level, {k: list(v.shape) for k, v in feeds.items()}, models,
+                         estimator=estimator)
     if control:
         a, b = labels
-        result.ratio = paired_ratio(times[b], times[a])
+        v = verdict(times, b, (a, "A/A control"))
+        result.ratio, result.floor, result.verdict = v.ratio, v.floor, v.word
         result.control = paired_ratio(times["A/A control"], times[a])
         result.speedup = float(np.median(np.asarray(times[a]) / np.asarray(times[b])))
-        result.verdict = verdict(result.ratio, result.control)
     return result
 
 
@@ -239,7 +237,9 @@ def batch_sweep(sessions: dict[str, object], proto: onnx.ModelProto, spec, batch
         if progress:
             progress(f"batch {b}", n / len(batches))
         feeds = make_inputs(proto, at_batch(proto, spec, dim, b))
-        times = time_interleaved(sessions, feeds, max(10, min_runs // 2), budget_s / len(batches))
+        runs = max(10, min_runs // 2)
+        times = interleave(sessions, [(1.0, feeds)], estimator=WALL, min_runs=runs, floor_runs=runs,
+                           min_seconds=budget_s / len(batches), max_runs=20 * runs)
         med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         points.append(BatchPoint(b, med, {k: b / (m / 1e3) for k, m in med.items()}))
     return points

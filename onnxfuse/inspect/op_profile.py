@@ -23,9 +23,10 @@ import onnx
 from ..errors import OnnxfuseError
 from ..inputs.shapes import parse_shape_specs
 from ..ir import make_model
+from ..measure.timing import run_times
 from ..options import check_count, check_strings
 from ..progress import Phase, quiet
-from ..select.timing import run_times
+from ..targets import HOST
 from ..validate.runtime import make_session
 from .op_cost import CONTROL_FLOW, GEMM_CLASS, entries, model_index, node_bytes, node_flops, released_bytes
 from .remaining import Note, notes
@@ -201,7 +202,7 @@ def measure_peaks(threads: int = 1) -> Peaks:
                       [oh.make_tensor_value_info("c", onnx.TensorProto.FLOAT, [n, n])],
                       [onnx.numpy_helper.from_array(b, "b")])  # constant B: onnxruntime pre-packs it
     s = make_session(make_model(g, {"": 13}).SerializeToString(),
-                       "all", "cpu", threads)
+                       "all", HOST, threads)
     feeds = {"a": b}
     gflops = 2 * n**3 / min(run_times(s, feeds, 12, warmup=2)) / 1e9
     gflops = max(gflops, _conv_probe_gflops(threads))  # onnxruntime's blocked convolutions can beat its GEMM
@@ -230,7 +231,7 @@ def _ort_copy_gbytes(threads: int) -> float:
                       [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [n])],
                       [onnx.numpy_helper.from_array(np.array(1.0, np.float32), "one")])
     s = make_session(make_model(g, {"": 13}).SerializeToString(),
-                       "all", "cpu", threads)
+                       "all", HOST, threads)
     feeds = {"x": np.ones(n, np.float32)}
     return 2 * 4 * n / min(run_times(s, feeds, 5, warmup=1)) / 1e9
 
@@ -245,7 +246,7 @@ def _conv_probe_gflops(threads: int) -> float:
                       [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 64, 56, 56])],
                       [onnx.numpy_helper.from_array(w, "w")])
     s = make_session(make_model(g, {"": 13}).SerializeToString(),
-                       "all", "cpu", threads)
+                       "all", HOST, threads)
     feeds = {"x": np.ones((1, 64, 56, 56), np.float32)}
     flops = 2.0 * 64 * 56 * 56 * 64 * 9
     return flops / min(run_times(s, feeds, 12, warmup=2)) / 1e9
@@ -266,8 +267,8 @@ def _chain_fraction(threads: int, chain: int = 200, runs: int = 40) -> float:
                       [oh.make_tensor_value_info(f"v{chain}", onnx.TensorProto.FLOAT, [1])])
     data = make_model(g, {"": 13}).SerializeToString()
     feeds = {"v0": np.ones(1, np.float32)}
-    plain = make_session(data, "all", "cpu", threads)
-    events, plain_times = _profiled_events(data, feeds, "all", "cpu", threads, 10 + runs, plain)
+    plain = make_session(data, "all", HOST, threads)
+    events, plain_times = _profiled_events(data, feeds, "all", HOST, threads, 10 + runs, plain)
     latency = statistics.median(plain_times[10:]) * 1e6
     kernels = statistics.median(_per_run_kernel_us(events, runs))
     run = statistics.median(e["dur"] for e in _last_runs(events, runs))
@@ -326,7 +327,7 @@ def _per_run_kernel_us(events: list[dict], runs: int) -> list[float]:
     return totals
 
 
-def profile(path: str, provider: str = "cpu", threads: int | str = 1, level: str = "all", runs: int = 30,
+def profile(path: str, provider: str = HOST, threads: int | str = 1, level: str = "all", runs: int = 30,
             warmup: int = 10, shapes: list[str] | None = None, inputs_npz: str | None = None,
             latency_ms: float | None = None, batches: list[int] | None = None,
             progress: Phase | None = None, known: bool = True) -> ProfileResult:

@@ -24,12 +24,14 @@ from dataclasses import dataclass, field
 import onnx
 
 from ..errors import OnnxfuseError
+from ..kernels.applicable import rule_usage
 from ..match.matcher import Matcher
 from ..patterns.rules import Rule
 from ..patterns.syntax import iter_calls
-from ..rewrite.engine import near_misses, rule_usage
+from ..rewrite.engine import near_misses
 from ..rewrite.rebuild import Rewritten, rebuild
 from ..rewrite.ruleset import load_rules
+from ..targets import HOST, get
 from ..validate.facts import run_facts
 from ..validate.runtime import make_session
 
@@ -78,7 +80,7 @@ class Boundaries:
     starts: dict[str, list[str]]
 
 
-def ort_optimized(path: str, provider: str = "cpu", level: str = "all", threads: int = 1) -> onnx.ModelProto:
+def ort_optimized(path: str, provider: str = HOST, level: str = "all", threads: int = 1) -> onnx.ModelProto:
     """onnxruntime's optimized graph of `path` (its fusions, and on CPU at `all` the NCHWc layout), as it saves
     it with SessionOptions.optimized_model_filepath; weights are not loaded back."""
     with tempfile.TemporaryDirectory(prefix="onnxfuse-ort-") as tmp:
@@ -271,12 +273,13 @@ def _layout_note(p: _Pass, op: str, bounds: Boundaries) -> Note:
                                                              else "have nothing to read here"), [], counts)
 
 
-def notes(path: str, profiled: dict[str, list[str]], target: str = "cpu", level: str = "all",
+def notes(path: str, profiled: dict[str, list[str]], target: str = HOST, level: str = "all",
           threads: int = 1) -> dict[str, Note]:
     """One note per op type of `profiled` (op type -> names of its profiled nodes, as onnxruntime ran `path` on
     `target` at `level`). A file onnxfuse cannot load or rewrite gets the reason as every note."""
     try:
-        layout = bool(set(profiled) & set(LAYOUT_OPS))
+        # layout boundaries where the target prefers onnxruntime's blocked NCHWc layout (Target.layout)
+        layout = get(target).layout == "nchwc" and bool(set(profiled) & set(LAYOUT_OPS))
         p = _run_pass(path, set(profiled) - set(LAYOUT_OPS), target, layout)
         bounds = layout_boundaries(ort_optimized(path, target, level, threads).graph) if layout else None
     except OnnxfuseError as e:

@@ -9,9 +9,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..inputs import InputPlan, fmt_bytes
+from ..measure.clock import describe
+from ..measure.stats import NOISE_PREFIX
 from ..patterns.rules import Rule
 from ..result import Result
 from ..rewrite.engine import NearMiss
+from ..targets import HOST
 from ..words import count
 from .op_profile import captured_share
 
@@ -117,7 +120,8 @@ def print_measure(m, console: Console) -> None:
     regions = m.strategy == "regions"
     cols = ["fused op group", "rules", "rewrites", *(["regions"] if regions else []),
             "region time saved" if regions else "latency saved", "with / without [95% CI]", "kept", "how"]
-    t = Grid(console, f"measured on {m.provider}, {m.threads} thread(s), ORT_ENABLE_ALL, {m.rounds} round(s), "
+    clock = f", {describe(m.estimator)}" if m.estimator else ""
+    t = Grid(console, f"measured on {m.provider}, {m.threads} thread(s){clock}, ORT_ENABLE_ALL, {m.rounds} round(s), "
              f"{m.strategy} selection", cols, right=("rewrites", "regions", "latency saved", "region time saved"),
              optional=("regions", "region time saved"))  # the saving is 1 - the ratio
     for alike in alike_groups(m.groups):
@@ -125,7 +129,11 @@ def print_measure(m, console: Console) -> None:
         timed = [a for a in alike if a.effect is not None]
         gain = _span([a.gain * 100 for a in timed], "+.1f") + "%" if timed else ""
         effect = _span([a.effect.median for a in timed], ".3f") if len(timed) > 1 else str(g.effect or "")
-        how = {"timed": "timed", "cached": "[cyan]cached[/cyan]", "exact": "exact, not timed",
+        floors = _span([a.floor * 100 for a in alike], ".1f")
+        how = {"timed": "timed" + (f": {g.why} (±{floors}%)" if g.why else ""),
+               "undecided": f"[yellow]undecided[/yellow] (its interval crosses 1 - 0.5% - noise floor ±{floors}%): "
+                            + ("kept: " if g.kept else "original: ") + g.why + "; timed again next run",
+               "cached": "[cyan]cached[/cyan]", "exact": "exact, not timed",
                "budget": "[yellow]budget ran out[/yellow]" + (f" ({g.why})" if g.why.startswith("whole") else ""),
                "model": "whole model" + (f", [cyan]{g.why}[/cyan]" if g.why else "")}.get(g.source, g.why or g.source)
         how += f" ({count(len(alike), 'class', 'classes')})" if len(alike) > 1 else ""
@@ -163,7 +171,7 @@ def _print_threads(m, console: Console) -> None:
     from ..validate.runtime import physical_cores
 
     default = physical_cores()
-    if m.provider == "cpu" and m.threads != default:
+    if m.provider == HOST and m.threads != default:
         console.print(f"[dim]measure: decided at {m.threads} thread(s); onnxruntime's default here uses {default} "
                       "(one per physical core): --threads auto measures at that[/dim]")
 
@@ -175,9 +183,14 @@ def _print_final(m, console: Console) -> None:
                 "exact rewrites and folding, if any, stay)" if m.dropped_everything else "kept rewrites")
         whole = ("weighted total over the shape profiles (each profile counts by its weight, relative to the "
                  "original's time there)" if m.profiles else "whole model")
-        console.print(f"measure: {what}; candidate / original latency at {m.threads} thread(s), {whole}: {m.final} -> "
-                      f"{m.final.verdict_beyond(m.floor)} (noise floor: two sessions of one candidate differ by up "
-                      f"to {m.floor:.1%})")
+        word = m.final.verdict_beyond(m.floor)
+        clock = f" on {describe(m.estimator)}" if m.estimator else ""
+        console.print(f"measure: {what}; candidate / original latency at {m.threads} thread(s), {whole}{clock}: "
+                      f"{m.final} -> {word}" + ("" if NOISE_PREFIX in word else
+                                                f" (noise floor ±{m.floor:.1%}: two sessions of one candidate)")
+                      + (f"; on wall time {m.final_wall}" if m.final_wall is not None and m.estimator != "wall"
+                         else "")
+                      + (f"; A/A rounds p10-p90 {m.aa_spread[0]:.3f}-{m.aa_spread[1]:.3f}" if m.aa_spread else ""))
         if m.profiles:
             console.print("measure: each profile alone (its own shapes), candidate / original: " + "; ".join(
                 f"{name} (weight {w:g}) {r} -> {r.verdict_beyond(m.floor)}" for name, w, r in m.profiles))
@@ -210,7 +223,7 @@ def print_rule_usage(rules: list[Rule], target: str, console: Console) -> None:
     """`patterns list --target T`: for every rule, whether it is used on T and, where not (or not always), why."""
     from rich.markup import escape as esc
 
-    from ..rewrite.engine import rule_usage
+    from ..kernels.applicable import rule_usage
     from ..targets import kernel_source
 
     t = Grid(console, f"{len(rules)} rules on {target} (kernels: {kernel_source(target).label})",
@@ -238,9 +251,10 @@ def _print_bench_profile(b, console: Console, named: bool) -> None:
     console.print(t.table)
     if b.ratio is not None:
         console.print((f"{b.profile}: " if named else "") +
-                      f"{_versus(b)}: {b.speedup:.3f}x speed (time ratio {b.ratio}, 95% CI) -> "
-                      f"[bold]{b.verdict}[/bold] (noise floor: a second session of {b.models[0].label} measures "
-                      f"{b.control})")
+                      f"{_versus(b)}: {b.speedup:.3f}x speed (time ratio {b.ratio}, 95% CI, on "
+                      f"{describe(b.estimator)}) -> [bold]{b.verdict}[/bold]" + (
+                          "" if NOISE_PREFIX in (b.verdict or "") else
+                          f" (noise floor ±{b.floor:.1%}: what a second session of {b.models[0].label} differs by)"))
     if b.batches:
         labels = [m.label for m in b.models]
         cols = ["batch"] + [f"{lab} ms" for lab in labels] + [f"{lab} samples/s" for lab in labels]
@@ -251,7 +265,7 @@ def _print_bench_profile(b, console: Console, named: bool) -> None:
         console.print(t.table)
 
 
-def print_profile(profiles, labels, console: Console, nodes: bool = False) -> None:
+def print_profile(profiles, labels, console: Console, nodes: bool = False, comparison=None) -> None:
     ops = sorted({s.op for p in profiles for s in p.by_type},
                  key=lambda op: -max(s.total_us for p in profiles for s in p.by_type if s.op == op))
     heads = ("calls", "ms", "share", "mean us", "GFLOP/s", "GB/s")
@@ -285,14 +299,22 @@ def print_profile(profiles, labels, console: Console, nodes: bool = False) -> No
         for line in known_lines(p):
             console.print(f"  - {line}", markup=False)
     if len(profiles) == 2:
+        if comparison is not None and comparison.ratio is not None:
+            console.print(f"{labels[1]} vs {labels[0]}, interleaved with a second session of {labels[0]} (as bench and "
+                          f"optimize time): time ratio {comparison.ratio} on {describe(comparison.estimator)} -> "
+                          f"{comparison.verdict}", markup=False)
         share = captured_share(profiles[0], profiles[1])
         if share is not None:
-            console.print(f"{labels[1]} {share_words(share)} the gap between {labels[0]} "
-                          f"({profiles[0].latency_ms:.3f} ms) and its GEMM-bound limit "
+            console.print(f"{labels[1]} {share_words(share, comparison.verdict if comparison else None)} the gap "
+                          f"between {labels[0]} ({profiles[0].latency_ms:.3f} ms) and its GEMM-bound limit "
                           f"({profiles[0].gemm_bound_ms:.3f} ms)", markup=False)
 
 
-def share_words(share: float) -> str:
+def share_words(share: float, verdict: str | None = None) -> str:
+    """How much of A's gap to its limit B removes; "slower" or "faster" only where the timing's verdict says so
+    (a share from two medians alone is not a verdict)."""
+    if verdict is not None and verdict not in ("faster", "slower"):
+        return f"does not measurably change ({verdict}; medians: {share * 100:+.0f}% of)"
     return f"removes {share * 100:.0f}% of" if share >= 0 else f"is slower: it widens by {-share * 100:.0f}%"
 
 

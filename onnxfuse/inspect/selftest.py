@@ -23,12 +23,13 @@ import numpy as np
 import onnx
 
 from ..ir import Model
+from ..kernels.applicable import match_issue, rule_issue
 from ..load.loader import checker_error, runtime_only_masked
 from ..match.matcher import Matcher
 from ..patterns.rules import Rule
 from ..patterns.syntax import Call, Expr, Ref
-from ..rewrite.engine import EngineOptions, match_issue, near_misses, rule_issue, run
-from ..targets import assume_cpu_nchwc, kernel_issue, provider_registered
+from ..rewrite.engine import EngineOptions, near_misses, run
+from ..targets import HOST, assume_cpu_nchwc, available, kernel_issue, names
 from ..validate.compare import default_tolerance
 from ..words import count
 from .selftest_models import (
@@ -108,7 +109,7 @@ def dtype_label(elem: int) -> str:
 
 def _no_kernel_here(model: onnx.ModelProto) -> str | None:
     """A contrib op of the model that no installed execution provider can run (e.g. a CUDA-only op here)."""
-    providers = [p for p in ("cpu", "cuda") if provider_registered(p)]
+    providers = [p for p in names() if available(p)]
     for n in model.graph.node:
         if n.domain and all(kernel_issue(n.domain, n.op_type, p) for p in providers):
             return f"{n.domain}.{n.op_type}"
@@ -130,8 +131,8 @@ def _reference_note(model: onnx.ModelProto, elem: int) -> str | None:
     """Original ops that have a CPU kernel, but none for `elem`. The reference is computed anyway (the model was
     run): a float16 op in float32 between Casts onnxruntime inserts, rounded to float16 after every op."""
     ops = dict.fromkeys(f"{n.domain}.{n.op_type}" if n.domain else n.op_type for n in model.graph.node
-                        if not kernel_issue(n.domain, n.op_type, "cpu")
-                        and kernel_issue(n.domain, n.op_type, "cpu", elem))
+                        if not kernel_issue(n.domain, n.op_type, HOST)
+                        and kernel_issue(n.domain, n.op_type, HOST, elem))
     if not ops:
         return None
     how = ("in float32 between Casts it inserts" if elem in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
@@ -244,16 +245,16 @@ def _check_instance(rule: Rule, model: onnx.ModelProto, feeds: dict[str, np.ndar
                     ref_error: str | None, where: str, res: DtypeReport) -> str | None:
     """Fire the rule on one built model and compare outputs. Returns a problem, or None (res updated)."""
     target = _target(rule, opset)
-    issues = _match_issues(rule, _typed(model), list(dict.fromkeys(["cpu", *rule.targets])))
+    issues = _match_issues(rule, _typed(model), list(dict.fromkeys([HOST, *rule.targets])))
     # A dtype question only where the CPU provider has every fused op (for some dtype): a fused op with no CPU
     # kernel at all is handled below as before (a contrib op not compared, a standard op through its function).
-    cpu_has_ops = not any(kernel_issue(domain, op, "cpu") for domain, op in rule.output_ops())
-    issue = issues.get("cpu") if cpu_has_ops else None
+    cpu_has_ops = not any(kernel_issue(domain, op, HOST) for domain, op in rule.output_ops())
+    issue = issues.get(HOST) if cpu_has_ops else None
     if issue:
         # No CPU kernel takes this dtype: the optimizer must refuse the match on the CPU target; the rewrite
         # itself is still checked on a declared target that takes it (CUDA: its registry or published table).
-        if "cpu" in rule.targets:
-            fired, _ = _fires(rule, model, "cpu")
+        if HOST in rule.targets:
+            fired, _ = _fires(rule, model, HOST)
             if fired:
                 return f"{where}: applied on the CPU target although {issue}"
         usable = [t for t in rule.targets if not issues.get(t) and rule_issue(rule, t, opset) is None]

@@ -3,7 +3,7 @@
 
     python -m onnxfuse.kernels.generate OperatorKernels.md --commit SHA [--version V] [-o ort_kernels.json]
 
-Kept: the CPU and CUDA providers, the ONNX (`ai.onnx`, written "") and `com.microsoft` domains, and per kernel
+Kept: the providers of the targets whose facts are onnxruntime's registry (CPU, CUDA: targets.REGISTRY), the ONNX (`ai.onnx`, written "") and `com.microsoft` domains, and per kernel
 its opset range and the tensor element types of each type constraint (sequence, optional, map and sparse types
 are dropped: a fused op's element type is what `--target` checks). The Parameters column is not read.
 """
@@ -16,7 +16,10 @@ import re
 import sys
 from dataclasses import dataclass, field
 
-PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider")
+from ..targets import REGISTRY
+
+# the providers of the registered targets whose facts are onnxruntime's registry (the others have their own file)
+PROVIDERS = tuple(t.provider for t in REGISTRY.values() if t.facts == "registry")
 DOMAINS = {"ai.onnx": "", "com.microsoft": "com.microsoft"}  # domain as written in the file -> as in a model
 OPEN = None  # "13+": no upper bound
 

@@ -7,6 +7,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from ..targets import HOST, session_providers
+
 
 @dataclass
 class OrtProbe:
@@ -53,7 +55,7 @@ def _probe(path: str) -> OrtProbe:
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
     try:
-        sess = ort.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(path, sess_options=options, providers=session_providers(HOST))
     except Exception as e:  # onnxruntime raises many pybind exception types
         return OrtProbe(clean_ort_message(str(e)))
     outputs = {}

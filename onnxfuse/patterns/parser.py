@@ -199,6 +199,7 @@ class _RuleDraft:
     example: dict[str, list[list[int]]] = field(default_factory=dict)
     example_attrs: dict[tuple[str, str], object] = field(default_factory=dict)
     targets: tuple[str, ...] = TARGETS
+    declared: bool = False
     conditions: dict[str, Require] = field(default_factory=dict)
     early: bool = False
     opset: tuple[int, int] = (1, 10_000)
@@ -229,6 +230,7 @@ def _parse_rule(node: yaml.Node, c: Collector, builtin: bool, order: int) -> Rul
     rule = Rule(
         id=r.id, doc=r.doc, file=c.file, span=r.span, lines=r.lines,
         line_spans=r.line_spans, where=r.where, compute=r.compute, rewrite=r.rewrite, targets=r.targets,
+        declared=r.declared,
         conditions={t: [e for e, _ in conds] for t, conds in r.conditions.items()}, opset_min=r.opset[0],
         opset_max=r.opset[1], order=order, builtin=builtin, require=[e for e, _ in r.require],
         example=r.example, example_attrs=r.example_attrs, outputs_of=r.outputs_of, early=r.early,
@@ -303,6 +305,7 @@ def _parse_example_key(node: yaml.Node, r: _RuleDraft) -> None:
 
 def _parse_targets_key(node: yaml.Node, r: _RuleDraft) -> None:
     r.targets, r.conditions = parse_targets(node, r.c)
+    r.declared = True
 
 
 def _parse_stage(node: yaml.Node, r: _RuleDraft) -> None:

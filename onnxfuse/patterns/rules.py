@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..targets import names
 from .compute import CompiledExpr
 from .syntax import Call, Expr, iter_refs, max_calls
 
-TARGETS = ("cpu", "cuda")
+TARGETS = names()  # a rule without `targets:` is for every registered target (its kernel facts decide)
 # Rewrite ops whose output has the element type of their first input: an input read through them has that type.
 SAME_TYPE_OPS = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Expand",
                            "Identity", "Concat", "Split", "Gather", "Tile", "Pad"})
@@ -86,6 +87,7 @@ class Rule:
     example_attrs: dict[tuple[str, str], object] = field(default_factory=dict)  # (line, attr) -> value
     outputs_of: dict[str, tuple[str, int]] = field(default_factory=dict)  # multi-output line names
     targets: tuple[str, ...] = TARGETS
+    declared: bool = False  # `targets:` given (else every registered target: each one's kernel facts decide)
     conditions: dict[str, list[tuple[CompiledExpr, str]]] = field(default_factory=dict)  # target -> extra require
     early: bool = False  # stage: early (canonicalisation before the fusion rules)
     measure: str = "region"  # measure: model (its benefit is non-local: decided on the whole model)

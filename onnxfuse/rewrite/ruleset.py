@@ -7,11 +7,12 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import OnnxfuseError
+from ..kernels.applicable import rule_issue
 from ..patterns.parser import load_path
 from ..patterns.rules import Rule
 from ..patterns.spec import json_schema_text
 from ..patterns.syntax import Call, Ref
-from .engine import MAX_SWEEPS, rule_issue
+from .engine import MAX_SWEEPS
 from .fold import CLEANUP_STEPS
 
 __all__ = ["builtin_patterns_dir", "load_rules", "pattern_schema"]

@@ -57,12 +57,11 @@ _COMMON: dict[str, tuple[Check, bool]] = {
     "label": (_str, False), "profiles": (_list(_tuple(_str, _num, _RATIO)), False),
 }
 _GROUP = _obj({"group": (_str, True), "rules": (_list(_str), True), "rewrites": (_int, True),
-               "kept": (_bool, True), "with_over_without": (_opt(_RATIO_OBJ), True), "source": (_str, True),
-               "instances": (_int, True), "noise_floor": (_num, True), "why": (_str, True)})
-_REPORT = _obj({"groups": (_list(_GROUP), True), "final_ratio": (_opt(_RATIO_OBJ), True),
-                "noise_floor": (_num, True), "undecided": (_int, True), "confirmed": (_str, True),
-                "profiles": (_list(_obj({"name": (_str, True), "weight": (_num, True),
-                                          "ratio": (_RATIO_OBJ, True)})), False)})
+               "kept": (_bool, True), "effect": (_opt(_RATIO), True), "source": (_str, True),
+               "instances": (_int, True), "floor": (_num, True), "why": (_str, True)}, exact=True)
+_REPORT = _obj({"groups": (_list(_GROUP), True), "final": (_opt(_RATIO), True), "floor": (_num, True),
+                "undecided": (_int, True), "confirmed": (_str, True), "estimator": (_str, True),
+                "profiles": (_list(_tuple(_str, _num, _RATIO)), True)})  # cached_report.py's format
 SHAPES: dict[str, dict[str, tuple[Check, bool]]] = {
     "region": {**_COMMON, "keep": (_bool, True)},
     "model": _COMMON,

@@ -6,7 +6,12 @@ again, and writes the same output.
 One JSON file, `decisions.json`, in the cache folder: $ONNXFUSE_CACHE_DIR, else $XDG_CACHE_HOME/onnxfuse, else
 ~/.cache/onnxfuse. Writes merge with what is on disk (another onnxfuse may have written meanwhile) and replace
 the file atomically. `onnxfuse cache show` and `onnxfuse cache clear` inspect and empty it; `--no-cache`
-neither reads nor writes it."""
+neither reads nor writes it.
+
+Where the decisions live is a seam (`shared_store`): inside a block that installs a store (an object with
+`read() -> {key: decision}` and `merge({key: decision})`), every DecisionCache reads from and merges into it
+instead of the file. onnxfuse on Ray (fleet/) installs one backed by an actor, so every node of a fleet sees the
+decisions of the others; the driver persists them to its own file."""
 
 from __future__ import annotations
 
@@ -17,27 +22,37 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from ..cache_folder import cache_dir
 from ..files import NotRegularFile, TooLarge, read_regular
 from .cache_entries import entry_problem
 
-__all__ = ["DecisionCache", "cache_dir", "environment_key"]
+__all__ = ["DecisionCache", "cache_dir", "environment_key", "shared_store"]
 
-FORMAT = 1
+FORMAT = 2  # 2: a cached selection's report in its own format (cached_report.py), not --json's
 # How decisions are measured: a change that can change a verdict (protocol 2: several shape profiles count
 # relative to the original's time at each; 3: whole-model comparisons run on to about a second, a selection
-# measured slower as a whole is dropped) makes earlier decisions miss instead of being reused.
-PROTOCOL = 3
+# measured slower as a whole is dropped; 4: decisions on thread CPU time at one thread, runs on while undecided)
+# makes earlier decisions miss instead of being reused.
+PROTOCOL = 4
 FILE = "decisions.json"
 MAX_BYTES = 256 << 20  # a cache file holding more is ignored (read only up to this bound)
+MAX_ENTRIES = 4096  # decisions kept at most: a save drops the oldest past this (about 4 MB)
 
 
-def cache_dir() -> str:
-    if os.environ.get("ONNXFUSE_CACHE_DIR"):
-        return os.environ["ONNXFUSE_CACHE_DIR"]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "onnxfuse")
+_store: list = [None]  # the store shared_store installed, if any
+
+
+@contextlib.contextmanager
+def shared_store(store) -> Iterator[None]:
+    """For the `with` body, DecisionCaches read from and merge into `store` instead of the cache file."""
+    previous, _store[0] = _store[0], store
+    try:
+        yield
+    finally:
+        _store[0] = previous
 
 
 def _processor() -> str:
@@ -54,6 +69,15 @@ def environment_key(provider: str, threads: int) -> str:
     import onnxruntime as ort
 
     return f"{provider}|{threads}|ort {ort.__version__}|{_processor()}|format {FORMAT}|protocol {PROTOCOL}"
+
+
+def bounded(entries: dict[str, dict], limit: int | None = None) -> dict[str, dict]:
+    """At most `limit` (MAX_ENTRIES) decisions: the newest by when they were taken."""
+    limit = MAX_ENTRIES if limit is None else limit
+    if len(entries) <= limit:
+        return entries
+    newest = sorted(entries, key=lambda k: (str(entries[k].get("when", "")), k), reverse=True)[:limit]
+    return {k: entries[k] for k in sorted(newest)}
 
 
 def digest(*parts: str) -> str:
@@ -129,7 +153,7 @@ class DecisionCache:
         if not self.enabled:
             return None
         if not self.loaded:
-            self.entries = self._read()
+            self.entries = self._read() if _store[0] is None else dict(_store[0].read())
             self.loaded = True
         hit = self.new.get(key) or self.entries.get(key)
         return None if hit is None or (kinds is not None and hit.get("kind") not in kinds) else hit
@@ -143,9 +167,13 @@ class DecisionCache:
         (the cache is an optimization: optimize never fails for it)."""
         if not self.enabled or not self.new:
             return
+        if _store[0] is not None:
+            _store[0].merge(self.new)
+            self.entries, self.new = {**self.entries, **self.new}, {}
+            return
         with contextlib.suppress(OSError):
             os.makedirs(self.directory, exist_ok=True)
-            merged = {**self._read(), **self.new}
+            merged = bounded({**self._read(), **self.new})
             if not self.usable:
                 return
             fd, tmp = tempfile.mkstemp(prefix=".decisions-", dir=self.directory)
@@ -158,6 +186,10 @@ class DecisionCache:
                     os.unlink(tmp)
                 raise
             self.entries, self.new = merged, {}
+
+    def decisions(self) -> dict[str, dict]:
+        """Every decision the file holds (malformed ones left out), with this run's new ones."""
+        return {**self._read(), **self.new}
 
     def clear(self) -> int:
         """Remove the cache file; returns how many decisions it held."""

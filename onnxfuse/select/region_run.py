@@ -1,5 +1,5 @@
 """One region selection's state and steps (the sequence is region_select.py): the regions' inputs captured from
-runs of the original, each class of alike regions timed (region_timing.py),
+runs of the original, each class of alike regions timed (measure/: sessions, one interleave, one verdict),
 decisions cached, the kept selection rebuilt and confirmed on the whole model, all within one budget
 (`automatic_budget` when none is given)."""
 
@@ -18,25 +18,33 @@ import onnx
 from ..errors import OnnxfuseError
 from ..inputs.budget import default_budget_bytes
 from ..ir import Model
+from ..measure.clock import WALL, estimator_for
+from ..measure.sessions import timing_sessions
+from ..measure.stats import NOISE_PREFIX, UNDECIDED, Ratio
+from ..measure.timing import MIN_RUNS_FLOOR, Filtered, OutOfBudget, Timings, interleave
+from ..measure.verdicts import Verdict, verdict
 from ..options import OptimizeOptions
 from ..patterns.rules import Rule
 from ..rewrite.engine import EngineOptions
 from ..rewrite.fold import CLEANUP_STEPS
 from ..rewrite.rebuild import Rewritten, rebuild
-from ..validate.runtime import Candidate, make_session, peak_rss_bytes, release_memory, session_with_outputs
+from ..validate.runtime import Candidate, peak_rss_bytes, release_memory, session_with_outputs
 from ..validate.validate import Validator
+from ..words import count
+from .cached_report import from_cache
 from .decision_cache import DecisionCache, digest, environment_key
-from .region_timing import MIN_RUNS, MIN_RUNS_FLOOR, Filtered, OutOfBudget, interleaved, verdict
 from .regions import Region, region_model, signature
 from .rounds import GroupEffect, Key, MeasureReport
-from .timing import Ratio, paired_ratio
 
 __all__ = ["Comparison", "Phases", "RegionClass", "RegionRun", "automatic_budget"]
 
+MIN_RUNS = 20  # interleaved rounds per region class, budget permitting (more while its verdict is undecided)
+UNDECIDED_MAX_RUNS = 2000  # rounds at most while a class's verdict is undecided (a small region's are cheap)
 CAPTURE_CHUNK = 32  # region inputs fetched per run of the original (bounds the memory they take)
 CONFIRM_RUNS = 20  # whole-model confirmation, budget permitting
 ON_MODEL_ROUNDS = 20  # rounds reserved for each group decided on the whole model (the 8 of a confirmation left
 # YOLOv8n's 6% layout gain at [0.89, 0.99]: not significant, dropped in one run of two)
+COMPARE_ROUND_S = 10e-3  # a whole-model comparison's round per session at least (few comparisons: longer rounds)
 COMPARE_MIN_S = 1.0  # and runs on to about this many seconds (a small model's 20 runs are a few milliseconds)
 REGION_BUDGET_S = 10.0  # the automatic budget at most (models up to 1 GiB)
 AUTO_MIN_S = 4.0  # and at least, for timing alone (finding regions, capture and rebuilds come on top)
@@ -99,7 +107,9 @@ class RegionRun:
         self.env = environment_key(opts.target, opts.measure_threads)
         # what `cache show` lists beside a decision (not part of its key): the model it was first taken on
         self.tag = {"model": os.path.basename(input_path), "threads": opts.measure_threads}
-        self.report = MeasureReport(opts.target, opts.measure_threads, 0, strategy="regions")
+        self.estimator = estimator_for(validator.provider, opts.measure_threads)
+        self.report = MeasureReport(opts.target, opts.measure_threads, 0, strategy="regions",
+                                    estimator=self.estimator)
         self.provider = validator.provider
         self.profiles = validator.timing_profiles()
         self.profile_names = [name for name, _, _ in validator.profiles()]
@@ -154,20 +164,9 @@ class RegionRun:
             exact = {tuple(k) for k in hit.get("exact", [])}
             kept, dropped = exact, (kept | dropped) - exact
         candidate = self.build(kept, dropped) if dropped else state
-        old = hit["report"]
         r = self.report
-        for g in old["groups"]:
-            e = g["with_over_without"]
-            r.groups.append(GroupEffect(g["group"], g["rules"], g["rewrites"], g["kept"],
-                                        Ratio(e["median"], e["low"], e["high"]) if e else None,
-                                        source="cached" if g["source"] in ("timed", "cached") else g["source"],
-                                        instances=g["instances"], floor=g["noise_floor"],
-                                        why="cached" if g["source"] == "model" else g["why"]))
-        fr = old["final_ratio"]
-        r.final = Ratio(fr["median"], fr["low"], fr["high"]) if fr else None
-        r.floor, r.undecided, r.dropped_everything = old["noise_floor"], old["undecided"], hit["dropped_everything"]
-        r.confirmed = "cached" if old["confirmed"] == "timed" else old["confirmed"]
-        r.profiles = [(p["name"], p["weight"], Ratio(**p["ratio"])) for p in old.get("profiles", [])]
+        from_cache(hit["report"], r)
+        r.dropped_everything = hit["dropped_everything"]
         r.note = "the selection of an earlier run on this model (decision cache)"
         r.seconds = time.perf_counter() - self.t0
         r.budget_s = hit["budget"]
@@ -246,19 +245,22 @@ class RegionRun:
         opsets, ir = dict(m.opsets), m.proto.ir_version
         orig = region_model(rep, False, opsets, ir, c.feeds)
         fused = region_model(rep, True, opsets, ir, c.feeds)
-        threads = self.opts.measure_threads
-        sessions = {"a": Filtered(make_session(orig, "all", self.provider, threads)),
-                    "b": Filtered(make_session(orig, "all", self.provider, threads)),
-                    "f": Filtered(make_session(fused, "all", self.provider, threads))}
+        sessions = timing_sessions({"a": orig, "f": fused}, self.provider, self.opts.measure_threads,
+                                   control=("a", "b"), wrap=Filtered)
         profiles = [(w, feeds) for (w, _), feeds in zip(self.profiles, c.feeds, strict=True)]
-        raw: dict[tuple[str, int], list[float]] = {}
-        times = interleaved(sessions, profiles, MIN_RUNS, deadline, self.deadline, raw)
+        times = interleave(sessions, profiles, estimator=self.estimator, min_runs=MIN_RUNS, deadline=deadline,
+                           hard_deadline=self.deadline, max_runs=UNDECIDED_MAX_RUNS,
+                           settled=lambda t: _region_verdict(t).decided)
         self.report.rounds += 1
-        ratio, floor = verdict(times, "a", "b", "f")
-        keep = ratio.verdict_beyond(floor) == "faster"
-        each = sum(w * float(np.median(raw["a", p])) for p, (w, _) in enumerate(profiles))
-        return GroupEffect(rep.label, rep.rules, len(c.keys), keep, ratio, source="timed",
-                           instances=len(c.regions), floor=floor, seconds_each=each)
+        v = _region_verdict(times)
+        each = sum(w * float(np.median(times.profile("a", p))) for p, (w, _) in enumerate(profiles))
+        row = GroupEffect(rep.label, rep.rules, len(c.keys), v.faster, v.ratio, source="timed",
+                          instances=len(c.regions), floor=v.floor, seconds_each=each)
+        if v.outcome == UNDECIDED:  # the budget ran out with the interval across the line: not "slower"
+            row.source = UNDECIDED
+        elif not v.faster:  # why, in words without numbers (alike rows are one row in the report)
+            row.why = NOISE_PREFIX if v.word.startswith(NOISE_PREFIX) else v.word
+        return row
 
     def _cached(self, key: str, kinds: tuple[str, ...]) -> dict | None:
         """A cached decision, unless it is "not reached" and this run was given (--measure-budget) a larger
@@ -268,6 +270,9 @@ class RegionRun:
         if (hit is not None and hit.get("source") == "budget" and self.opts.measure_budget_s is not None
                 and self.budget > hit.get("budget", 0.0)):
             return None
+        if hit is not None and weak_evidence(hit) and (self.opts.measure_budget_s is not None and self.budget > hit.get(
+                "budget", float("inf")) or _load_per_core() < hit.get("load", 0.0) - QUIETER):
+            return None  # weak evidence, and this run can do better: a larger budget, or a quieter machine
         return hit
 
     def decide(self, classes: list[RegionClass], region_deadline: float) -> None:
@@ -275,7 +280,11 @@ class RegionRun:
         for c in classes:
             rep = c.regions[0]
             hit = self._cached(digest("region", c.sig, self.env), ("region",))
-            if hit is not None:
+            if hit is not None and hit.get("source") == UNDECIDED:  # as undecided: the prior decides again
+                c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), False,
+                                         Ratio(*hit["ratio"]) if hit.get("ratio") else None, source=UNDECIDED,
+                                         instances=len(c.regions), floor=hit.get("floor", 0.0))
+            elif hit is not None:
                 c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), bool(hit["keep"]),
                                          Ratio(*hit["ratio"]) if hit.get("ratio") else None,
                                          source="cached" if hit.get("source") != "budget" else "budget",
@@ -309,9 +318,12 @@ class RegionRun:
                 continue
             d = c.decision
             assert d.effect is not None
-            self.cache.put(key, {"kind": "region", "keep": d.kept, "source": "timed",
+            self.cache.put(key, {"kind": "region", "keep": d.kept, "source": d.source,
                                  "ratio": [d.effect.median, d.effect.low, d.effect.high], "floor": d.floor,
-                                 "label": d.group, "rules": d.rules, **self.tag})
+                                 "label": d.group, "rules": d.rules, "budget": self.budget, **self.evidence(),
+                                 **self.tag})
+        follow_peers(classes)
+
 
     # ---- the whole model -------------------------------------------------------------------------------------
 
@@ -384,14 +396,12 @@ class RegionRun:
             for m in (candidate, base):
                 if isinstance(m, Rewritten):
                     cands.append(Candidate(m.proto, m.info))
-            threads = self.opts.measure_threads
-            sessions = {"o": make_session(base if isinstance(base, str) else cands[1].source, "all", self.provider,
-                                          threads),
-                        "c": make_session(cands[0].source, "all", self.provider, threads),
-                        "c2": make_session(cands[0].source, "all", self.provider, threads)}
-            per_profile: dict[tuple[str, int], list[float]] = {}
-            times = interleaved(sessions, self.profiles, runs, deadline or self.deadline, self.deadline, per_profile,
-                                min_seconds=COMPARE_MIN_S)
+            sessions = timing_sessions({"o": base if isinstance(base, str) else cands[1].source,
+                                        "c": cands[0].source}, self.provider, self.opts.measure_threads,
+                                       control=("c", "c2"))
+            times = interleave(sessions, self.profiles, estimator=self.estimator, min_runs=runs,
+                               deadline=deadline or self.deadline, hard_deadline=self.deadline,
+                               min_seconds=COMPARE_MIN_S, round_s=COMPARE_ROUND_S)
             del sessions
         except OutOfBudget:
             why = "skipped: its runs would end past the budget"
@@ -402,18 +412,20 @@ class RegionRun:
                 c.close()
             release_memory()
         self.report.rounds += 1
-        ref = [(x + y) / 2 for x, y in zip(times["c"], times["c2"], strict=True)]
-        out = Comparison(paired_ratio(ref, times["o"]), abs(paired_ratio(times["c2"], times["c"]).median - 1))
+        v = _model_verdict(times)
+        aa = np.asarray(times["c2"]) / np.asarray(times["c"])
+        out = Comparison(v.ratio, v.floor, wall=_model_verdict(Timings(WALL, times.clocks, times.raw)).ratio,
+                         aa_spread=(float(np.percentile(aa, 10)), float(np.percentile(aa, 90))))
         if len(self.profiles) > 1:  # prefill and decode each, not only their weighted total
             for p, (weight, _) in enumerate(self.profiles):
-                cand_p = [(x + y) / 2 for x, y in zip(per_profile["c", p], per_profile["c2", p], strict=True)]
+                per = {k: times.profile(k, p) for k in ("o", "c", "c2")}
                 name = self.profile_names[p] if p < len(self.profile_names) else f"profile {p + 1}"
-                out.profiles.append((name, weight, paired_ratio(cand_p, per_profile["o", p])))
+                out.profiles.append((name, weight, verdict(per, ("c", "c2"), "o").ratio))
         r = out.ratio
         assert r is not None
         self.cache.put(key, {"kind": kind, "source": "timed", "ratio": [r.median, r.low, r.high], **tag,
                              "floor": out.floor, "profiles": [[n, w, [x.median, x.low, x.high]]
-                                                              for n, w, x in out.profiles]})
+                                                              for n, w, x in out.profiles], **self.evidence()})
         return out
 
     def confirm(self, candidate: Rewritten, key: str) -> Ratio | None:
@@ -422,7 +434,13 @@ class RegionRun:
         tag = {**self.tag, "rules": sorted({a.rule for a in candidate.eng.applications} - set(CLEANUP_STEPS))}
         c = self.compared(key) or self.compare(self.input_path, candidate, key, "model", tag)
         self.report.confirmed, self.report.floor, self.report.profiles = c.status, c.floor, c.profiles
+        self.report.final_wall, self.report.aa_spread = c.wall, c.aa_spread
         return c.ratio
+
+    def evidence(self) -> dict:
+        """What a timed decision is stored with besides its interval and floor: the estimator that made it and
+        how loaded the machine was (1-minute load average per core)."""
+        return {"estimator": self.estimator, "load": round(_load_per_core(), 2)}
 
 
 @dataclass
@@ -434,6 +452,56 @@ class Comparison:
     floor: float = 0.0
     profiles: list[tuple[str, float, Ratio]] = field(default_factory=list)
     status: str = "timed"
+    wall: Ratio | None = None  # the same comparison on wall time (the estimator may be CPU time)
+    aa_spread: tuple[float, float] | None = None  # p10, p90 of the two candidate sessions' per-round ratio
+
+
+WEAK_LOAD = 1.0  # a wall-time decision taken with more runnable processes than cores is weak evidence
+QUIETER = 0.5  # weak evidence is decided afresh on a machine this much less loaded (per core), or with a larger
+# --measure-budget; else it is reused as it was (an undecided class follows its prior again), so that a second
+# run on the same machine, or on an identical one, times nothing and writes the same bytes
+
+
+def weak_evidence(hit: dict) -> bool:
+    """A cached result that is not a firm decision: one the budget left undecided, or one taken on wall time
+    while other processes loaded every core (wall time then measures the load as much as the rewrite)."""
+    return hit.get("source") == UNDECIDED or (hit.get("estimator") == WALL and hit.get("load", 0.0) > WEAK_LOAD)
+
+
+def follow_peers(classes: list[RegionClass]) -> None:
+    """The prior for a class the budget left undecided: the decision of the classes of the same rewrite (fused
+    ops and rules alike, other shapes) that were decided, timed or cached, in this run: kept if most of them (by
+    weight) were kept; else, or with none, left as the original. Stays "undecided" (never cached as a decision)."""
+    decided: dict[tuple, list[RegionClass]] = {}
+    for c in classes:
+        if c.decision is not None and c.decision.source in ("timed", "cached") and c.decision.effect is not None:
+            decided.setdefault((c.decision.group, tuple(c.decision.rules)), []).append(c)
+    for c in classes:
+        d = c.decision
+        if d is None or d.source != UNDECIDED:
+            continue
+        peers = decided.get((d.group, tuple(d.rules)), [])
+        kept = sum(p.weight for p in peers if p.decision and p.decision.kept)
+        d.kept = bool(peers) and 2 * kept > sum(p.weight for p in peers)
+        d.why = (f"follows the {count(len(peers), 'decided class', 'decided classes')} of this rewrite"
+                 if peers else "nothing decided to follow")
+
+
+def _region_verdict(times) -> Verdict:
+    """A region's fused version ("f") against the mean of two sessions of its original ("a", "b")."""
+    return verdict(times, "f", ("a", "b"))
+
+
+def _model_verdict(times) -> Verdict:
+    """A candidate (two sessions, "c", "c2") against its base ("o") on the whole model."""
+    return verdict(times, ("c", "c2"), "o")
+
+
+def _load_per_core() -> float:
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return 0.0
 
 
 def automatic_budget(weights: int, spent_s: float) -> float:

@@ -19,6 +19,7 @@ import time
 import onnx
 
 from ..load.loader import load_model
+from ..measure.stats import UNDECIDED
 from ..options import OptimizeOptions
 from ..patterns.rules import Rule
 from ..progress import Phase, quiet
@@ -27,6 +28,7 @@ from ..rewrite.rebuild import Rewritten
 from ..tensors import all_tensors
 from ..validate.runtime import release_memory
 from ..validate.validate import Validator
+from .cached_report import to_cache
 from .decision_cache import DecisionCache, digest
 from .on_model import decide_on_model, groups_on_model, split_on_model
 from .region_run import Phases, RegionClass, RegionRun, automatic_budget
@@ -124,7 +126,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     regions = all_regions + on_model
     applied = {a.key for a in candidate.eng.applications if a.rule in rule_ids}
     report.undecided = sum(1 for g in report.groups if g.source == "budget")
-    timed_kept = any(g.kept and g.source in ("timed", "cached", "model") for g in report.groups)
+    timed_kept = any(g.kept and g.source in ("timed", "cached", "model", UNDECIDED) for g in report.groups)
     if applied and not timed_kept:  # removing nodes and shape arithmetic cannot make it slower: not timed
         report.confirmed = "not needed: only exact rewrites kept"
     elif applied:
@@ -145,12 +147,12 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     else:
         report.dropped_everything = True
         report.confirmed = "not needed: no rewrite kept"
-    cache.put(selection_key, {"kind": "selection", "kept": sorted(map(list, kept)),
-                              "dropped": sorted(map(list, dropped)), "report": report.to_json(),
-                              "undecided": report.undecided, "budget": run.budget,
-                              "dropped_everything": report.dropped_everything, **run.tag,
-                              "exact": sorted(map(list, _exact_keys(all_regions, all_classes))),
-                              "rules": sorted({k[0] for k in kept})})
+    if not any(g.source == UNDECIDED for g in report.groups):  # else found again class by class (region_run)
+        cache.put(selection_key, {
+            "kind": "selection", "kept": sorted(map(list, kept)), "dropped": sorted(map(list, dropped)),
+            "report": to_cache(report), "undecided": report.undecided, "budget": run.budget,
+            "dropped_everything": report.dropped_everything, **run.tag,
+            "exact": sorted(map(list, _exact_keys(all_regions, all_classes))), "rules": sorted({k[0] for k in kept})})
     cache.save()
     report.seconds = time.perf_counter() - run.t0
     report.budget_s = run.budget

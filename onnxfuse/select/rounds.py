@@ -24,20 +24,23 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import OnnxfuseError
+from ..measure.clock import estimator_for
+from ..measure.sessions import timing_sessions
+from ..measure.stats import SIGNIFICANT, Ratio, paired_ratio
+from ..measure.timing import interleave
+from ..measure.verdicts import reference, verdict
 from ..options import OptimizeOptions
 from ..patterns.rules import Rule
 from ..rewrite.engine import EngineOptions, EngineResult
 from ..rewrite.rebuild import Rewritten, rebuild
-from ..validate.runtime import Candidate, make_session
+from ..validate.runtime import Candidate
 from ..validate.validate import Validator
-from .timing import Ratio, paired_ratio, profile_scale, run_times, time_interleaved
 
 Source = str | bytes
 Key = tuple[str, str]  # one applied rewrite: (rule id, root value)
 # times sessions for the given sources; returns per-label lists of seconds, one entry per interleaved round
 TimeFn = Callable[[dict[str, Source], dict[str, np.ndarray]], dict[str, list[float]]]
 
-SIGNIFICANT = 0.005  # a ratio's whole CI must clear 1 -/+ this to count as a change
 CONTROL = "current (second session)"
 
 
@@ -49,6 +52,7 @@ class GroupEffect:
     kept: bool
     effect: Ratio | None = None  # latency with the group / without it, in the last round that measured it
     source: str = "timed"  # timed | cached (decided by an earlier run) | exact | untimed | budget (not reached)
+    # | undecided (the budget ended with its interval across the line) | model (decided on the whole model)
     instances: int = 1  # regions decided together (alike regions are one class)
     floor: float = 0.0  # the noise floor of the round that decided it
     seconds_each: float = 0.0  # a region's original version, per run (region selection)
@@ -81,6 +85,9 @@ class MeasureReport:
     # the whole-model confirmation per shape profile (prefill, decode): (name, weight, candidate / original)
     profiles: list[tuple[str, float, Ratio]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # e.g. what the decision cache left out, one line each
+    estimator: str = ""  # the clock decisions were read on (measure/clock.py): cpu or wall
+    final_wall: Ratio | None = None  # the confirmation on wall time, where the estimator is CPU time
+    aa_spread: tuple[float, float] | None = None  # the confirmation's A/A per-round ratios, p10 and p90
 
     def to_json(self) -> dict:
         return {
@@ -95,7 +102,9 @@ class MeasureReport:
             "strategy": self.strategy, "confirmed": self.confirmed, "undecided": self.undecided,
             "budget_s": self.budget_s, "phases": self.phases, "phase_peak_rss_bytes": self.phase_peaks,
             "profiles": [{"name": n, "weight": w, "ratio": asdict(r)} for n, w, r in self.profiles],
-            "warnings": self.warnings,
+            "warnings": self.warnings, "estimator": self.estimator,
+            "final_ratio_wall": None if self.final_wall is None else asdict(self.final_wall),
+            "aa_spread": None if self.aa_spread is None else list(self.aa_spread),
         }
 
     @property
@@ -127,8 +136,8 @@ def select(
     given rewrites), a dropped group of several rewrites gets one more chance by region: its first and its
     second half are timed alone, and a half that is faster beyond the noise floor is kept."""
     t0 = time.perf_counter()
-    sel = _Selection(groups, rewrites, build, original, feeds, time_fn, MeasureReport(provider, threads, 0,
-                                                                                       strategy="backward"))
+    sel = _Selection(groups, rewrites, build, original, feeds, time_fn, MeasureReport(
+        provider, threads, 0, strategy="backward", estimator=estimator_for(provider, threads)))
     kept = sel.backward()
     if sel.report.final is not None and sel.report.final.verdict_beyond(sel.report.floor) == "slower":
         sel.report.strategy = "forward"
@@ -162,11 +171,10 @@ class _Selection:
         """Times `sources` plus a second session of "current"; returns the times, the reference (mean of the
         two "current" sessions per run) and this round's noise floor."""
         times = self.time_fn({**sources, CONTROL: sources["current"]}, self.feeds)
-        ref = [(a + b) / 2 for a, b in zip(times["current"], times[CONTROL], strict=True)]
-        floor = abs(paired_ratio(times[CONTROL], times["current"]).median - 1)
-        self.report.floor = max(self.report.floor, floor)
-        self.report.final = paired_ratio(ref, times["original"])
-        return times, ref, floor
+        final = verdict(times, ("current", CONTROL), "original")
+        self.report.floor = max(self.report.floor, final.floor)
+        self.report.final = final.ratio
+        return times, reference(times, ("current", CONTROL)), final.floor
 
     def backward(self) -> set[str]:
         """Drop the group whose removal helps most, round after round, until none does."""
@@ -299,34 +307,16 @@ def _regions(report: MeasureReport, effects: dict[str, GroupEffect], groups: dic
     return partial
 
 
-def weighted_time_fn(time_fn: TimeFn, profiles: list[tuple[float, dict[str, np.ndarray]]]) -> TimeFn:
-    """Times every shape profile (prefill, decode) and adds them per interleaved round, weighted, each relative
-    to the first source's median at that profile: a group then counts by its weighted effect on each profile,
-    whatever the profiles' durations (region selection's `_interleaved` does the same). The feeds passed in
-    are ignored."""
+def make_time_fn(provider: str, threads: int, budget_s: float, profiles: list[tuple[float, dict[str, np.ndarray]]],
+                 min_runs: int = 30) -> TimeFn:
+    """Interleaved timing (measure/timing.py) on onnxruntime at ORT_ENABLE_ALL over the shape profiles
+    (prefill, decode: a group then counts by its weighted effect on each), on the estimator for `provider` and
+    `threads`; at least `min_runs` rounds, then on until `budget_s` is used. The feeds passed in are ignored."""
 
-    def timed(sources: dict[str, Source], _feeds: dict[str, np.ndarray]) -> dict[str, list[float]]:
-        total: dict[str, list[float]] = {}
-        for weight, feeds in profiles:
-            times = time_fn(sources, feeds)
-            scale = profile_scale(weight, next(iter(times.values())), len(profiles) > 1)
-            for label, ts in times.items():
-                prev = total.get(label)
-                total[label] = [scale * t for t in ts] if prev is None else [
-                    a + scale * b for a, b in zip(prev, ts, strict=False)]
-        return total
-
-    return timed
-
-
-def make_time_fn(provider: str, threads: int, budget_s: float, min_runs: int = 30) -> TimeFn:
-    """Interleaved timing on onnxruntime at ORT_ENABLE_ALL, with the bench protocol (bench.py)."""
-
-    def time_fn(sources: dict[str, Source], feeds: dict[str, np.ndarray]) -> dict[str, list[float]]:
-        sessions = {k: make_session(src, "all", provider, threads) for k, src in sources.items()}
-        for s in sessions.values():
-            run_times(s, feeds, 0, warmup=3)
-        return time_interleaved(sessions, feeds, min_runs, budget_s)
+    def time_fn(sources: dict[str, Source], _feeds: dict[str, np.ndarray]) -> dict[str, list[float]]:
+        sessions = timing_sessions(sources, provider, threads)
+        return interleave(sessions, profiles, estimator=estimator_for(provider, threads), min_runs=min_runs,
+                          floor_runs=min_runs, min_seconds=budget_s, max_runs=20 * min_runs)
 
     return time_fn
 
@@ -346,9 +336,7 @@ def measured_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions
             f"not measured: {weights / 2**30:.1f} GiB of weights; timing variants side by side would hold "
             "several copies in memory (validation still ran, one session at a time)")), state
     profiles = validator.timing_profiles()  # settles the inputs
-    time_fn = make_time_fn(opts.target, opts.measure_threads, opts.round_budget_s / len(profiles))
-    if len(profiles) > 1:  # a group is kept only if it wins on the weighted total over the profiles
-        time_fn = weighted_time_fn(time_fn, profiles)
+    time_fn = make_time_fn(opts.target, opts.measure_threads, opts.round_budget_s, profiles)
     by_id = {r.id: r for r in rules}
     allowed = {a.rule for a in state.eng.applications if a.rule in by_id}  # folding is exact: always on
     earlier: list[GroupEffect] = []  # groups dropped in the first pass

@@ -10,7 +10,7 @@ from ..ir import Model
 from ..load.loader import LoadInfo, load_model
 from ..options import OptimizeOptions
 from ..rewrite.engine import EngineOptions
-from ..targets import runs_on
+from ..targets import HOST, runs_on
 from .validate import Validator
 
 __all__ = ["facts", "run_facts", "unshaped"]
@@ -31,7 +31,7 @@ def facts(validator: Validator, model: Model, info: LoadInfo, target: str, fold:
     return EngineOptions(target=target, fold=fold, hot=hot, observed=observed)
 
 
-def run_facts(path: str, target: str = "cpu") -> EngineOptions:
+def run_facts(path: str, target: str = HOST) -> EngineOptions:
     """The engine options optimize would rewrite `path` with (`facts`); only the target when the model cannot be
     run on the inputs found."""
     opts = OptimizeOptions(target=target, measure=False).check()

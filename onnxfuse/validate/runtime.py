@@ -21,7 +21,7 @@ from ..ir import shell_copy
 from ..load.lazy import link_folder
 from ..load.loader import LoadInfo
 from ..load.write import write_streamed
-from ..targets import PROVIDERS
+from ..targets import HOST, session_providers
 from ..tensors import all_tensors
 
 if TYPE_CHECKING:
@@ -73,22 +73,6 @@ def _ort_level(level: str) -> onnxruntime.GraphOptimizationLevel:
     return table[key]
 
 
-def _ort_providers(provider: str) -> list[str]:
-    import onnxruntime as ort
-
-    key = provider.lower()
-    if key not in PROVIDERS:
-        raise OnnxfuseError(f"unknown provider '{provider}'; choose one of: {', '.join(PROVIDERS)}")
-    if key == "cuda":
-        if PROVIDERS["cuda"] not in ort.get_available_providers():
-            raise OnnxfuseError(
-                "CUDA execution provider not available in the installed onnxruntime",
-                hint="install onnxruntime-gpu or use --provider cpu",
-            )
-        return [PROVIDERS["cuda"], PROVIDERS["cpu"]]
-    return [PROVIDERS["cpu"]]
-
-
 def physical_cores() -> int:
     """What onnxruntime's default intra-op pool uses (intra_op_num_threads=0: one thread per physical core):
     the physical cores (distinct package and core ids) among the CPUs this process may run on."""
@@ -100,7 +84,7 @@ def physical_cores() -> int:
             with open(f"{topo}/physical_package_id") as f, open(f"{topo}/core_id") as g:
                 cores.add((f.read().strip(), g.read().strip()))
         except OSError:  # no topology (not Linux, a container hiding it): count the CPU itself
-            cores.add(("cpu", str(c)))
+            cores.add(("logical cpu", str(c)))
     return max(1, len(cores))
 
 
@@ -122,7 +106,7 @@ def resolve_threads(value: int | str, flag: str = "threads") -> int:
 
 
 def make_session(
-    model_path: str | bytes, level: str = "disable", provider: str = "cpu", threads: int = 1,
+    model_path: str | bytes, level: str = "disable", provider: str = HOST, threads: int = 1,
     profile_prefix: str | None = None, optimized_path: str | None = None, arena: bool = True,
 ) -> onnxruntime.InferenceSession:
     """An InferenceSession at the given graph optimization level (profiling into `profile_prefix` when
@@ -147,7 +131,7 @@ def make_session(
         options.profile_file_prefix = profile_prefix
     if optimized_path is not None:
         options.optimized_model_filepath = optimized_path
-    providers = _ort_providers(provider)
+    providers = session_providers(provider.lower(), threads)  # the target's, with options and fallback
     if isinstance(model_path, str) and not os.path.isfile(model_path):
         raise ModelError(f"model file not found: {model_path}")
     label = model_path if isinstance(model_path, str) else "the model"
@@ -302,7 +286,7 @@ class Candidate:
 
 
 @contextlib.contextmanager
-def session_with_outputs(proto: onnx.ModelProto, info: LoadInfo, names: list[str], provider: str = "cpu",
+def session_with_outputs(proto: onnx.ModelProto, info: LoadInfo, names: list[str], provider: str = HOST,
                          threads: int = 1) -> Iterator[onnxruntime.InferenceSession]:
     """A session of `proto` at ORT_DISABLE_ALL that can also return the values `names` (added as graph outputs
     only while the candidate is written: `proto` is left as it was)."""

@@ -13,7 +13,15 @@ import numpy as np
 import onnx
 
 from ..errors import InputSpecError, OnnxfuseError
-from ..inputs import InputPlan, Profile, at_batch, at_dims, check_names, discover_profiles, parse_profiles
+from ..inputs import (
+    InputPlan,
+    Profile,
+    at_dims,
+    check_names,
+    discover_profiles,
+    parse_profiles,
+    timing_feeds,
+)
 from ..inputs.shapes import ShapeSpec, model_inputs, parse_shape_specs
 from ..load.loader import LoadInfo, checker_error, infer_types
 from ..options import OptimizeOptions
@@ -254,11 +262,7 @@ class Validator:
     def timing_profiles(self) -> list[tuple[float, dict]]:
         """(weight, feeds) per profile for measured selection: batch 1 (the usual deployment; validation runs
         batch 2, which exposes batch-broadcasting bugs) unless the user gave the inputs."""
-        out = []
-        for r in self.runs:
-            feeds = None if self.user_inputs else at_batch(self.proto, r.plan, 1)
-            out.append((r.profile.weight, feeds if feeds is not None else r.plan.feeds))
-        return out
+        return [(r.profile.weight, timing_feeds(self.proto, r.plan, self.user_inputs)) for r in self.runs]
 
     def branch_values(self, proto: onnx.ModelProto, info: LoadInfo) -> dict[str, bool]:
         """The condition of each top-level If (by the condition's value name) on the validation inputs and on

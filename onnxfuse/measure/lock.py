@@ -6,7 +6,7 @@ separate onnxfuse invocations. Batch workers hold the same lock *shared* while t
 (`busy_lock`): any number of them work side by side, but never while a process times; a worker's own
 measuring turns its shared hold into the exclusive one.
 
-The lock file is `timing.lock` in the decision cache folder (decision_cache.cache_dir()); if that folder cannot
+The lock file is `timing.lock` in the decision cache folder (cache_folder.cache_dir()); if that folder cannot
 be created, `onnxfuse-timing-<uid>.lock` in the system's temporary folder (one per user: in a shared /tmp nobody
 else can pre-create this user's name). The kernel drops a flock lock with its file descriptor, so a process that
 dies releases it. Where no lock can be taken (no fcntl, a file system without locks) timing runs unlocked: the
@@ -27,9 +27,9 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-from .decision_cache import cache_dir
+from ..cache_folder import cache_dir
 
 try:
     import fcntl
@@ -128,9 +128,11 @@ def busy_lock(path: str | None = None) -> Iterator[float]:
 
 
 @contextlib.contextmanager
-def timing_lock(timings: dict[str, float] | None = None, path: str | None = None) -> Iterator[float]:
+def timing_lock(timings: dict[str, float] | None = None, path: str | None = None,
+                waiting: Callable[[], None] | None = None) -> Iterator[float]:
     """Hold the timing lock for the `with` body; yields the seconds spent waiting for it. With `timings`, a wait
-    over REPORT_WAIT_S is recorded there as timings[WAIT_KEY] (added up if the lock is taken twice).
+    over REPORT_WAIT_S is recorded there as timings[WAIT_KEY] (added up if the lock is taken twice). `waiting()`
+    is called once when the lock is held by another process, before waiting for it (a status line says so).
 
     Start any time budget inside the body: the wait must not count against it."""
     path = path or lock_path()
@@ -139,7 +141,19 @@ def timing_lock(timings: dict[str, float] | None = None, path: str | None = None
     # second descriptor of this process would wait for our own shared hold forever
     fd = shared if shared is not None else (_open(path) if fcntl is not None else None)
     t0 = time.perf_counter()
-    fd = _flock(fd, fcntl.LOCK_EX) if fd is not None else None
+    if fd is not None and waiting is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            taken = True
+        except BlockingIOError:
+            taken = False
+            waiting()
+        except OSError:
+            taken = False
+        if not taken:
+            fd = _flock(fd, fcntl.LOCK_EX)
+    else:
+        fd = _flock(fd, fcntl.LOCK_EX) if fd is not None else None
     if shared is not None and fd is None:  # the conversion failed and closed it: busy_lock must not close it
         _held.fd = _held.path = None
     waited = time.perf_counter() - t0

@@ -1,0 +1,26 @@
+"""Timing sessions: one onnxruntime session per model at ORT_ENABLE_ALL (as deployed), and the A/A control, a
+second session of one of them. Two sessions of one model can differ by a few percent for as long as they live
+(memory placement), which paired ratios cannot see; the control's difference from its twin is the noise floor
+a change must clear (verdicts.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..validate.runtime import make_session
+
+__all__ = ["Source", "timing_sessions"]
+
+Source = str | bytes  # a model file's path, or its bytes
+
+
+def timing_sessions(sources: dict[str, Source], provider: str, threads: int, control: tuple[str, str] | None = None,
+                    wrap: Callable[[object], object] | None = None) -> dict[str, object]:
+    """Sessions of `sources` (label -> model) in their order; `control` = (label, twin): a second session of
+    that label's model, made last, under the twin's label. `wrap` wraps each session (e.g. interleave.Filtered)."""
+    todo = list(sources.items()) + ([(control[1], sources[control[0]])] if control else [])
+    out = {}
+    for label, src in todo:
+        s = make_session(src, "all", provider, threads)
+        out[label] = wrap(s) if wrap else s
+    return out

@@ -1,0 +1,176 @@
+"""The one timing loop: sessions run round by round in rotating order, over the shape profiles, each run timed
+on both clocks (wall and this thread's CPU time, clock.py); at least a floor of rounds, then on while a deadline
+allows until a minimum of rounds and of seconds is reached, and, given `settled`, on until the verdict it
+checks no longer depends on noise (noise is a reason to measure longer within the budget, not to stop)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .clock import CPU, WALL, now
+from .stats import profile_scale
+
+__all__ = ["MAX_RUNS", "MIN_RUNS_FLOOR", "Filtered", "OutOfBudget", "Progress", "Timings", "interleave",
+           "run_times", "warm_up"]
+
+Progress = Callable[[str, float], None]  # (what, fraction done)
+MIN_RUNS_FLOOR = 8  # never fewer rounds: a verdict on fewer is not one
+MAX_RUNS = 400  # rounds at most
+SETTLE_EVERY = 5  # rounds between checks of `settled` at least (a bootstrap each; then a quarter of the rounds)
+CLOCKS = (WALL, CPU)
+ROUND_S = 2e-3  # a session's share of a round at least, in runs of a short model
+MAX_REPEAT = 20  # runs per session and round at most
+
+
+@dataclass
+class Timings(Mapping):
+    """Per-round seconds of each session (labels), on both clocks; reading it as a mapping gives the chosen
+    estimator's. With several shape profiles a round's time is the weighted sum over profiles of each
+    profile's time relative to the first session's median there (profile_scale); `raw` keeps each profile's
+    own seconds, keyed (clock, label, profile index)."""
+
+    estimator: str
+    clocks: dict[str, dict[str, list[float]]]
+    raw: dict[tuple[str, str, int], list[float]] = field(default_factory=dict)
+
+    def __getitem__(self, label: str) -> list[float]:
+        return self.clocks[self.estimator][label]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.clocks[self.estimator])
+
+    def __len__(self) -> int:
+        return len(self.clocks[self.estimator])
+
+    def on(self, clock: str) -> dict[str, list[float]]:
+        return self.clocks[clock]
+
+    def profile(self, label: str, p: int, clock: str | None = None) -> list[float]:
+        return self.raw[clock or self.estimator, label, p]
+
+    @classmethod
+    def of(cls, times: dict[str, list[float]], estimator: str = WALL, profiles: int = 1) -> Timings:
+        """Timings whose clocks agree (a test's fake timings, one profile's times repeated per profile)."""
+        raw = {(c, k, p): list(v) for c in CLOCKS for k, v in times.items() for p in range(profiles)}
+        return cls(estimator, {c: {k: list(v) for k, v in times.items()} for c in CLOCKS}, raw)
+
+
+class Filtered:
+    """A session that takes a superset of its inputs (regions' two versions read different values)."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+        self.names = [i.name for i in session.get_inputs()]
+
+    def run(self, _outputs, feeds: dict) -> list:
+        return self.session.run(None, {k: feeds[k] for k in self.names})
+
+
+class OutOfBudget(Exception):
+    """Not even the floor of rounds fits before the end of the budget."""
+
+
+def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]], *, estimator: str,
+               min_runs: int, deadline: float = float("inf"), hard_deadline: float | None = None,
+               min_seconds: float = 0.0, floor_runs: int = MIN_RUNS_FLOOR, max_runs: int = MAX_RUNS,
+               settled: Callable[[Timings], bool] | None = None, progress: Progress | None = None,
+               repeat: int | None = None, round_s: float = ROUND_S) -> Timings:
+    """Time `sessions` (label -> anything with `run(None, feeds)`) interleaved over `profiles` ((weight,
+    feeds) each) after one warm-up run of each: at least `floor_runs` rounds, then, while `deadline` allows and
+    up to `max_runs`, until `min_runs` rounds and `min_seconds` of rounds are done and `settled(timings so far)`
+    (checked every SETTLE_EVERY rounds) says the verdict is clear. Raises OutOfBudget when, after the warm-up,
+    `floor_runs` rounds would end past `hard_deadline`. `estimator` (clock.py) is the clock the result reads.
+    In a round each session runs `repeat` times and its fastest run counts; by default as many times as fit
+    in `round_s` (at most MAX_REPEAT), from the warm-up run: once for a model of `round_s` or more."""
+    order = list(sessions)
+    t0 = time.perf_counter()
+    first = [float("inf")] * len(profiles)
+    for s in sessions.values():  # warm-up
+        for p, (_, feeds) in enumerate(profiles):
+            t = time.perf_counter()
+            s.run(None, feeds)
+            first[p] = min(first[p], time.perf_counter() - t)
+    warm = time.perf_counter()
+    # a round of a short model is several runs, of which the fastest counts (the least disturbed by other
+    # processes: a tenth of a millisecond is shorter than a scheduler's time slice, a few milliseconds are not)
+    reps = [repeat or max(1, min(MAX_REPEAT, int(round_s / max(f, 1e-9)))) for f in first]
+    if hard_deadline is not None and warm + (warm - t0) * floor_runs > hard_deadline:
+        raise OutOfBudget
+    raw: dict[tuple[str, str, int], list[float]] = {(c, k, p): [] for c in CLOCKS for k in order
+                                                    for p in range(len(profiles))}
+    i = 0
+    start = time.perf_counter()
+    clear = False
+    next_check = [0]
+
+    def more() -> bool:
+        nonlocal clear
+        if i < floor_runs:
+            return True
+        t = time.perf_counter()
+        if t >= deadline or i >= max_runs:
+            return False
+        if i < min_runs or t - start < min_seconds:
+            return True
+        if settled is None:
+            return False
+        if not clear and i >= next_check[0]:  # checks at geometric intervals: each is a bootstrap over i rounds
+            next_check[0] = i + max(SETTLE_EVERY, i // 4)
+            clear = settled(_totals(estimator, raw, order, profiles, i))
+        return not clear
+
+    while more():
+        rot = order[i % len(order):] + order[: i % len(order)]
+        for p, (_, feeds) in enumerate(profiles):
+            for k in rot:
+                best_w = best_c = float("inf")
+                for _ in range(reps[p]):
+                    w, c = now()
+                    sessions[k].run(None, feeds)
+                    w2, c2 = now()
+                    best_w, best_c = min(best_w, w2 - w), min(best_c, c2 - c)
+                raw[WALL, k, p].append(best_w)
+                raw[CPU, k, p].append(best_c)
+        i += 1
+        if progress is not None and i % 10 == 0:
+            done = max(i / min_runs if i < min_runs else 0,
+                       (time.perf_counter() - start) / min_seconds if min_seconds else 1.0)
+            progress("timing", min(done, 1.0))
+    return _totals(estimator, raw, order, profiles, i)
+
+
+def _totals(estimator: str, raw: dict[tuple[str, str, int], list[float]], order: list[str],
+            profiles: list[tuple[float, dict]], n: int) -> Timings:
+    clocks = {}
+    for c in CLOCKS:
+        scale = [profile_scale(w, raw[c, order[0], p][:n], len(profiles) > 1) for p, (w, _) in enumerate(profiles)]
+        clocks[c] = {k: [sum(scale[p] * raw[c, k, p][r] for p in range(len(profiles))) for r in range(n)]
+                     for k in order}
+    return Timings(estimator, clocks, {key: list(v[:n]) for key, v in raw.items()})
+
+
+def run_times(session, feeds: dict, runs: int, warmup: int = 0) -> list[float]:
+    """Wall seconds per run of one session, after `warmup` untimed runs (peaks and probes, not comparisons)."""
+    for _ in range(warmup):
+        session.run(None, feeds)
+    ts = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        session.run(None, feeds)
+        ts.append(time.perf_counter() - t)
+    return ts
+
+
+def warm_up(session, feeds: dict, max_runs: int = 200) -> int:
+    """Runs in blocks of 10 until two consecutive block medians agree within 5%; returns the runs taken."""
+    previous = None
+    for block in range(max_runs // 10):
+        med = float(np.median(run_times(session, feeds, 10)))
+        if previous is not None and abs(med - previous) <= 0.05 * previous:
+            return (block + 1) * 10
+        previous = med
+    return max_runs

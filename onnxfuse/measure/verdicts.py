@@ -1,0 +1,68 @@
+"""The one verdict: a variant against a base, beyond the noise floor that an A/A pair (two sessions of one of
+them, sessions.py) shows in the same rounds, on the estimator the timings were read with (clock.py). Optimize's
+decisions and confirmation, `bench` and `profile` all judge through `verdict`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .clock import describe
+from .stats import SIGNIFICANT, UNDECIDED, Ratio, decided, judge, paired_ratio
+
+__all__ = ["Verdict", "reference", "verdict"]
+
+Labels = str | tuple[str, str]  # one session, or an A/A pair (its rounds' mean is the reference)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ratio: Ratio  # variant / base, per round
+    floor: float  # |twin / its pair - 1|: what two sessions of one model differ by
+    estimator: str  # the clock (clock.py)
+
+    @property
+    def margin(self) -> float:
+        return SIGNIFICANT + self.floor
+
+    @property
+    def word(self) -> str:
+        """faster / slower / within the noise floor (±margin) / no significant change."""
+        return judge(self.ratio, self.margin)
+
+    @property
+    def faster(self) -> bool:
+        return self.word == "faster"
+
+    @property
+    def decided(self) -> bool:
+        """Whether the ratio's interval lies clear of the "faster" line (stats.decided)."""
+        return decided(self.ratio, self.margin)
+
+    @property
+    def outcome(self) -> str:
+        """faster, or not faster (its verdict word), or undecided (the interval crosses the line)."""
+        return self.word if self.decided or self.faster else UNDECIDED
+
+    def line(self) -> str:
+        """The ratio, the floor and the clock in one phrase (one floor, one number each)."""
+        return (f"{self.ratio} on {describe(self.estimator)}, noise floor ±{self.floor:.1%}"
+                f" ({self.word})")
+
+
+def reference(times: Mapping[str, list[float]], labels: Labels) -> list[float]:
+    """One session's per-round times, or an A/A pair's per-round mean."""
+    if isinstance(labels, str):
+        return times[labels]
+    a, b = labels
+    return [(x + y) / 2 for x, y in zip(times[a], times[b], strict=True)]
+
+
+def verdict(times: Mapping[str, list[float]], variant: Labels, base: Labels, estimator: str = "") -> Verdict:
+    """`variant` against `base`; exactly one of them is an A/A pair, whose two sessions give the noise floor.
+    `times` is interleave's Timings (its estimator is used) or a plain mapping (then `estimator` names it)."""
+    pair = variant if isinstance(variant, tuple) else base
+    assert isinstance(pair, tuple), "one side must be an A/A pair"
+    floor = abs(paired_ratio(times[pair[1]], times[pair[0]]).median - 1)
+    return Verdict(paired_ratio(reference(times, variant), reference(times, base)), floor,
+                   getattr(times, "estimator", estimator))

@@ -1,0 +1,138 @@
+"""The timing protocol (measure/): the estimator, measuring longer while the verdict is undecided, the one
+verdict, and what measured selection does with an undecided class (fake timings and clocks: what is asserted
+must not depend on how busy the machine is)."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from onnxfuse.measure import timing as T
+from onnxfuse.measure.clock import CPU, WALL, estimator_for
+from onnxfuse.measure.lock import timing_lock
+from onnxfuse.measure.stats import UNDECIDED, Ratio
+from onnxfuse.measure.verdicts import Verdict, verdict
+from onnxfuse.select import decision_cache as DC
+from onnxfuse.select.region_run import RegionClass, follow_peers, weak_evidence
+from onnxfuse.select.rounds import GroupEffect
+
+
+def test_the_estimator_is_thread_cpu_time_only_where_onnxruntime_runs_on_the_calling_thread():
+    assert estimator_for("cpu", 1) == CPU
+    assert estimator_for("cpu", 2) == WALL and estimator_for("cuda", 1) == WALL
+
+
+class _Clocked:
+    """A session whose run advances a fake clock by a cost drawn from its list (cycled)."""
+
+    def __init__(self, clock, costs):
+        self.clock, self.costs, self.i = clock, costs, 0
+
+    def run(self, _out, _feeds):
+        self.clock[0] += self.costs[self.i % len(self.costs)]
+        self.i += 1
+
+
+def _fake_clock(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(T, "now", lambda: (clock[0], clock[0] * 0.5))  # CPU time: half the wall time
+    monkeypatch.setattr(T.time, "perf_counter", lambda: clock[0])
+    return clock
+
+
+def test_timing_runs_on_while_the_verdict_is_undecided_and_stops_once_it_is_clear(monkeypatch):
+    clock = _fake_clock(monkeypatch)
+    sessions = {"a": _Clocked(clock, [1e-3]), "b": _Clocked(clock, [1e-3]), "f": _Clocked(clock, [0.5e-3])}
+    checks = []
+
+    def never(t):
+        checks.append(len(t["a"]))
+        return False
+
+    undecided = T.interleave(sessions, [(1.0, {})], estimator=CPU, min_runs=20, deadline=1e9, max_runs=300,
+                             settled=never)
+    assert len(undecided["a"]) == 300  # on to max_runs while the verdict is not clear
+    assert checks[0] == 20 and len(checks) < 20  # checked from min_runs on, at growing intervals (each a bootstrap)
+    done = T.interleave(sessions, [(1.0, {})], estimator=CPU, min_runs=20, deadline=1e9, max_runs=300,
+                        settled=lambda t: verdict(t, "f", ("a", "b")).decided)
+    assert len(done["a"]) == 20 and verdict(done, "f", ("a", "b")).faster
+    # both clocks are kept; the mapping reads the estimator's
+    assert done.estimator == CPU and done["a"][0] == pytest.approx(0.5e-3) and done.on(WALL)["a"][0] == pytest.approx(1e-3)
+    plain = T.interleave(sessions, [(1.0, {})], estimator=CPU, min_runs=20, deadline=1e9)
+    assert len(plain["a"]) == 20  # no verdict to wait for: the minimum
+
+
+def test_a_deadline_ends_an_undecided_timing(monkeypatch):
+    clock = _fake_clock(monkeypatch)
+    s = {"a": _Clocked(clock, [1e-3, 2e-3]), "b": _Clocked(clock, [2e-3, 1e-3]), "f": _Clocked(clock, [1e-3, 2.2e-3])}
+    t = T.interleave(s, [(1.0, {})], estimator=WALL, min_runs=10, deadline=0.3, settled=lambda _t: False)
+    assert 10 <= len(t["a"]) < T.MAX_RUNS and clock[0] == pytest.approx(0.3, abs=0.01)
+
+
+def test_the_verdict_says_undecided_only_where_the_interval_crosses_the_line():
+    line = Verdict(Ratio(0.98, 0.96, 1.0), 0.0, CPU)  # across 1 - 0.5%
+    assert not line.decided and line.outcome == UNDECIDED and not line.faster
+    assert Verdict(Ratio(0.9, 0.88, 0.92), 0.0, CPU).outcome == "faster"
+    assert Verdict(Ratio(1.0, 0.997, 1.01), 0.0, CPU).outcome == "no significant change"
+    assert "thread CPU time" in line.line() and "±0.0%" in line.line()
+
+
+def _cls(group, rules, kept, source, n=1, size=3):
+    region = type("R", (), {"original": [None] * size})()
+    c = RegionClass("sig", [region] * n)
+    c.decision = GroupEffect(group, rules, n, kept, Ratio(0.9, 0.8, 1.0), source=source)
+    return c
+
+
+def test_an_undecided_class_follows_the_decided_classes_of_the_same_rewrite():
+    decided = [_cls("FusedConv", ["conv-relu"], True, "timed", n=3), _cls("FusedConv", ["conv-relu"], False, "timed")]
+    undecided = _cls("FusedConv", ["conv-relu"], False, UNDECIDED)
+    alone = _cls("Gelu", ["erf-gelu"], False, UNDECIDED)
+    follow_peers([*decided, undecided, alone])
+    assert undecided.decision.kept and undecided.decision.source == UNDECIDED  # 3 of 4 by weight were kept
+    assert "follows the 2 decided classes" in undecided.decision.why
+    assert not alone.decision.kept and alone.decision.why == "nothing decided to follow"
+    slower = [_cls("FusedConv", ["conv-relu"], False, "cached", n=3), _cls("FusedConv", ["conv-relu"], True, "timed")]
+    u2 = _cls("FusedConv", ["conv-relu"], False, UNDECIDED)
+    follow_peers([*slower, u2])
+    assert not u2.decision.kept
+
+
+def test_weak_evidence_is_undecided_or_wall_time_under_load():
+    assert weak_evidence({"source": UNDECIDED})
+    assert weak_evidence({"source": "timed", "estimator": WALL, "load": 2.5})
+    assert not weak_evidence({"source": "timed", "estimator": CPU, "load": 2.5})
+    assert not weak_evidence({"source": "timed", "estimator": WALL, "load": 0.2})
+
+
+def test_the_decision_cache_keeps_the_newest_decisions_up_to_its_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr(DC, "MAX_ENTRIES", 3)
+    c = DC.DecisionCache(directory=str(tmp_path))
+    for i in range(5):
+        c.entries = {}
+        c.new = {f"k{i}": {"kind": "region", "keep": True, "when": f"2026-01-0{i + 1}T00:00:00"}}
+        c.new[f"k{i}"]["when"] = f"2026-01-0{i + 1}T00:00:00"
+        # put() stamps the time; the file's order is what the bound reads
+        c.save()
+    kept = DC.DecisionCache(directory=str(tmp_path))
+    assert sorted(kept._read()) == ["k2", "k3", "k4"]
+
+
+def test_the_timing_lock_says_when_it_waits_for_another_process(tmp_path):
+    path = str(tmp_path / "timing.lock")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom onnxfuse.measure.lock import timing_lock\n"
+        f"with timing_lock(path={path!r}):\n    print('held', flush=True)\n    time.sleep(1.0)\n")],
+        stdout=subprocess.PIPE, text=True, env={**os.environ})
+    assert holder.stdout.readline().strip() == "held"
+    told = []
+    t0 = time.perf_counter()
+    with timing_lock(path=path, waiting=lambda: told.append(time.perf_counter() - t0)) as waited:
+        pass
+    holder.wait(10)
+    assert len(told) == 1 and told[0] < 0.5 and waited > 0.2
+    with timing_lock(path=path, waiting=lambda: told.append("again")):
+        pass
+    assert len(told) == 1  # a free lock: nothing to say
