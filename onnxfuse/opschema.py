@@ -229,3 +229,10 @@ def input_type_str(domain: str, op: str, index: int, opset: int | None = None) -
             return None
         index = len(inputs) - 1
     return inputs[index][0]
+
+
+def installed_versions() -> str:
+    """The onnx and onnxruntime whose schemas these are, for a message: 'onnx 1.19.0 and onnxruntime 1.30.0'."""
+    import onnxruntime
+
+    return f"onnx {onnx.__version__} and onnxruntime {onnxruntime.__version__}"

@@ -9,16 +9,11 @@ import os
 import sys
 
 import typer
+from typer._click.exceptions import NoArgsIsHelpError, NoSuchOption, UsageError  # typer vendors click
 
 from .. import __version__, signals
 from ..errors import OnnxfuseError, write_error
 from ..words import close_matches
-
-try:  # typer >= 0.20 vendors click; older typer uses the click package
-    from typer._click.exceptions import NoArgsIsHelpError, NoSuchOption, UsageError
-except ImportError:  # pragma: no cover
-    from click.exceptions import NoArgsIsHelpError, NoSuchOption, UsageError  # type: ignore[no-redef]
-
 from .app import FLAGS, app, fit_output
 from .optimize import BatchInterrupted
 

@@ -8,18 +8,13 @@ import sys
 from typing import Annotated
 
 import typer
+from typer._click.exceptions import UsageError  # typer vendors click
 
 from .. import signals
 from ..errors import OnnxfuseError
 from ..load.collisions import check_report_path
 from ..measure.lock import REPORT_WAIT_S, WAIT_KEY, busy_lock, timing_lock
 from ..options import check_count
-
-try:  # typer >= 0.20 vendors click; older typer uses the click package
-    from typer._click.exceptions import UsageError
-except ImportError:  # pragma: no cover
-    from click.exceptions import UsageError  # type: ignore[no-redef]
-
 from ..targets import HOST
 from .app import PatternsOpt, TargetOpt, app, bench_status, out, parse_target, parse_threads, profile_status
 
@@ -63,9 +58,10 @@ def optimize(
                                          "or auto (onnxruntime's default: one per physical core). Decisions hold "
                                          "for this count; the report, JSON, HTML and decision cache name it.")] = "1",
     measure_budget: Annotated[float | None, typer.Option("--measure-budget", help="Seconds for the whole "
-                                                         "measuring phase (default: automatic, 4-10 s, keeping "
-                                                         "optimize near 12 s; more past 1 GiB of weights; with "
-                                                         "--measure-by model, seconds per round, default 2).")]
+                                                         "measuring phase (default: automatic: what keeps optimize "
+                                                         "near 12 s, 4-10 s, raised where the steps around timing "
+                                                         "need more and past 1 GiB of weights; with --measure-by "
+                                                         "model, seconds per round, default 2).")]
     = None,
     measure_by: Annotated[str, typer.Option("--measure-by", help="regions: time each class of alike regions "
                                             "alone, then confirm on the whole model; model: rounds of "

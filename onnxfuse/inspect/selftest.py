@@ -74,11 +74,12 @@ class RuleReport:
     mutants: int = 0
     problems: list[str] = field(default_factory=list)
     dtypes: list[DtypeReport] = field(default_factory=list)
+    skipped: str = ""  # why the rule was not tested: it is unavailable with the installed onnx/onnxruntime
 
     @property
     def ok(self) -> bool:
         """No problem found (the rule may still be not validated here: see `status`)."""
-        return not self.problems and self.instances > 0
+        return not self.problems and (self.instances > 0 or bool(self.skipped))
 
     @property
     def status(self) -> str:
@@ -86,6 +87,8 @@ class RuleReport:
         dtype's fused outputs could be compared on this machine: no kernel here), or "FAIL"."""
         if not self.ok:
             return "FAIL"
+        if self.skipped:
+            return "skipped"
         return "ok" if any(not d.held_back for d in self.dtypes) else NOT_VALIDATED
 
     def dtype(self, name: str) -> DtypeReport | None:
@@ -93,6 +96,8 @@ class RuleReport:
 
     @property
     def summary(self) -> str:
+        if self.skipped:
+            return self.skipped
         return "; ".join([d.summary for d in self.dtypes] + [f"{count(self.mutants, 'mutant')} did not fire"])
 
 
@@ -294,6 +299,9 @@ def check_rule(rule: Rule, dtypes: list[int] | None = None) -> RuleReport:
     """Self-test a rule in each of `dtypes` (default: every floating dtype it claims); the mutants run with the
     first claimed dtype."""
     rep = RuleReport(rule.id)
+    if rule.unavailable:
+        rep.skipped = rule.unavailable
+        return rep
     unusable = {t: rule_issue(rule, t, None) for t in rule.targets}
     if all(unusable.values()):
         rep.problems.append("the rule can never be used: " + "; ".join(f"{t}: {why}" for t, why in unusable.items()))

@@ -28,7 +28,10 @@ def rule_issue(rule: Rule, target: str, opset: int | None) -> str | None:
     at any opset of the rule's range) or for any element type the rule allows there. An op onnxruntime registers
     in the ONNX domain where ONNX has none (opschema.runtime_only: LayerNormalization below opset 17) may be made
     as a step a later rule fuses further (Add + LayerNormalization -> SkipLayerNormalization); a rewrite that
-    leaves one in the result is left out (rebuild.defined_ops_only)."""
+    leaves one in the result is left out (rebuild.defined_ops_only). A built-in rule naming an op the installed
+    onnx/onnxruntime does not define is unavailable everywhere (Rule.unavailable says why)."""
+    if rule.unavailable:
+        return rule.unavailable
     if target not in rule.targets:
         return f"declared for {', '.join(rule.targets)} only"
     if opset is not None and not rule.opset_min <= opset <= rule.opset_max:

@@ -15,6 +15,7 @@ import yaml
 
 from ..errors import PatternError
 from ..files import NotRegularFile, TooLarge, read_regular
+from ..opschema import installed_versions
 from .compute import CompiledExpr
 from .parse_match import check_match_names, parse_match, parse_where, value_names
 from .parse_rewrite import (
@@ -58,7 +59,7 @@ def _yaml_hint(text: str, mark) -> str | None:
 
 
 def parse_text(text: str, file: str, builtin: bool = False, order_base: int = 0) -> list[Rule]:
-    c = Collector(file)
+    c = Collector(file, builtin)
     try:
         root = yaml.compose(text, Loader=_LOADER)
     except yaml.MarkedYAMLError as e:
@@ -218,7 +219,7 @@ def _parse_rule(node: yaml.Node, c: Collector, builtin: bool, order: int) -> Rul
         c.error(c.span(node), RULE_KEYS.missing_error(k))
     if missing:
         return None
-    n_before = len(c.diags)
+    n_before, missing_before = len(c.diags), len(c.missing_ops)
     r = _RuleDraft(c)
     for key in RULE_KEYS.entries:
         if key.name in fields:
@@ -233,13 +234,21 @@ def _parse_rule(node: yaml.Node, c: Collector, builtin: bool, order: int) -> Rul
         conditions={t: [e for e, _ in conds] for t, conds in r.conditions.items()}, opset_min=r.opset[0],
         opset_max=r.opset[1], order=order, builtin=builtin, require=[e for e, _ in r.require],
         example=r.example, example_attrs=r.example_attrs, outputs_of=r.outputs_of, early=r.early,
-        measure=r.measure,
+        measure=r.measure, unavailable=_unavailable(c.missing_ops[missing_before:]),
     )
     rule_require_spans = [sp for _, sp in r.require]
     condition_spans = [(expr, sp, f"the {t} condition") for t, conds in r.conditions.items() for (expr, _), sp in conds]
     if len(c.diags) == n_before:
         check_names(rule, r.values, r.compute_spans, c, rule_require_spans, condition_spans)
     return rule if len(c.diags) == n_before else None
+
+
+def _unavailable(missing: list[str]) -> str:
+    """Why a built-in rule cannot be used with the installed onnx/onnxruntime ('' when it can)."""
+    if not missing:
+        return ""
+    ops = ", ".join(dict.fromkeys(missing))
+    return f"{ops} unknown to the installed {installed_versions()}: needs newer versions"
 
 
 def _parse_id(node: yaml.Node, r: _RuleDraft) -> None:

@@ -95,6 +95,8 @@ class Rule:
     opset_max: int = 10_000
     order: int = 0
     builtin: bool = False
+    # a built-in rule naming an operator the installed onnx/onnxruntime does not define: why it cannot be used
+    unavailable: str = ""
 
     @property
     def root(self) -> str:

@@ -21,9 +21,13 @@ MEASURES = ("region", "model")
 
 
 class Collector:
-    def __init__(self, file: str) -> None:
+    def __init__(self, file: str, builtin: bool = False) -> None:
         self.file = file
         self.diags: list[Diagnostic] = []
+        # built-in files only: operators the installed onnx or onnxruntime does not define are not errors but
+        # make their rule unavailable (Rule.unavailable), so an older supported version still loads the rest
+        self.builtin = builtin
+        self.missing_ops: list[str] = []
 
     def span(self, node: yaml.Node, content: bool = False) -> Span:
         m = node.start_mark
