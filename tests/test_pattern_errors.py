@@ -64,6 +64,10 @@ CASES = [
      "unknown measure 'whole' (hint: measure is one of: region, model)"),
     ("unknown value field", GOOD + "  require: ['X.shapes[0] > 1']\n", 11, 14,
      "values have no field 'shapes' (hint: fields: value, shape, dims, rank, dtype, size)"),
+    ("condition without reason", GOOD + "  require: [{check: 'W.rank == 4'}]\n", 11, 13,
+     "a 'require' condition as a mapping needs 'check' and 'reason'"),
+    ("condition key misspelt", GOOD + "  require: [{check: 'W.rank == 4', reson: x}]\n", 11, 13,
+     "unknown key 'reson' in a 'require' condition"),
 ]
 
 
@@ -84,6 +88,14 @@ def test_good_file_loads(tmp_path):
     path.write_text(GOOD)
     (rule,) = load_file(str(path))
     assert rule.id == "conv-relu-user" and rule.root == "Y" and rule.size == 2
+
+
+def test_condition_reason_is_the_message(tmp_path):
+    """A condition with a reason reports the reason (the concept), then the expression it checks."""
+    path = tmp_path / "p.yaml"
+    path.write_text(GOOD + "  require:\n  - check: W.rank == 5\n    reason: the kernel is not 3-D\n")
+    (rule,) = load_file(str(path))
+    assert [text for _, text in rule.require] == ["the kernel is not 3-D (W.rank == 5)"]
 
 
 def test_hint_offers_closest_op(tmp_path):

@@ -20,9 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx
 
 from .syntax import SyntaxProblem, offset_of, parse_python
-from .vocab import Field, Function, Table
+from .vocab import DTYPES, Field, Function, Table
 
 
 class ComputeError(Exception):
@@ -51,6 +52,15 @@ def _pow(a, b):
 
 def _default(x, fallback):
     return fallback if x is None else x
+
+
+def _astype(x, dtype):
+    """x in the element type an ONNX name gives (X.dtype: float, float16, double, ...)."""
+    name = str(dtype)
+    code = DTYPES.get(name) or DTYPES.get(name.removeprefix("tensor(").removesuffix(")"))
+    if code is None:
+        raise ComputeError(f"unknown element type {name!r}")
+    return np.asarray(x).astype(onnx.helper.tensor_dtype_to_np_dtype(code))
 
 
 def _broadcasts_into(small, big) -> bool:
@@ -125,6 +135,9 @@ FUNCTIONS: Table[Function] = Table("Functions", "Functions of `compute`, `requir
     Function("is_identity_perm",
        lambda p: [int(x) for x in np.asarray(p).reshape(-1)] == list(range(np.size(p))), "p",
        "True when the permutation p leaves every axis in place.", "is_identity_perm([0, 1, 2])", True),
+    Function("astype", _astype, "x, dtype",
+       "x as a tensor of the element type an ONNX name gives (as `X.dtype` reads it: float, float16, double, ...): a "
+       "computed constant in a value's type without reading its value.", "astype([1.5], 'float16')", [1.5]),
     Function("nan", lambda: math.nan, "", "Not-a-number (a float).", "nan()", math.nan),
     Function("arange", lambda n: np.arange(int(n)), "n", "The integers 0 .. n-1.", "arange(3)", [0, 1, 2]),
     Function("all", lambda x: bool(np.all(x)), "x", "True when every element of x is true.", "all([True, False])", False),

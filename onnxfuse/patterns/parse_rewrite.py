@@ -94,12 +94,22 @@ def parse_require(node: yaml.Node, c: Collector) -> Require:
         return []
     out = []
     for item in node.value:
+        reason = None
+        if isinstance(item, yaml.MappingNode):  # {check: expression, reason: text}
+            keys = {k: v for k, _, v in mapping(item, c, "a 'require' condition") or []}
+            for k in keys.keys() - {"check", "reason"}:
+                c.error(c.span(item), f"unknown key {k!r} in a 'require' condition", "it takes: check, reason")
+            if "check" not in keys or "reason" not in keys:
+                c.error(c.span(item), "a 'require' condition as a mapping needs 'check' and 'reason'")
+                continue
+            reason = string_node(keys["reason"], c, "a condition's reason")
+            item = keys["check"]
         text = string_node(item, c, "a 'require' condition")
         if text is None:
             continue
         span = c.span(item, content=True)
         try:
-            out.append(((compile_expr(text), text), span))
+            out.append(((compile_expr(text), f"{reason} ({text})" if reason else text), span))
         except SyntaxProblem as e:
             c.error(span.shifted(e.offset), e.message, e.hint)
     return out

@@ -380,7 +380,8 @@ RULE_KEYS: Table[Key] = Table(
             "rewrite:\n"
             "  Y: Conv(X, W2, B2, copy_attrs=c)\n", required=True),
         Key("require", _parse_require_key, CONDITIONS_SCHEMA,
-            "Conditions (compute expressions) that must all be true for the rule to apply.",
+            "Conditions (compute expressions) that must all be true for the rule to apply; a condition written "
+            "`{check: EXPR, reason: TEXT}` is reported by its reason (the concept that failed) where it is false.",
             "require: ['W.rank == 4', 'X.dtype == W.dtype']"),
         Key("example", _parse_example_key,
             {"type": "object", "patternProperties": {"\\.": {}},  # line.attr: any attribute value

@@ -112,4 +112,9 @@ NUMBER_SCHEMA: dict[str, Any] = {"anyOf": [{"type": "number"}, {"type": "string"
 NUMBERS_SCHEMA: dict[str, Any] = {"anyOf": [NUMBER_SCHEMA, {"type": "array", "items": NUMBER_SCHEMA}]}
 TOLERANCE_SCHEMA: dict[str, Any] = {"anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": FLOAT_TEXT.pattern}]}
 DIM_SCHEMA = {"oneOf": [{"type": "integer"}, {"type": "string"}]}
-CONDITIONS_SCHEMA = {"type": "array", "items": {"type": "string"}}
+# A condition is an expression, or {check: expression, reason: why the rule does not apply when it is false}
+# (the reason explain gives, in the rule's own words: "the mask is multiplicative", not the expression).
+CONDITIONS_SCHEMA = {"type": "array", "items": {"oneOf": [
+    {"type": "string"},
+    {"type": "object", "properties": {"check": {"type": "string"}, "reason": {"type": "string"}},
+     "required": ["check", "reason"], "additionalProperties": False}]}}

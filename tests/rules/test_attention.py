@@ -1007,3 +1007,64 @@ def test_attention_causal_tril_gpt2_keys_then_heads_split():
     for s, t in [(6, 6), (3, 3)]:
         feeds = _causal_feeds(m, s, t)
         np.testing.assert_allclose(ort_run(got, feeds)[0], ort_run(m, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+# ----- mask algebra: Where(mask, scores, MIN) is an additive mask --------------------------------------------------
+F32_MIN = float(np.finfo(np.float32).min)
+
+
+def _where_scores(fill=F32_MIN, masked_first=False, heads=False):
+    """Softmax(Where(keep, s, MIN)) (masked_fill as torch exports it), or Where(masked, MIN, s); with heads, the
+    whole scaled dot-product attention on [b, N, s, D] inputs around it."""
+    nodes, inputs = [], [("c", [B, 1, S if heads else 1, S], TensorProto.BOOL)]  # the kernels take all query rows
+    inits = {"fill": np.array(fill, np.float32)}
+    if heads:
+        inputs += [("q", [B, N, S, D]), ("k", [B, N, S, D]), ("v", [B, N, S, D])]
+        inits |= {"sd": np.array(np.sqrt(D), np.float32), "os": np.array([0, 0, N * D], np.int64)}
+        nodes += [oh.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+                  oh.make_node("MatMul", ["q", "kt"], ["qk"]), oh.make_node("Div", ["qk", "sd"], ["s"])]
+    else:
+        inputs.append(("s", [B, N, S, S]))
+    nodes.append(oh.make_node("Where", ["c", "fill", "s"] if masked_first else ["c", "s", "fill"], ["w"]))
+    nodes.append(oh.make_node("Softmax", ["w"], ["p"], axis=-1))
+    if heads:
+        nodes += [oh.make_node("MatMul", ["p", "v"], ["o"]), oh.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+                  oh.make_node("Reshape", ["ot", "os"], ["y"])]
+    return make_model(nodes, inputs, [("y" if heads else "p", [B, S, N * D] if heads else [B, N, S, S])], inits)
+
+
+def _where_feeds(m, masked_first=False):
+    feeds = rand_feeds(m)
+    keep = np.ones([d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim], bool)
+    keep[-1, ..., -3:] = False
+    feeds["c"] = ~keep if masked_first else keep
+    return feeds
+
+
+@pytest.mark.parametrize("masked_first", [False, True], ids=["keep", "masked"])
+@pytest.mark.parametrize("fill", [F32_MIN, -np.inf], ids=["finfo_min", "inf"])
+def test_where_mask_becomes_additive(masked_first, fill):
+    m = _where_scores(fill, masked_first)
+    got = check_fires(m, "attention-where-mask", ["Where", "Add", "Softmax"], feeds=_where_feeds(m, masked_first),
+                      rtol=0, atol=0)  # exact
+    where = got.graph.node[0]
+    consts = {t.name: numpy_helper.to_array(t) for t in got.graph.initializer}
+    keep_v, drop_v = (float(consts[n].reshape(-1)[0]) for n in where.input[1:])
+    assert (keep_v, drop_v) == ((fill, 0.0) if masked_first else (0.0, fill))
+
+
+def test_where_mask_needs_a_fill_that_absorbs_the_scores():
+    """Where(keep, s, -10000) is not s + Where(keep, 0, -10000) in a row with every column masked."""
+    check_misses(_where_scores(-10000.0), "attention-where-mask",
+                 "require failed: the Where fill is not a mask minimum (-inf or at most -1e30), so Where is not an "
+                 "additive mask (float(default(MIN, MIN2)) <= -1e30)")
+
+
+def test_where_mask_attention_fuses():
+    """The additive form is the one the attention rules take: Where-masked attention on heads -> MHA."""
+    m = _where_scores(heads=True)
+    got = check_fires(m, ("attention-where-mask", "attention-heads-split"),
+                      ["Where", "Transpose", "Reshape", "Reshape", "com.microsoft.MultiHeadAttention", "IsNaN", "Where",
+                       "Reshape"], fired={"attention-where-mask": 1, "attention-heads-split": 1},
+                      feeds=_where_feeds(m), rtol=1e-4, atol=1e-4)
+    assert any(n.op_type == "MultiHeadAttention" for n in got.graph.node)

@@ -208,3 +208,25 @@ def test_tanh_gelu_megatron_form(c1, one, fires, swap):
         check_fires(m, "tanh-gelu", ["com.microsoft.FastGelu"], rtol=1e-4, atol=1e-4)
     else:
         check_misses(m, "tanh-gelu")
+
+
+def _onnx_gelu20(approximate, bias, swap=False):
+    """ONNX Gelu-20 (the starting point, not the contrib op) after a bias Add."""
+    add = oh.make_node("Add", ["b", "x"] if swap else ["x", "b"], ["a"], name="bias_add")
+    act = oh.make_node("Gelu", ["a"], ["y"], name="act", approximate=approximate)
+    return make_model([add, act], [("x", [2, 4, 8])], [("y", [2, 4, 8])], {"b": np.asarray(bias, np.float32)},
+                      opset=20)
+
+
+@pytest.mark.parametrize(("approximate", "rule_id", "want"), [
+    ("none", "bias-gelu", ["com.microsoft.BiasGelu"]), ("tanh", "bias-fastgelu", ["com.microsoft.FastGelu"])])
+@pytest.mark.parametrize("swap", [False, True], ids=["", "swapped"])
+def test_bias_gelu_refines_onnx_gelu20(approximate, rule_id, want, swap):
+    got = check_fires(_onnx_gelu20(approximate, BIAS, swap), rule_id, want, rtol=1e-4, atol=1e-4)
+    assert list(got.graph.node[0].input) == ["x", "b"]
+
+
+def test_bias_gelu_keeps_the_approximation_of_gelu20():
+    """Gelu-20 with approximate="tanh" is not BiasGelu's exact erf form (and the other way round)."""
+    check_misses(_onnx_gelu20("tanh", BIAS), "bias-gelu", "Gelu approximate='tanh', rule needs 'none'")
+    check_misses(_onnx_gelu20("none", BIAS), "bias-fastgelu", "Gelu approximate='none', rule needs 'tanh'")

@@ -1,0 +1,531 @@
+#!/usr/bin/env python3
+"""A concept-variation corpus: attention, norms and GELU built as the cross product of concept axes, and what
+onnxruntime's transformers optimizer and onnxfuse fuse on each graph, tabulated by axis.
+
+Usage::
+
+    python benchmarks/concept_corpus.py [--dir /tmp/concepts] [--only attn_,ln_] [--jobs 2] [--json out.json]
+    python benchmarks/concept_corpus.py --list          # the graphs and their axes, nothing built
+    python benchmarks/concept_corpus.py --build-only    # write the graphs and concepts.json, nothing measured
+
+The forms corpus (make_form_models.py) holds one graph per exporter's spelling; this one varies one concept at
+a time so that a miss is attributed to the axis that causes it. Axes:
+
+* attention (``attn_*``): layout (``4d`` Reshape to [b, s, N, D] with a constant target, ``4d_shape`` the target
+  computed from Shape, ``3d`` heads folded into the batch [b*N, s, D] for 3-D MatMuls, ``tr_first`` a Transpose
+  before the Reshape); K transposed in the head-split perm (``perm``) or by a Transpose of its own
+  (``separate``); Q/K/V separate, packed (one MatMul + Split) or already split into heads (``heads``: [b, N, s,
+  D] graph inputs); scale (``div`` / ``mul`` on the scores, ``q`` on the query, ``qk`` sqrt(scale) on both,
+  ``rt`` 1/Sqrt(Cast(Shape(q)[-1])) computed at run time on the scores, ``rt_qk`` its square root on both,
+  ``none``); mask (``none``, ``bert`` (1 - m) * -10000 from an int [b, s] mask, ``add2`` / ``add4`` an additive
+  float [s, s] / [b, 1, s, s] input, ``where`` Where(bool [b, 1, 1, s], x, finfo.min), ``causal`` a tril buffer
+  sliced by Shape); projection bias (with/without); opset (13/17/18/20, cycled).
+* norms (``ln_*``, ``rms_*``): square by Pow or Mul, the division by Div, Reciprocal-Mul or Div(1, ·), epsilon
+  order, beta or not, a residual Add (+ bias) before (Skip forms), ONNX LayerNormalization-17 as the start,
+  RMSNorm scale constant or a graph input, fp32/fp16; eps outside the Sqrt is not a LayerNorm (no tool may
+  fuse it).
+* GELU (``gelu_*``): erf in three operand orders, Div by sqrt(2) or Mul by 1/sqrt(2), the tanh approximation
+  (Pow or products for the cube, constants multiplied out or not), ONNX Gelu-20 (none / tanh), with or
+  without a bias Add before.
+
+Per graph: ORT-opt = ``onnxruntime.transformers.optimizer.optimize_model(model_type=bert|gpt2, num_heads,
+hidden_size, opt_level=0)``; onnxfuse = ``onnxfuse optimize ... --no-measure --json`` (one batch), its
+validation status, and its output run once in onnxruntime and compared with the untouched model (max abs
+difference). ``expect`` is the kind a fused op can express (every variation except the negative controls).
+The table counts per axis value: graphs, ORT-opt fused the kind, onnxfuse fused it, onnxfuse >= ORT-opt,
+validated; then every graph onnxfuse misses with explain's reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import itertools
+import json
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from forms_table import (  # noqa: E402
+    KINDS,
+    missed_ops,
+    one_line,
+    onnxfuse_batch,
+    onnxfuse_exe,
+    op_counter,
+    ort_opt,
+    runs,
+    session_run,
+)
+from make_form_models import BOOL, I64, F, G, feeds_for  # noqa: E402
+
+N, D = 4, 64  # heads, hidden size
+H = D // N  # head size
+MAXPOS = 64
+FP16 = onnx.TensorProto.FLOAT16
+OPSETS = (13, 17, 18, 20)
+FAR = 1e-3  # an output further than this (max abs) from the untouched model's is flagged (fp16 graphs: 1e-2)
+
+ATT_LAYOUTS = ("4d", "4d_shape", "3d", "tr_first")
+ATT_SCALES = ("div", "mul", "q", "qk", "rt", "rt_qk", "none")
+ATT_MASKS = ("none", "bert", "add2", "add4", "where", "causal")
+
+
+# --------------------------------------------------------------------------- #
+# attention
+# --------------------------------------------------------------------------- #
+def _linear(g: G, x: str, din: int, dout: int, bias: bool) -> str:
+    y = g.op("MatMul", [x, g.w(din, dout)])
+    return g.op("Add", [y, g.w(dout)]) if bias else y
+
+
+def _seq(g: G, x: str) -> str:
+    """Shape(x)[1] as a 1-D tensor (the sequence length read at run time)."""
+    return g.unsqueeze(g.dim(x, 1), [0])
+
+
+def _split(g: G, x: str, layout: str, kt: bool, kform: str) -> str:
+    """[b, s, N*H] -> heads: [b, N, s, H] (4-D layouts) or [b*N, s, H] (3d); K transposed when kt."""
+    if layout == "tr_first":  # [b, s, D] -> [b, D, s] -> [b, N, H, s]: K^T straight from the Reshape
+        t = g.op("Reshape", [g.op("Transpose", [x], perm=[0, 2, 1]), g.i64(0, N, H, -1)])
+        return t if kt else g.op("Transpose", [t], perm=[0, 1, 3, 2])
+    target = g.shape_target(x, [N, H]) if layout == "4d_shape" else g.i64(0, 0, N, H)
+    r = g.op("Reshape", [x, target])
+    if kt and kform == "perm":
+        h = g.op("Transpose", [r], perm=[0, 2, 3, 1])
+    else:
+        h = g.op("Transpose", [r], perm=[0, 2, 1, 3])
+    if layout == "3d":
+        if kt and kform == "perm":  # [b, N, H, s] -> [b*N, H, s]
+            return g.op("Reshape", [h, g.op("Concat", [g.i64(-1, H), _seq(g, x)], axis=0)])
+        h = g.op("Reshape", [h, g.op("Concat", [g.i64(-1), _seq(g, x), g.i64(H)], axis=0)])
+        return g.op("Transpose", [h], perm=[0, 2, 1]) if kt else h
+    return g.op("Transpose", [h], perm=[0, 1, 3, 2]) if kt and kform != "perm" else h
+
+
+def _runtime_scale(g: G, q: str, rank: int, sqrt: bool) -> str:
+    """1 / Sqrt(Cast(Shape(q)[-1])) (torch's `q.size(-1) ** -0.5` traced), or its square root."""
+    hd = g.op("Cast", [g.op("Gather", [g.op("Shape", [q]), g.const(rank - 1, np.int64)], axis=0)], to=F)
+    s = g.op("Div", [g.const(1.0), g.op("Sqrt", [hd])])
+    return g.op("Sqrt", [s]) if sqrt else s
+
+
+def _mask_bias(g: G, mask: str, scores4: str, x: str) -> str:
+    """Apply the mask to rank-4 scores [b, N, s, s]; returns the masked scores."""
+    if mask == "bert":
+        m = g.inp("attention_mask", I64, ["batch", "seq"])
+        u = g.op("Cast", [g.unsqueeze(g.unsqueeze(m, [1]), [2])], to=F)  # mask[:, None, None, :] as torch traces it
+        bias = g.op("Mul", [g.op("Sub", [g.const(1.0), u]), g.const(-10000.0)])
+        return g.op("Add", [scores4, bias])
+    if mask == "add2":
+        return g.op("Add", [scores4, g.inp("attn_bias", F, ["seq", "seq"])])
+    if mask == "add4":
+        return g.op("Add", [scores4, g.inp("attn_bias", F, ["batch", 1, "seq", "seq"])])
+    if mask == "where":
+        m = g.inp("attention_mask", BOOL, ["batch", 1, 1, "seq"])
+        return g.op("Where", [m, scores4, g.const(np.finfo(np.float32).min)])
+    if mask == "causal":
+        s = _seq(g, x)
+        tril = g.const(np.tril(np.ones((1, 1, MAXPOS, MAXPOS))).astype(bool), bool)
+        b = g.slice(g.slice(tril, [0], s, [2], [1]), [0], s, [3], [1])
+        return g.op("Where", [b, scores4, g.const(np.finfo(np.float32).min)])
+    raise ValueError(mask)
+
+
+def attention(name: str, layout: str, kform: str, qkv: str, scale: str, mask: str, bias: bool,
+              opset: int) -> onnx.ModelProto:
+    g = G(name, opset)
+    x = g.inp("hidden_states", F, ["batch", "seq", D])
+    if qkv == "heads":  # q, k, v already split into heads (SDPA on [b, N, s, H])
+        q, k, v = (g.inp(n, F, ["batch", N, "seq", H]) for n in ("query", "key", "value"))
+        kt = g.op("Transpose", [k], perm=[0, 1, 3, 2])
+    else:
+        if qkv == "packed":
+            qs, ks, vs = g.split(_linear(g, x, D, 3 * D, bias), [D, D, D], axis=2)
+        else:
+            qs, ks, vs = (_linear(g, x, D, D, bias) for _ in range(3))
+        q, kt, v = _split(g, qs, layout, False, kform), _split(g, ks, layout, True, kform), \
+            _split(g, vs, layout, False, kform)
+    rank = 3 if layout == "3d" and qkv != "heads" else 4
+    if scale == "q":
+        q = g.op("Mul", [q, g.const(H ** -0.5)])
+    elif scale == "qk":
+        q, kt = g.op("Mul", [q, g.const(H ** -0.25)]), g.op("Mul", [kt, g.const(H ** -0.25)])
+    elif scale == "rt_qk":
+        c = _runtime_scale(g, q, rank, sqrt=True)
+        q, kt = g.op("Mul", [q, c]), g.op("Mul", [kt, c])
+    s = g.op("MatMul", [q, kt])
+    if scale == "div":
+        s = g.op("Div", [s, g.const(math.sqrt(H))])
+    elif scale == "mul":
+        s = g.op("Mul", [s, g.const(H ** -0.5)])
+    elif scale == "rt":
+        s = g.op("Mul", [s, _runtime_scale(g, q, rank, sqrt=False)])
+    if mask != "none":
+        if rank == 3:  # [b*N, s, s] -> [b, N, s, s], masked, and back
+            sq = _seq(g, x)
+            s4 = g.op("Reshape", [s, g.op("Concat", [g.i64(-1, N), sq, sq], axis=0)])
+            s = g.op("Reshape", [_mask_bias(g, mask, s4, x), g.op("Concat", [g.i64(-1), sq, sq], axis=0)])
+        else:
+            s = _mask_bias(g, mask, s, x)
+    ctx = g.op("MatMul", [g.op("Softmax", [s], axis=-1), v])
+    if rank == 3:
+        ctx = g.op("Reshape", [ctx, g.op("Concat", [g.i64(-1, N), _seq(g, x), g.i64(H)], axis=0)])
+    ctx = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 2, 1, 3]), g.i64(0, 0, D)])
+    y = _layer_norm(g, g.op("Add", [_linear(g, ctx, D, D, True), x]), D, opset)
+    g.out(y, "output", F, ["batch", "seq", D])
+    return g.model()
+
+
+# --------------------------------------------------------------------------- #
+# norms
+# --------------------------------------------------------------------------- #
+def _layer_norm(g: G, x: str, d: int, opset: int, square: str = "pow", div: str = "div", eps_first=False,
+                beta: bool = True, dtype=np.float32, eps_outside: bool = False) -> str:
+    gamma = g.const(1 + 0.1 * g.rng.standard_normal(d), dtype)
+    b = g.const(0.1 * g.rng.standard_normal(d), dtype) if beta else None
+    if div == "op":  # ONNX LayerNormalization-17
+        return g.op("LayerNormalization", [x, gamma] + ([b] if b else []), axis=-1, epsilon=1e-5)
+    eps = g.const(1e-5, dtype)
+    mean = g.reduce_mean(x, [-1])
+    sub = g.op("Sub", [x, mean])
+    sq = g.op("Pow", [sub, g.const(2.0, dtype)]) if square == "pow" else g.op("Mul", [sub, sub])
+    var = g.reduce_mean(sq, [-1])
+    if eps_outside:  # sqrt(var) + eps: not a LayerNorm
+        std = g.op("Add", [g.op("Sqrt", [var]), eps])
+    else:
+        std = g.op("Sqrt", [g.op("Add", [eps, var] if eps_first else [var, eps])])
+    if div == "div":
+        n = g.op("Div", [sub, std])
+    elif div == "recip":
+        n = g.op("Mul", [sub, g.op("Reciprocal", [std])])
+    else:  # Div(1, std)
+        n = g.op("Mul", [sub, g.op("Div", [g.const(1.0, dtype), std])])
+    y = g.op("Mul", [n, gamma])
+    return g.op("Add", [y, b]) if b else y
+
+
+def _skip(g: G, x: str, skip: str, dtype) -> str:
+    if skip == "none":
+        return x
+    r = g.inp("residual", FP16 if dtype == np.float16 else F, ["batch", "seq", D])
+    if skip == "add_bias":
+        x = g.op("Add", [x, g.const(0.1 * g.rng.standard_normal(D), dtype)])
+    return g.op("Add", [x, r])
+
+
+def layernorm(name: str, square: str, div: str, eps_first: bool, beta: bool, skip: str, opset: int,
+              dtype=np.float32, eps_outside: bool = False) -> onnx.ModelProto:
+    g = G(name, opset)
+    et = FP16 if dtype == np.float16 else F
+    x = g.inp("hidden_states", et, ["batch", "seq", D])
+    y = _layer_norm(g, _skip(g, x, skip, dtype), D, opset, square, div, eps_first, beta, dtype, eps_outside)
+    g.out(y, "output", et, ["batch", "seq", D])
+    return g.model()
+
+
+def rmsnorm(name: str, square: str, div: str, gamma: str, skip: str, opset: int) -> onnx.ModelProto:
+    g = G(name, opset)
+    x = _skip(g, g.inp("hidden_states", F, ["batch", "seq", D]), skip, np.float32)
+    sq = g.op("Pow", [x, g.const(2.0)]) if square == "pow" else g.op("Mul", [x, x])
+    r = g.op("Sqrt", [g.op("Add", [g.reduce_mean(sq, [-1]), g.const(1e-6)])])
+    if div == "div":
+        n = g.op("Div", [x, r])
+    elif div == "recip":
+        n = g.op("Mul", [x, g.op("Reciprocal", [r])])
+    else:
+        n = g.op("Mul", [x, g.op("Div", [g.const(1.0), r])])
+    w = g.inp("weight", F, [D]) if gamma == "input" else g.const(1 + 0.1 * g.rng.standard_normal(D))
+    g.out(g.op("Mul", [n, w]), "output", F, ["batch", "seq", D])
+    return g.model()
+
+
+# --------------------------------------------------------------------------- #
+# GELU
+# --------------------------------------------------------------------------- #
+def gelu(name: str, form: str, variant: str, bias: bool, opset: int) -> onnx.ModelProto:
+    g = G(name, opset)
+    x0 = g.inp("hidden_states", F, ["batch", "seq", D])
+    x = g.op("Add", [g.op("MatMul", [x0, g.w(D, D)]), g.w(D)]) if bias else g.op("MatMul", [x0, g.w(D, D)])
+    if form != "gelu20":
+        half, one = g.const(0.5), g.const(1.0)
+    if form == "erf":
+        order, arg = variant.split("_")
+        s = g.op("Div", [x, g.const(math.sqrt(2.0))]) if arg == "div" else g.op("Mul", [x, g.const(2 ** -0.5)])
+        p = g.op("Add", [g.op("Erf", [s]), one])
+        if order == "a":
+            y = g.op("Mul", [g.op("Mul", [x, half]), p])
+        elif order == "b":
+            y = g.op("Mul", [g.op("Mul", [x, p]), half])
+        else:
+            y = g.op("Mul", [x, g.op("Mul", [p, half])])
+    elif form == "tanh":
+        cube_form, folded = variant.split("_")
+        cube = g.op("Pow", [x, g.const(3.0)]) if cube_form == "pow" else g.op("Mul", [x, g.op("Mul", [x, x])])
+        c = math.sqrt(2 / math.pi)
+        if folded == "folded":
+            t = g.op("Add", [g.op("Mul", [x, g.const(c)]), g.op("Mul", [cube, g.const(0.044715 * c)])])
+        else:
+            t = g.op("Mul", [g.op("Add", [x, g.op("Mul", [cube, g.const(0.044715)])]), g.const(c)])
+        y = g.op("Mul", [g.op("Mul", [x, half]), g.op("Add", [g.op("Tanh", [t]), one])])
+    else:  # ONNX Gelu-20
+        y = g.op("Gelu", [x], approximate=variant)
+    g.out(y, "output", F, ["batch", "seq", D])
+    return g.model()
+
+
+# --------------------------------------------------------------------------- #
+# the corpus: name -> (builder, kwargs, axes)
+# --------------------------------------------------------------------------- #
+def corpus() -> dict[str, tuple]:
+    out: dict[str, tuple] = {}
+    i = 0
+    for layout, scale, mask in itertools.product(ATT_LAYOUTS, ATT_SCALES, ATT_MASKS):
+        kform = ("perm", "separate")[i % 2] if layout in ("4d", "4d_shape", "3d") else "tr_first"
+        qkv = "packed" if layout in ("4d", "4d_shape") and i % 3 == 0 else "separate"
+        bias, opset = i % 5 != 4, OPSETS[i % 4]
+        i += 1
+        name = f"attn_{layout}_{scale}_{mask}"
+        axes = {"layout": layout, "k": kform, "qkv": qkv, "scale": scale, "mask": mask, "bias": bias,
+                "opset": opset, "dtype": "fp32"}
+        out[name] = (attention, dict(layout=layout, kform=kform, qkv=qkv, scale=scale, mask=mask, bias=bias,
+                                     opset=opset), axes, "attention", "bert" if mask != "causal" else "gpt2")
+    for scale, mask in itertools.product(ATT_SCALES, ATT_MASKS):
+        opset = OPSETS[i % 4]
+        i += 1
+        axes = {"layout": "heads", "k": "separate", "qkv": "heads", "scale": scale, "mask": mask, "bias": False,
+                "opset": opset, "dtype": "fp32"}
+        out[f"attn_heads_{scale}_{mask}"] = (attention, dict(layout="4d", kform="separate", qkv="heads",
+                                                             scale=scale, mask=mask, bias=False, opset=opset),
+                                             axes, "attention", "bert")
+    j = 0
+    for square, div, skip in itertools.product(("pow", "mul"), ("div", "recip", "one_div"),
+                                               ("none", "add", "add_bias")):
+        for eps_first in (False, True):
+            opset = (13, 17, 18)[j % 3]
+            beta, dtype = j % 4 != 3, np.float16 if j % 6 == 5 else np.float32
+            j += 1
+            name = f"ln_{square}_{div}_{skip}_{'epsfirst' if eps_first else 'epslast'}"
+            axes = {"norm": "layernorm", "square": square, "div": div, "skip": skip, "eps": "first" if eps_first
+                    else "last", "beta": beta, "opset": opset, "dtype": "fp16" if dtype == np.float16 else "fp32"}
+            out[name] = (layernorm, dict(square=square, div=div, eps_first=eps_first, beta=beta, skip=skip,
+                                         opset=opset, dtype=dtype), axes, "norm", "bert")
+    for skip, opset, beta in itertools.product(("none", "add", "add_bias"), (17, 18), (True, False)):
+        axes = {"norm": "layernorm-op", "square": "-", "div": "op", "skip": skip, "eps": "-", "beta": beta,
+                "opset": opset, "dtype": "fp32"}
+        out[f"ln_op{opset}_{skip}_{'beta' if beta else 'nobeta'}"] = (
+            layernorm, dict(square="pow", div="op", eps_first=False, beta=beta, skip=skip, opset=opset),
+            axes, "norm", "bert")
+    for skip in ("none", "add"):
+        axes = {"norm": "not-a-norm", "square": "pow", "div": "div", "skip": skip, "eps": "outside",
+                "beta": True, "opset": 17, "dtype": "fp32"}
+        out[f"ln_epsoutside_{skip}"] = (layernorm, dict(square="pow", div="div", eps_first=False, beta=True,
+                                                        skip=skip, opset=17, eps_outside=True), axes, None, "bert")
+    for square, div, gamma, skip in itertools.product(("pow", "mul"), ("div", "recip", "one_div"),
+                                                      ("const", "input"), ("none", "add")):
+        opset = (13, 17, 18, 20)[j % 4]
+        j += 1
+        axes = {"norm": "rmsnorm", "square": square, "div": div, "skip": skip, "gamma": gamma, "opset": opset,
+                "dtype": "fp32"}
+        out[f"rms_{square}_{div}_{gamma}_{skip}"] = (rmsnorm, dict(square=square, div=div, gamma=gamma,
+                                                                    skip=skip, opset=opset), axes, "norm", "bert")
+    k = 0
+    forms = [("erf", f"{o}_{a}") for o in "abc" for a in ("div", "mul")] + \
+        [("tanh", f"{c}_{f}") for c in ("pow", "mul") for f in ("plain", "folded")] + \
+        [("gelu20", v) for v in ("none", "tanh")]
+    for (form, variant), bias in itertools.product(forms, (False, True)):
+        opset = 20 if form == "gelu20" else (13, 17, 18)[k % 3]
+        k += 1
+        axes = {"gelu": form, "variant": variant, "bias": bias, "opset": opset, "dtype": "fp32"}
+        out[f"gelu_{form}_{variant}_{'bias' if bias else 'nobias'}"] = (
+            gelu, dict(form=form, variant=variant, bias=bias, opset=opset), axes, "gelu", "bert")
+    return out
+
+
+def feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """feeds_for's values; an additive float bias gets values that matter (a causal 0 / -1e4 pattern plus
+    noise), q/k/v heads and the RMSNorm weight random."""
+    f = feeds_for(model)
+    rng = np.random.default_rng(1)
+    for k, v in f.items():
+        if k == "attn_bias":
+            s = v.shape[-1]
+            f[k] = (np.where(np.tril(np.ones((s, s))) > 0, 0.0, -1e4) + 0.1 * rng.standard_normal(v.shape)
+                    ).astype(np.float32)
+        elif k == "hidden_states" and v.dtype != np.float32:
+            f[k] = v.astype(np.float16)
+    for vi in model.graph.input:  # fp16 graph inputs
+        if vi.type.tensor_type.elem_type == FP16:
+            f[vi.name] = f[vi.name].astype(np.float16)
+    return f
+
+
+def build(out: Path, names: list[str]) -> dict[str, dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    table = corpus()
+    manifest = {}
+    for name in names:
+        fn, kw, axes, expect, mtype = table[name]
+        path = out / f"{name}.onnx"
+        onnx.save(fn(name, **kw), str(path))
+        manifest[name] = {"file": path.name, "axes": axes, "expect": expect, "model_type": mtype,
+                          "num_heads": N if expect == "attention" else 0, "hidden_size": D if expect == "attention"
+                          else 0}
+    (out / "concepts.json").write_text(json.dumps({"models": manifest}, indent=1, default=str))
+    return manifest
+
+
+def measure(src_dir: Path, manifest: dict[str, dict], work: Path, jobs: int) -> list[dict]:
+    (work / "ortopt").mkdir(parents=True, exist_ok=True)
+    fuse = onnxfuse_batch([src_dir / v["file"] for v in manifest.values()], work / "onnxfuse", jobs)
+    rows = []
+    for name, info in manifest.items():
+        src = src_dir / info["file"]
+        model = onnx.load(str(src))
+        before = op_counter(model)
+        fd = feeds(model)
+        ref = session_run(src, fd, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+        row = {"model": name, "axes": info["axes"], "expect": info["expect"]}
+        dst = work / "ortopt" / info["file"]
+        try:
+            ort_opt(src, dst, info)
+            row["ortopt"] = dict(op_counter(onnx.load(str(dst))) - before)
+            row["ortopt_runs"], row["ortopt_max_abs"] = runs(dst, fd, ref)
+        except Exception as exc:  # noqa: BLE001 - reported
+            row["ortopt"], row["ortopt_error"] = {}, one_line(exc)
+        r = fuse.get(name)
+        if r is None or r.get("error"):
+            row["onnxfuse"], row["validated"] = {}, "error: " + str((r or {}).get("error") or "no result")[:80]
+        else:
+            row["onnxfuse"] = dict(op_counter(r["ops_after"]) - op_counter(r["ops_before"]))
+            row["validated"] = r["validation"]["status"]
+            row["fired"] = r["fired"]
+            if r.get("output") and Path(r["output"]).exists():
+                row["onnxfuse_runs"], row["onnxfuse_max_abs"] = runs(Path(r["output"]), fd, ref)
+        if (row.get("ortopt_max_abs") or 0) > (FAR if info["axes"].get("dtype") == "fp32" else 10 * FAR):  # a fusion that changes the numbers is not one to match
+            row["ortopt_wrong"], row["ortopt"] = row["ortopt"], {}
+        row["missed"] = missed_ops(collections.Counter(row["ortopt"]), collections.Counter(row["onnxfuse"]))
+        kind = info["expect"]
+        # a kind's op in the output, made by the tool or already there (Gelu-20, LayerNormalization-17: the
+        # starting points count as fused where the tool kept or refined them)
+        row["ort_has"] = kind is not None and any((row["ortopt"].get(o) or before.get(o)) for o in KINDS[kind])
+        row["fuse_has"] = kind is not None and any(
+            (row["onnxfuse"].get(o) or before.get(o)) for o in KINDS[kind]) and not row["missed"]
+        if kind is None:  # a negative control: nothing of any kind may appear
+            row["fuse_wrong"] = any(row["onnxfuse"].get(o) for ops in KINDS.values() for o in ops)
+        row["reason"] = explain(src, kind) if kind and not row["fuse_has"] else ""
+        rows.append(row)
+    return rows
+
+
+def explain(path: Path, kind: str) -> str:
+    """`onnxfuse explain`'s near miss with the most progress among the rules of `kind` (rules whose file is
+    attention.yaml / norm.yaml / gelu.yaml), as `rule: at: reason`."""
+    proc = subprocess.run([onnxfuse_exe(), "explain", str(path), "--json"], capture_output=True, text=True,
+                          check=False)
+    try:
+        d = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        return f"explain failed: {proc.stderr.strip()[-200:]}"
+    files = {"attention": "attention", "norm": "norm", "gelu": "gelu"}[kind]
+    cands = [m for m in d["near_misses"] if files in str(m.get("file", m["rule"])) or _rule_kind(m["rule"]) == kind]
+    if not cands:
+        return "no near miss"
+    m = max(cands, key=lambda m: (m["progress"], m["graph"] == "rewritten"))
+    return f"{m['rule']}: {m['at']}: {m['reason']}" + (" (before the fusions ran)" if m["graph"] != "rewritten"
+                                                        else "")
+
+
+def _rule_kind(rule: str) -> str | None:
+    for key, kind in (("rotary", None), ("attention", "attention"), ("norm", "norm"), ("skip-", "norm"),
+                      ("gelu", "gelu")):
+        if key in rule:
+            return kind
+    return None
+
+
+def ok(row: dict) -> bool:
+    return str(row.get("validated", "")).startswith(("passed", "not needed"))
+
+
+def report(rows: list[dict]) -> None:
+    for family, prefix in (("attention", "attn_"), ("norm", ("ln_", "rms_")), ("gelu", "gelu_")):
+        fam = [r for r in rows if r["model"].startswith(prefix)]
+        if not fam:
+            continue
+        print(f"\n## {family}: {len(fam)} graphs\n")
+        print("| axis | value | graphs | ORT-opt fuses | onnxfuse fuses | onnxfuse >= ORT-opt | validated |")
+        print("|---|---|---|---|---|---|---|")
+        axes = list(dict.fromkeys(a for r in fam for a in r["axes"]))
+        for axis in axes:
+            values = dict.fromkeys(str(r["axes"].get(axis, "-")) for r in fam)
+            for value in values:
+                sel = [r for r in fam if str(r["axes"].get(axis, "-")) == value]
+                kind_sel = [r for r in sel if r["expect"]]
+                print(f"| {axis} | {value} | {len(sel)} | {sum(r['ort_has'] for r in kind_sel)} | "
+                      f"{sum(r['fuse_has'] for r in kind_sel)}/{len(kind_sel)} | "
+                      f"{sum(not r['missed'] for r in sel)} | {sum(ok(r) for r in sel)} |")
+        exp = [r for r in fam if r["expect"]]
+        print(f"\n- {family}: onnxfuse fuses {sum(r['fuse_has'] for r in exp)}/{len(exp)} expressible variations, "
+              f"ORT-opt {sum(r['ort_has'] for r in exp)}/{len(exp)}; onnxfuse >= ORT-opt on "
+              f"{sum(not r['missed'] for r in fam)}/{len(fam)}; validated {sum(ok(r) for r in fam)}/{len(fam)}")
+        wrong = [r["model"] for r in fam if r.get("fuse_wrong")]
+        if any(not r["expect"] for r in fam):
+            print(f"- negative controls fused by onnxfuse (must be none): {wrong}")
+        far = [r["model"] for r in fam if (r.get("onnxfuse_max_abs") or 0) > (FAR if r["axes"].get("dtype") == "fp32"
+                                                                             else 10 * FAR)]
+        print(f"- onnxfuse outputs further than {FAR:g} (fp16: {10 * FAR:g}) from the original: {far}")
+        ort_far = {r["model"]: r["ortopt_wrong"] for r in fam if r.get("ortopt_wrong")}
+        print(f"- ORT-opt outputs further than {FAR:g} from the original (not counted as fused): {ort_far}")
+    misses = [r for r in rows if r["reason"]]
+    print(f"\n## onnxfuse misses ({len(misses)}), explain's reason\n")
+    causes: dict[str, list[str]] = collections.defaultdict(list)
+    for r in misses:
+        causes[r["reason"].split(": ", 2)[-1][:110]].append(r["model"])
+    for cause, models in sorted(causes.items(), key=lambda kv: -len(kv[1])):
+        print(f"- {len(models)}: {cause}  [{', '.join(models[:3])}{', ...' if len(models) > 3 else ''}]")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", default="", help="where the graphs are written (default: a temporary folder)")
+    ap.add_argument("--only", default="", help="comma-separated name prefixes")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--json", help="write the per-graph results here")
+    ap.add_argument("--list", action="store_true", help="list the graphs and their axes")
+    ap.add_argument("--build-only", action="store_true")
+    args = ap.parse_args(argv)
+    names = [n for n in corpus() if not args.only or any(n.startswith(p) for p in args.only.split(","))]
+    if args.list:
+        for n in names:
+            print(n, json.dumps(corpus()[n][2], default=str))
+        print(f"{len(names)} graphs")
+        return 0
+    tmp = None if args.dir else tempfile.mkdtemp(prefix="concepts_")
+    src = Path(args.dir or tmp)
+    try:
+        manifest = build(src / "models", names)
+        print(f"# {len(manifest)} graphs in {src / 'models'}", file=sys.stderr)
+        if args.build_only:
+            return 0
+        rows = measure(src / "models", manifest, src / "out", args.jobs)
+        report(rows)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    sys.exit(main())
