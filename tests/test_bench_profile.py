@@ -262,3 +262,15 @@ def test_profile_at_one_batch_size_is_refused_where_it_cannot_apply(cli, tmp_pat
     assert code == 1
     assert stderr.strip() == ("onnxfuse: error: --batch 4: profiling at one batch size cannot take an inputs file "
                               "(its arrays fix the batch size)")
+
+
+def test_profile_of_an_optimized_model_runs_on_the_originals_inputs(optimized, monkeypatch):
+    """`profile A B` finds the inputs on A and profiles B on them, as bench times both on A's: an optimized model
+    whose own input search fails (a folded silero VAD) is still profiled."""
+    from onnxfuse.inspect import latency
+
+    seen = []
+    real = latency.probed_inputs
+    monkeypatch.setattr(latency, "probed_inputs", lambda path, *a, **k: seen.append(path) or real(path, *a, **k))
+    r = profile(optimized[0], runs=3, warmup=1, known=False, inputs_from=CNN)
+    assert seen == [CNN] and r.latency_ms > 0

@@ -128,7 +128,7 @@ def profile(
                                    inputs_npz=inputs, budget_s=3.0)
         for i, (label, p) in enumerate(zip(labels, paths, strict=True)):
             results.append(run_profile(p, target, n_threads, level, runs, shapes=shape, inputs_npz=inputs,
-                                       batches=sizes, progress=progress(label),
+                                       batches=sizes, progress=progress(label), inputs_from=a,
                                        latency_ms=comparison.models[i].median_ms if comparison else None))
     if html:
         from ..inspect.html_report import render, write

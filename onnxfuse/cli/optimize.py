@@ -146,7 +146,7 @@ def _report_optimize(result, input: str, output: str, opts, bench_after: bool, h
         with profile_status(not as_json) as progress, timing_lock():
             # the latency the profile reports is bench's where it ran (one number per model on the page)
             profiles = [run_profile(p, opts.target, opts.measure_threads, shapes=opts.shapes or None,
-                                    inputs_npz=opts.inputs_npz, progress=progress(label),
+                                    inputs_npz=opts.inputs_npz, progress=progress(label), inputs_from=input,
                                     latency_ms=bench_res.models[i].median_ms if bench_res else None)
                         for i, (label, p) in enumerate((("input", input), ("output", output)))]
         write(html, render(f"onnxfuse optimize: {os.path.abspath(input)}", bench=bench_res, profiles=profiles,

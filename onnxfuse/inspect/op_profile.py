@@ -330,13 +330,15 @@ def _per_run_kernel_us(events: list[dict], runs: int) -> list[float]:
 def profile(path: str, provider: str = HOST, threads: int | str = 1, level: str = "all", runs: int = 30,
             warmup: int = 10, shapes: list[str] | None = None, inputs_npz: str | None = None,
             latency_ms: float | None = None, batches: list[int] | None = None,
-            progress: Phase | None = None, known: bool = True) -> ProfileResult:
+            progress: Phase | None = None, known: bool = True, inputs_from: str | None = None) -> ProfileResult:
     """Profile one model on the inputs optimize would use (probed; `shapes`/`inputs_npz` as in optimize).
     With one of `batches`, the model is profiled at that batch size (its dynamic first dimension); with two or
     more, at the inputs optimize would use, and the third memory-bound signal (throughput against batch size)
     is measured with a batch sweep. With `known`, what onnxfuse knows about each remaining cost's op type (remaining.py:
     rules that would rewrite it, are held back, nearly match; the layout boundaries). `progress(phase)` as each
-    step starts: finding inputs, profiled runs, batch sweep, what onnxfuse knows (progress.py)."""
+    step starts: finding inputs, profiled runs, batch sweep, what onnxfuse knows (progress.py). `inputs_from`: a
+    model (the original, when `path` is its optimized version) whose inputs are found and used, as `bench`
+    times both models on the first one's."""
     from ..validate.runtime import resolve_threads
     from .latency import at_batch, batch_dim_or_refuse, bench, check_bench_options, probed_inputs
 
@@ -361,7 +363,11 @@ def profile(path: str, provider: str = HOST, threads: int | str = 1, level: str 
             raise OnnxfuseError(f"the shapes given set the batch size to {given[0]}", option="batches", value=str(b))
         spec = at_batch(proto, spec, dim, b)
     plain = make_session(path, level, provider, threads) if latency_ms is None else None  # unprofiled runs
-    feeds = probed_inputs(path, proto, spec, inputs_npz, provider, plain)
+    if inputs_from is not None and inputs_from != path:
+        feeds = probed_inputs(inputs_from, onnx.load(inputs_from, load_external_data=False), spec, inputs_npz,
+                              provider)
+    else:
+        feeds = probed_inputs(path, proto, spec, inputs_npz, provider, plain)
     progress("profiled runs")
     result = _profile(path, proto, feeds, provider, threads, level, runs, warmup, latency_ms, plain)
     if batches and len(batches) > 1:
