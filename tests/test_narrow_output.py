@@ -9,10 +9,10 @@ import os
 
 import pytest
 from conftest import MODELS
-from onnxfuse.select.timing import Ratio
 from rich.console import Console
 
 from onnxfuse.inspect.report import print_measure
+from onnxfuse.measure.stats import Ratio
 from onnxfuse.select.rounds import GroupEffect, MeasureReport
 
 CNN = os.path.join(MODELS, "cnn_small.onnx")

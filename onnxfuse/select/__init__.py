@@ -4,11 +4,11 @@
   models, and their class signature.
 - `region_select.py`: selection by region (the default): the regions' inputs captured from runs of the
   original, each class timed once within the budget, the choice confirmed on the whole model (the sequence);
-  `region_run.py`: one selection's state and steps; `region_timing.py`: timing one class against the noise floor.
+  `region_run.py`: one selection's state and steps (timing goes through measure/).
 - `rounds.py`: selection by whole-model rounds (`--measure-by model`), and the report types both strategies
   share (`MeasureReport`, `GroupEffect`).
-- `timing.py`: the timing protocol and its statistics (interleaved runs, paired ratios, bootstrap CIs).
-- `decision_cache.py`: the persistent decision cache. `timing_lock.py`: one process times at a time.
+- `decision_cache.py`: the persistent decision cache; `cache_entries.py` its entries' shape; `cached_report.py`
+  a selection's report as the cache keeps it.
 
-May import: validate/, rewrite/, load/, inputs/ and the base modules. Nothing from inspect/.
+May import: measure/, validate/, rewrite/, load/, inputs/ and the base modules. Nothing from inspect/.
 """
