@@ -74,8 +74,15 @@ def _start(tmp_path, *args: str) -> tuple[subprocess.Popen, str]:
     tmp.mkdir(exist_ok=True)
     env = dict(os.environ, TMPDIR=str(tmp))
     p = subprocess.Popen([sys.executable, "-m", "onnxfuse.cli", *args], env=env, start_new_session=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
     return p, str(tmp)
+
+
+def _default_sigint() -> None:
+    """The child starts with SIGINT at its default, as from a terminal: a process started with SIGINT ignored (a
+    background job of a shell script, or a parent that ignores it) keeps it ignored, as every Python program does,
+    and the suite's own process may have come to ignore it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _ours(folder: str) -> list[str]:

@@ -171,8 +171,8 @@ def _optimize_section(result) -> str:
         kept = sum(g.kept for g in m.groups)
         out.append(f"<details id=selection><summary>Measured selection: {kept} of {len(m.groups)} group(s) kept "
                    "(click to expand)</summary>"
-                   f"<p class=meta>timed on {_e(m.provider)} at {m.threads} thread(s), "
-                   f"{_e(describe(m.estimator) if m.estimator else '')}: the decisions hold for that thread count</p>"
+                   f"<p class=meta>timed on {_e(m.provider)} at {m.threads} thread(s): the decisions hold for that "
+                   f"thread count{_e(f' (judged on {describe(m.estimator)})' if m.estimator else '')}</p>"
                    + _table(["fused op group", "rules", "rewrites", "latency saved", "with/without [95% CI]", "",
                              "how"], rows, 2) + "</details>")
     out.append(f"<h2>Validation</h2><p>{_e(result.validation)}</p>")
