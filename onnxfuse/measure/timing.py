@@ -49,6 +49,10 @@ class Timings(Mapping):
     def on(self, clock: str) -> dict[str, list[float]]:
         return self.clocks[clock]
 
+    def read_on(self, clock: str) -> Timings:
+        """The same timings, read on another clock."""
+        return Timings(clock, self.clocks, self.raw)
+
     def profile(self, label: str, p: int, clock: str | None = None) -> list[float]:
         return self.raw[clock or self.estimator, label, p]
 
@@ -105,10 +109,10 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
     i = 0
     start = time.perf_counter()
     clear = False
-    next_check = [0]
+    next_check = 0
 
     def more() -> bool:
-        nonlocal clear
+        nonlocal clear, next_check
         if i < floor_runs:
             return True
         t = time.perf_counter()
@@ -118,8 +122,8 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
             return True
         if settled is None:
             return False
-        if not clear and i >= next_check[0]:  # checks at geometric intervals: each is a bootstrap over i rounds
-            next_check[0] = i + max(SETTLE_EVERY, i // 4)
+        if not clear and i >= next_check:  # checks at geometric intervals: each is a bootstrap over i rounds
+            next_check = i + max(SETTLE_EVERY, i // 4)
             clear = settled(_totals(estimator, raw, order, profiles, i))
         return not clear
 

@@ -21,7 +21,7 @@ from ..ir import Model
 from ..measure.clock import WALL, estimator_for
 from ..measure.sessions import timing_sessions
 from ..measure.stats import NOISE_PREFIX, UNDECIDED, Ratio
-from ..measure.timing import MIN_RUNS_FLOOR, Filtered, OutOfBudget, Timings, interleave
+from ..measure.timing import MIN_RUNS_FLOOR, Filtered, OutOfBudget, interleave
 from ..measure.verdicts import Verdict, verdict
 from ..options import OptimizeOptions
 from ..patterns.rules import Rule
@@ -418,7 +418,7 @@ class RegionRun:
         self.report.rounds += 1
         v = _model_verdict(times)
         aa = np.asarray(times["c2"]) / np.asarray(times["c"])
-        out = Comparison(v.ratio, v.floor, wall=_model_verdict(Timings(WALL, times.clocks, times.raw)).ratio,
+        out = Comparison(v.ratio, v.floor, wall=_model_verdict(times.read_on(WALL)).ratio,
                          aa_spread=(float(np.percentile(aa, 10)), float(np.percentile(aa, 90))))
         if len(self.profiles) > 1:  # prefill and decode each, not only their weighted total
             for p, (weight, _) in enumerate(self.profiles):
