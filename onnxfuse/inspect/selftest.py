@@ -27,7 +27,7 @@ from ..kernels.applicable import match_issue, rule_issue
 from ..load.loader import checker_error, runtime_only_masked
 from ..match.matcher import Matcher
 from ..patterns.rules import Rule
-from ..patterns.syntax import Call, Expr, Ref
+from ..patterns.syntax import Call, Concept, Expr, Ref
 from ..rewrite.engine import EngineOptions, near_misses, run
 from ..targets import HOST, assume_cpu_nchwc, available, kernel_issue, names
 from ..validate.compare import default_tolerance
@@ -361,7 +361,9 @@ def _test_mutants(rule: Rule, inst: dict[str, Expr], rep: RuleReport) -> None:
             if bad is not None:
                 mutants.append((f"{name} as {onnx.TensorProto.DataType.Name(bad).lower()}", Mutation(dtype=bad)))
     for name in inst:
-        if name != rule.root and name not in rule.exposed and not (rule.where.get(name) and rule.where[name].shared):
+        # a concept's data movement read outside the match is kept for that reader (matcher._keep_read_chains)
+        kept = rule.where.get(name) and rule.where[name].shared or isinstance(inst[name], Concept)
+        if name != rule.root and name not in rule.exposed and not kept:
             mutants.append((f"extra consumer on {name}", Mutation(extra_output=name)))
     for label, mut in mutants:
         built = _valid_build(rule, inst, True, mut, run_reference=mut.dtype is None)

@@ -15,7 +15,7 @@ from onnx import numpy_helper
 from ..ir import make_model
 from ..opschema import op_spec
 from ..patterns.rules import Rule
-from ..patterns.syntax import Alt, Call, Expr, Ref
+from ..patterns.syntax import Alt, Call, Concept, Expr, Ref
 
 MAX_INSTANCES = 48
 DEFAULT_DIM = 4
@@ -27,6 +27,8 @@ FLOATS = (FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorP
 def expand(e: Expr) -> list[Expr]:
     if isinstance(e, Alt):
         return [x for o in e.options for x in expand(o)]
+    if isinstance(e, Concept):
+        return [Concept(e.name, a, e.layout, e.facts, e.off, e.layout_off, e.parsed) for a in expand(e.arg)]
     if isinstance(e, Call):
         return [Call(e.op, e.domain, list(args), e.kwargs, e.kw_offs, e.off, e.lits)
                 for args in itertools.product(*[expand(a) for a in e.args])]
@@ -34,6 +36,8 @@ def expand(e: Expr) -> list[Expr]:
 
 
 def swap_operands(e: Expr) -> Expr:
+    if isinstance(e, Concept):
+        return Concept(e.name, swap_operands(e.arg), e.layout, e.facts, e.off, e.layout_off, e.parsed)
     if isinstance(e, Call):
         args = [swap_operands(a) for a in e.args]
         spec = op_spec(e.domain, e.op)
@@ -44,20 +48,23 @@ def swap_operands(e: Expr) -> Expr:
 
 
 def instances(rule: Rule) -> list[tuple[dict[str, Expr], tuple[int, ...]]]:
-    """Every combination of alternatives (evenly thinned to MAX_INSTANCES), with each line's option index."""
+    """Every combination of alternatives (evenly thinned to MAX_INSTANCES), with each line's option index; for
+    every alternative also the combination that takes the same alternative on most lines (a rule's second
+    alternatives often go together: 3-D heads in every line)."""
     names = rule.line_names()
     options = [list(enumerate(expand(rule.lines[n]))) for n in names]
     combos = list(itertools.product(*options))
     if len(combos) > MAX_INSTANCES:
         step = len(combos) / MAX_INSTANCES
         picked = [combos[int(i * step)] for i in range(MAX_INSTANCES)]
-        covered = {(li, c[li][0]) for c in picked for li in range(len(names))}
-        for li, opts in enumerate(options):  # every alternative of every line at least once
+        seen = {tuple(x[0] for x in c) for c in picked}
+        for li, opts in enumerate(options):
             for oi, _ in opts:
-                if (li, oi) not in covered:
-                    extra = next(c for c in combos if c[li][0] == oi)
-                    picked.append(extra)
-                    covered |= {(lj, extra[lj][0]) for lj in range(len(names))}
+                aligned = max((c for c in combos if c[li][0] == oi), key=lambda c, oi=oi: sum(x[0] == oi for x in c))
+                key = tuple(x[0] for x in aligned)
+                if key not in seen:
+                    seen.add(key)
+                    picked.append(aligned)
         combos = picked
     return [(dict(zip(names, (e for _, e in c), strict=True)), tuple(i for i, _ in c)) for c in combos]
 
@@ -176,13 +183,79 @@ class Builder:
                 return self.value(f"ANY{idx}", parent, idx) if parent else ""
             assert parent is not None
             return self.value(e.name, parent, idx)
+        if isinstance(e, Concept):
+            return self._concept(e, None, parent, idx)
         assert isinstance(e, Call)
         return self._node(e, None)[0]
+
+    def _concept(self, c: Concept, out: str | None, parent: Call | None, idx: int) -> str:
+        """The usual spelling of a concept: Reshape to the source's atoms, Transpose, Reshape to the result's
+        groups (steps that change nothing left out), and a Mul by 0.5 where it binds a scale."""
+        x = self.emit(c.arg, parent, idx)
+        steps: list[tuple[str, list[str], dict]] = []
+        if c.parsed is not None:
+            lay = c.parsed
+            src = self._inferred_shape(x)
+            size: dict[str, int] = {a: v for (k, a), v in self.rule.example_attrs.items() if k == "axis"}
+            for g, dim in zip(lay.source, src, strict=False):
+                unknown = [a for a in g if a not in size]
+                for a in unknown[:-1]:
+                    size[a] = self.dims.get(a, 2)
+                if unknown:
+                    size[unknown[-1]] = dim // max(1, int(np.prod([size[a] for a in g if a != unknown[-1]])))
+            atoms = lay.atoms
+            order = [a for g in lay.result for a in g]
+            perm = [atoms.index(a) for a in order]
+            if any(a not in size for a in atoms):
+                return x  # the source does not have the layout's rank: this combination builds no valid model
+            if [size[a] for a in atoms] != list(src):
+                steps.append(("Reshape", [self._int_const([size[a] for a in atoms])], {}))
+            if perm != sorted(perm):
+                steps.append(("Transpose", [], {"perm": perm}))
+            if any(a not in size for a in atoms):
+                return x  # the source does not have the layout's rank: this combination builds no valid model
+            final = [int(np.prod([size[a] for a in g])) for g in lay.result]
+            if final != [size[a] for a in order]:
+                steps.append(("Reshape", [self._int_const(final)], {}))
+        if "scale" in c.facts:
+            half = f"half{self.n}"
+            self.inits.append(numpy_helper.from_array(np.asarray(0.5, dtype=np_of(self.primary)), half))
+            steps.append(("Mul", [half], {}))
+        if not steps:
+            steps.append(("Identity", [], {}))
+        for i, (op, extra, attrs) in enumerate(steps):
+            self.n += 1
+            name = out if (out is not None and i == len(steps) - 1) else f"t{self.n}"
+            self.nodes.append(oh.make_node(op, [x, *extra], [name], name=f"n{self.n}_{op}", **attrs))
+            x = name
+        return x
+
+    def _int_const(self, values: list[int]) -> str:
+        self.n += 1
+        name = f"shape{self.n}"
+        self.inits.append(numpy_helper.from_array(np.asarray(values, dtype=np.int64), name))
+        return name
+
+    def _inferred_shape(self, value: str) -> list[int]:
+        """The static shape of a value built so far (onnx shape inference on the partial model)."""
+        if value in self.feeds:
+            return list(self.feeds[value].shape)
+        graph = oh.make_graph(list(self.nodes), "partial", list(self.inputs),
+                              [oh.make_tensor_value_info(value, onnx.TensorProto.UNDEFINED, None)], list(self.inits))
+        inferred = onnx.shape_inference.infer_shapes(make_model(graph, {"": self.opset, "com.microsoft": 1}))
+        for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+            if vi.name == value:
+                return [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        return []
 
     def line(self, name: str) -> str:
         head = self.rule.head(name)
         if name not in self.done:
             call = self.inst[head]
+            if isinstance(call, Concept):
+                self._concept(call, name, None, 0)
+                self.done[name] = name
+                return name
             assert isinstance(call, Call)
             outs = [n for n, (h, _) in sorted(self.rule.outputs_of.items(), key=lambda kv: kv[1][1]) if h == head]
             self._node(call, outs or [name])

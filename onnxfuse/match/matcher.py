@@ -3,6 +3,8 @@ matching (a failure backtracks into the next alternative), and a record of why t
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -11,15 +13,16 @@ import numpy as np
 from ..ir import Graph, Node
 from ..opschema import attr_value, op_spec
 from ..patterns.rules import Constraint, Rule
-from ..patterns.syntax import Alt, Call, Expr, Ref
+from ..patterns.syntax import Alt, Call, Concept, Expr, Ref
 from ..tensors import dtype_name
+from .algebra import LAYOUT_OPS, Layout, Unprovable, prove_layout, scalar_factor
 
 ABSENT = ""
 _CONST_CHUNK = 1 << 20  # elements of a constant compared at a time (Matcher._const_ok)
 # Ops that compute shapes and indices; a chain of them that only feeds a match is removed with it.
 SHAPE_ARITHMETIC = frozenset({"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Size",
                               "Reshape", "Add", "Sub", "Mul", "Div", "Constant", "Identity", "Equal", "Where",
-                              "ConstantOfShape", "Expand", "Range"})
+                              "ConstantOfShape", "Expand", "Range", "Sqrt", "Reciprocal"})
 
 
 @dataclass(frozen=True)
@@ -32,24 +35,28 @@ class Binding:
     dims: dict[str, int | str] = field(default_factory=dict)
     side: tuple[Node, ...] = ()  # outside readers that only feed the match (shape arithmetic): die with it
     kept: tuple[Node, ...] = ()  # nodes of shared lines: checked, not removed
+    facts: dict[str, float] = field(default_factory=dict)  # what concepts proved (scale=S: the factor)
+    chained: frozenset[int] = frozenset()  # ids of the nodes a concept's chain took (data movement, factors)
 
     def bind(self, name: str, value: str, node: Node | None = None) -> Binding:
         nodes = self.nodes if node is None else {**self.nodes, name: node}
-        return Binding({**self.values, name: value}, nodes, self.matched, self.dims, self.side, self.kept)
+        return dataclasses.replace(self, values={**self.values, name: value}, nodes=nodes)
 
     def take(self, node: Node) -> Binding:
-        return Binding(self.values, self.nodes, self.matched + (node,), self.dims, self.side, self.kept)
+        return dataclasses.replace(self, matched=self.matched + (node,))
 
     def with_dims(self, dims: dict[str, int | str]) -> Binding:
-        return Binding(self.values, self.nodes, self.matched, dims, self.side, self.kept)
+        return dataclasses.replace(self, dims=dims)
 
     def with_side(self, side: tuple[Node, ...]) -> Binding:
-        return Binding(self.values, self.nodes, self.matched, self.dims, side, self.kept)
+        return dataclasses.replace(self, side=side)
+
+    def with_fact(self, name: str, value: float) -> Binding:
+        return dataclasses.replace(self, facts={**self.facts, name: value})
 
     def keep_since(self, n: int) -> Binding:
         """Move the nodes taken after the first `n` from `matched` to `kept` (a shared line's nodes)."""
-        return Binding(self.values, self.nodes, self.matched[:n], self.dims, self.side,
-                       self.kept + self.matched[n:])
+        return dataclasses.replace(self, matched=self.matched[:n], kept=self.kept + self.matched[n:])
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,7 @@ class Failure:
     node: str  # node (or value) where it failed
     reason: str
     complete: bool = False  # a complete match the final checks refused (outranks equal progress)
+    bound: int = 0  # names bound when it failed: of two failures at equal progress, the one further along
 
 
 def _fmt(v: np.ndarray) -> str:
@@ -68,6 +76,11 @@ def _fmt(v: np.ndarray) -> str:
         return f"{float(flat[0]):.6g}"
     head = ", ".join(f"{float(x):.4g}" for x in flat[:4])
     return f"[{head}{', ...' if flat.size > 4 else ''}]"
+
+
+def _rank(graph: Graph, value: str) -> int | None:
+    t = graph.type_of(value)
+    return None if t is None or t.shape is None else len(t.shape)
 
 
 def _same_attr(actual: object, wanted: object) -> bool:
@@ -107,9 +120,9 @@ class Matcher:
     def _fail(self, b: Binding, where: str, reason: str, complete: bool = False) -> None:
         """Remember the most advanced failure; a complete match refused by the final checks (an interior value
         read outside) outranks a later attempt that took as many nodes, so `explain` names the real obstacle."""
-        rank = (len(b.matched), complete)
-        if self.best is None or rank >= (self.best.progress, self.best.complete):
-            self.best = Failure(len(b.matched), where, reason, complete)
+        rank = (len(b.matched) + len(b.values), complete)  # nodes taken and names bound: how far into the pattern
+        if self.best is None or rank >= (self.best.progress + self.best.bound, self.best.complete):
+            self.best = Failure(len(b.matched), where, reason, complete, len(b.values))
 
     # ----- lines and expressions -----------------------------------------------------------------------
     def _line(self, name: str, value: str, b: Binding) -> Iterator[Binding]:
@@ -171,6 +184,8 @@ class Matcher:
                 yield from self._expr(option, value, b, consumer)
         elif isinstance(e, Call):
             yield from self._call(e, value, b)
+        elif isinstance(e, Concept):
+            yield from self._concept(e, value, b, consumer)
         elif e.name == "_":
             yield b
         elif e.name in self.rule.lines:
@@ -237,6 +252,65 @@ class Matcher:
             orders.append([inputs[1], inputs[0]])
         for order in orders:
             yield from self._args(call.args, order, 0, b, node)
+
+    # ----- concepts ---------------------------------------------------------------------------------------
+    def _concept(self, c: Concept, value: str, b: Binding, consumer: Node | None) -> Iterator[Binding]:
+        """Walk back from `value` through data movement (layout) and scalar factors (scale=), then match the
+        argument where the chain starts: the longest chain first. Each start is proved to be the concept
+        (match/algebra.py); a failure says why in the concept's terms."""
+        g = self.graph
+        moves = c.name == "layout"
+        scales = "scale" in c.facts
+        chain: list[Node] = []
+        factors: dict[int, float] = {}
+        starts = [(value, 0)]
+        cur = value
+        while len(chain) < 24:
+            node = g.producer.get(cur)
+            if node is None or node in b.matched or node.domain != "" or node.outputs[0] != cur:
+                break
+            if moves and node.op_type in LAYOUT_OPS:
+                nxt = node.inputs[0]
+            elif scales and (sf := scalar_factor(g, node, _rank(g, cur))) is not None:
+                nxt, factors[id(node)] = sf
+            else:
+                break
+            chain.append(node)
+            cur = nxt
+            starts.append((cur, len(chain)))
+        for src, n in reversed(starts):
+            nodes = chain[:n]
+            b2 = b
+            if moves:
+                assert isinstance(c.parsed, Layout)
+                try:
+                    proof = prove_layout(g, src, value, frozenset(id(x) for x in nodes if id(x) in factors), c.parsed)
+                except Unprovable as e:
+                    self._fail(b, nodes[-1].name if nodes else value, f"layout {c.parsed.text!r}: {e}")
+                    continue
+                b2 = self._unify_atoms(proof.atoms, b, nodes[-1].name if nodes else value, c.parsed.text)
+                if b2 is None:
+                    continue
+            for x in nodes:
+                b2 = b2.take(x)
+            if nodes:
+                b2 = dataclasses.replace(b2, chained=b2.chained | {id(x) for x in nodes})
+            if scales:
+                b2 = b2.with_fact(c.facts["scale"], math.prod(factors.get(id(x), 1.0) for x in nodes))
+            yield from self._expr(c.arg, src, b2, nodes[-1] if nodes else consumer)
+
+    def _unify_atoms(self, atoms: dict[str, int | str], b: Binding, where: str, text: str) -> Binding | None:
+        dims = dict(b.dims)
+        declared = self.graph.model.input_dim_names
+        for a, size in atoms.items():
+            old = dims.get(a)
+            if old is None:
+                dims[a] = size
+            elif old != size and not (isinstance(old, str) and isinstance(size, str)
+                                      and not (old in declared and size in declared)):
+                self._fail(b, where, f"layout {text!r}: axis {a} is {size} here, {old} in an earlier line")
+                return None
+        return b.with_dims(dims)
 
     def _args(self, args: list[Expr], values: list[str], i: int, b: Binding, node: Node) -> Iterator[Binding]:
         if i == len(args):
@@ -342,8 +416,11 @@ class Matcher:
                 return None
             elif p in out:
                 if out[p] != d and not (isinstance(out[p], str) and isinstance(d, str)
-                                        and not (out[p] in declared and d in declared)):
-                    return None  # literal dims must agree, a symbol never equals a literal
+                                        and not (out[p] in declared and d in declared)) \
+                        and not (isinstance(out[p], int) and isinstance(d, str) and d not in declared):
+                    # literal dims must agree; a symbol never equals a literal, except a dim shape inference
+                    # made up (not one the model declares) where a layout proof found the number
+                    return None
             else:
                 out[p] = d
         return out
@@ -351,6 +428,7 @@ class Matcher:
     # ----- whole-match checks ----------------------------------------------------------------------------
     def _final(self, b: Binding) -> Binding | None:
         g = self.graph
+        b = self._keep_read_chains(b)
         line_of = {id(n): self.rule.head(name) for name, n in b.nodes.items()}
         exposed = {b.values[n] for n in self.exposed if n in b.values}  # outputs the rewrite re-creates
         taken = {id(n) for n in b.matched}
@@ -371,6 +449,37 @@ class Matcher:
                                complete=True)
                     return None
         return b.with_side(tuple(side.values())) if side else b
+
+    def _keep_read_chains(self, b: Binding) -> Binding:
+        """A concept's data movement whose value is also read outside the match (T5 reads the key heads'
+        length for its position bias) is kept for that reader, with the chain nodes it is computed from:
+        checked, not removed, like a shared line's nodes."""
+        if not b.chained:
+            return b
+        taken = {id(n) for n in b.matched}
+        exposed = {b.values[n] for n in self.exposed if n in b.values}  # re-created by the rewrite
+        by_out = {o: n for n in b.matched for o in n.outputs if o}
+        keep: dict[int, Node] = {}
+        for node in b.matched:
+            if id(node) not in b.chained or id(node) in keep:
+                continue
+            outs = [o for o in node.outputs if o and o not in exposed]
+            outside = [c for o in outs for c in self.graph.consumers.get(o, ()) if id(c) not in taken]
+            read = any(self.graph.is_graph_output(o) for o in outs) or bool(outside) and not self._feeds_only_match(
+                outside, taken, {}, {v for k, v in b.values.items() if k in self.read})
+            stack = [node] if read else []
+            while stack:
+                n = stack.pop()
+                if id(n) in keep:
+                    continue
+                keep[id(n)] = n
+                src = by_out.get(n.inputs[0]) if n.inputs else None
+                if src is not None and id(src) in b.chained:
+                    stack.append(src)
+        if not keep:
+            return b
+        return dataclasses.replace(b, matched=tuple(n for n in b.matched if id(n) not in keep),
+                                   kept=b.kept + tuple(keep.values()))
 
     def _feeds_only_match(self, readers: list[Node], taken: set[int], side: dict[int, Node],
                           bound: set[str]) -> bool:

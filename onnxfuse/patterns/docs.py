@@ -87,6 +87,29 @@ MATCH_SYNTAX = """\
 
 Commutative operators (Add, Mul, Max, Min, Sum, Mean, And, Or, Xor, Equal, Bitwise*) try both operand orders.
 A name used twice is the same value.
+
+### Concepts
+
+A concept matches what a chain of nodes *does*, whatever ops spell it; the matcher proves it
+(onnxfuse/match/algebra.py) instead of comparing op types:
+
+| syntax | meaning |
+|---|---|
+| `layout(x, "b s (n d) -> b n s d")` | any chain of Reshape / Transpose / Squeeze / Unsqueeze / Flatten / Identity from `x` whose element map is this einops-style rearrangement (groups in parentheses are merged axes); the longest such chain is tried first |
+| `layout(x, "...", scale=S)` | the same, with Mul / Div by a scalar anywhere on the way; `S` is the product of the factors (1 when there is none) |
+| `scaled(x, scale=S)` | zero or more Mul / Div by a scalar after `x`; `S` their product |
+
+The proof runs the chain with numpy on `arange` over the source's elements, at two sets of sizes for the
+graph's symbolic dims, and compares the result with the rearrangement: 3-D or 4-D heads, reshape targets
+constant or computed from `Shape`, a Transpose before or after the Reshape are all the same fact. A scalar
+factor is a one-element operand that folds to the same number at both sizes: a constant, or shape arithmetic
+of static dims (`1 / Sqrt(Cast(Gather(Shape(q), -1)))`). The axis names are dims of the rule, shared with
+`shape:` constraints and across lines (`q` and `k` must have the same `n`), and read by name in `compute`,
+`require` and the rewrite's attributes (`num_heads=n`); a fact is read by its name (`scale=SQ * SK`).
+`example` may give an axis size (`n: 4`) for the models `patterns test` builds. A chain whose value is also
+read outside the match is kept for that reader. When a concept is not met, `explain` says why in its terms:
+"layout 'b s (n d) -> b n s d': the elements are not arranged as ...", "axis n is 4 here, 12 in an earlier
+line".
 """
 
 EXPRESSIONS = """\

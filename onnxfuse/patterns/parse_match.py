@@ -8,7 +8,18 @@ import yaml
 from ..opschema import all_attr_names, known_ops, op_spec
 from ..words import close_matches, similarity
 from .rules import Constraint, Span
-from .syntax import Alt, Call, Expr, Ref, SyntaxProblem, iter_calls, iter_refs, literal, parse_expr
+from .syntax import (
+    Alt,
+    Call,
+    Expr,
+    Ref,
+    SyntaxProblem,
+    iter_calls,
+    iter_concepts,
+    iter_refs,
+    literal,
+    parse_expr,
+)
 from .vocab import DTYPES, Key, Table, closest
 from .yaml_nodes import (
     DIM_SCHEMA,
@@ -53,6 +64,8 @@ def parse_match(node: yaml.Node, c: Collector
         except SyntaxProblem as e:
             c.error(span.shifted(e.offset), e.message, e.hint)
             continue
+        if not _check_concepts(expr, c, span, set(names) | set(lines)):
+            continue
         if isinstance(expr, Ref) or (isinstance(expr, Alt) and any(isinstance(o, Ref) for o in expr.options)):
             c.error(span, f"match line {name!r} must be an operator call (or alternatives of calls)",
                     "a line names a node; values entering the match need no line")
@@ -69,6 +82,27 @@ def parse_match(node: yaml.Node, c: Collector
     if not lines and not c.diags:
         c.error(c.span(node), "'match' has no lines")
     return lines, spans, outputs_of
+
+
+def _check_concepts(expr: Expr, c: Collector, span: Span, line_names: set[str]) -> bool:
+    """Parse each concept's layout (errors at their column); False when one does not parse."""
+    from ..match.algebra import LayoutError, parse_layout
+    ok = True
+    for concept in iter_concepts(expr):
+        if concept.layout is None:
+            continue
+        try:
+            concept.parsed = parse_layout(concept.layout)
+        except LayoutError as e:
+            c.error(span.shifted(concept.layout_off + e.offset), e.message)
+            ok = False
+            continue
+        clash = sorted(set(concept.parsed.atoms) & line_names)
+        if clash:
+            c.error(span.shifted(concept.layout_off), f"layout axis {clash[0]!r} is also a match line name",
+                    "axis names are dims (read by name in compute and require): rename one of them")
+            ok = False
+    return ok
 
 
 def _check_calls(expr: Expr, c: Collector, span: Span, match_side: bool) -> None:

@@ -115,11 +115,13 @@ def parse_require(node: yaml.Node, c: Collector) -> Require:
     return out
 
 
-def parse_example(node: yaml.Node, c: Collector, values: set[str], lines: dict[str, Expr]
-                   ) -> tuple[dict[str, list[list[int]]], dict[tuple[str, str], object]]:
+def parse_example(node: yaml.Node, c: Collector, values: set[str], lines: dict[str, Expr],
+                  atoms: frozenset[str] = frozenset()
+                  ) -> tuple[dict[str, list[list[int]]], dict[tuple[str, str], object]]:
     """Shapes of input values (a shape, or a list of alternative shapes), constant values of input values
-    (`{value: [...]}`, e.g. a Reshape's target shape) and `line.attr` attribute values for the models
-    `patterns test` builds. Constant values are returned under the key ('', name) of the attribute map."""
+    (`{value: [...]}`, e.g. a Reshape's target shape), sizes of layout axes (`n: 4`) and `line.attr` attribute
+    values for the models `patterns test` builds. Constant values are returned under the key ('', name) of
+    the attribute map, axis sizes under ('axis', name)."""
     shapes: dict[str, list[list[int]]] = {}
     attrs: dict[tuple[str, str], object] = {}
 
@@ -134,6 +136,11 @@ def parse_example(node: yaml.Node, c: Collector, values: set[str], lines: dict[s
                 c.error(c.span(kn), f"'example' sets an attribute of {line!r}, which is not a match line")
             else:
                 attrs[(line, attr)] = v
+        elif name in atoms and name not in lines:
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                c.error(c.span(vn), f"example of layout axis {name!r} must be a positive integer (its size)")
+            else:
+                attrs[("axis", name)] = v
         elif name not in values:
             c.error(c.span(kn), f"'example' names {name!r}, which is not an input value of the match",
                     closest(name, values))
@@ -227,7 +234,7 @@ class _Names:
         self.rule, self.values, self.c = rule, values, c
         self.lines = rule.lines
         self.constant_ok = {n for n, con in rule.where.items() if con.needs_constant}
-        self.defined = set(values) | set(rule.lines)
+        self.defined = set(values) | set(rule.lines) | rule.facts | rule.atoms
         self.used_compute: set[str] = set()
 
     def expr(self, expr: CompiledExpr, span: Span, known_compute: set[str], what: str) -> None:
@@ -237,6 +244,10 @@ class _Names:
                 self.used_compute.add(name)
                 if fld is not None:
                     c.error(span.shifted(off), f"{name!r} is a computed value; it has no field {fld!r}")
+            elif name in self.rule.facts or (name in self.rule.atoms and name not in self.lines):
+                if fld is not None:
+                    c.error(span.shifted(off), f"{name!r} is a number a concept of the match binds; it has no "
+                                               f"field {fld!r}")
             elif name in self.lines:
                 if fld is None:
                     c.error(span.shifted(off), f"{name!r} is a node; read an attribute like {name}.<attr>")

@@ -300,7 +300,7 @@ def _parse_require_key(node: yaml.Node, r: _RuleDraft) -> None:
 
 
 def _parse_example_key(node: yaml.Node, r: _RuleDraft) -> None:
-    r.example, r.example_attrs = parse_example(node, r.c, r.values, r.lines)
+    r.example, r.example_attrs = parse_example(node, r.c, r.values, r.lines, _atoms(r.lines))
 
 
 def _parse_targets_key(node: yaml.Node, r: _RuleDraft) -> None:
@@ -411,3 +411,9 @@ RULE_KEYS: Table[Key] = Table(
             "a rewrite whose benefit is non-local (it pays through its neighbours, e.g. keeping onnxruntime's "
             "NCHWc layout across a chain of convolutions, and costs alone).", "measure: model"),
     ], unknown="unknown key {key!r} in rule", missing="rule is missing {key!r}")
+
+
+def _atoms(lines) -> frozenset[str]:
+    """The layout axis names of a rule's match lines (their sizes may be given in `example`)."""
+    from .syntax import iter_concepts
+    return frozenset(a for e in lines.values() for c in iter_concepts(e) if c.parsed is not None for a in c.parsed.atoms)

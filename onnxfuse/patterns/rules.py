@@ -10,7 +10,7 @@ import numpy as np
 
 from ..targets import names
 from .compute import CompiledExpr
-from .syntax import Call, Expr, iter_refs, max_calls
+from .syntax import Alt, Call, Concept, Expr, iter_concepts, iter_refs, max_calls
 
 TARGETS = names()  # a rule without `targets:` is for every registered target (its kernel facts decide)
 # Rewrite ops whose output has the element type of their first input: an input read through them has that type.
@@ -141,9 +141,18 @@ class Rule:
         return frozenset((e.domain, e.op) for n, e in self.lines.items() if isinstance(e, Call) and self.head(n) == n)
 
     def root_ops(self) -> set[tuple[str, str]]:
-        expr = self.lines[self.root]
-        options = expr.options if hasattr(expr, "options") else [expr]
-        return {(c.domain, c.op) for c in options if isinstance(c, Call)}
+        return _top_ops(self.lines[self.root])
+
+    @functools.cached_property
+    def facts(self) -> frozenset[str]:
+        """Names the concepts of the match bind (`scale=S`): numbers compute and require read."""
+        return frozenset(n for e in self.lines.values() for c in iter_concepts(e) for n in c.facts.values())
+
+    @functools.cached_property
+    def atoms(self) -> frozenset[str]:
+        """The axis names of the match's layouts: dims compute and require read by name (`num_heads=n`)."""
+        return frozenset(a for e in self.lines.values() for c in iter_concepts(e) if c.parsed is not None
+                         for a in c.parsed.atoms)
 
     def output_ops(self) -> list[tuple[str, str]]:
         return [(rn.call.domain, rn.call.op) for rn in self.rewrite if rn.call is not None]
@@ -179,6 +188,19 @@ class Rule:
             if name in matched:
                 return name, i
         return None
+
+
+def _top_ops(e: Expr) -> set[tuple[str, str]]:
+    """The ops a node matched by `e` can have: a concept's chain ends in one of its own ops or its argument's."""
+    if isinstance(e, Alt):
+        return set().union(*(_top_ops(o) for o in e.options))
+    if isinstance(e, Call):
+        return {(e.domain, e.op)}
+    if isinstance(e, Concept):
+        from ..match.algebra import LAYOUT_OPS, SCALE_OPS
+        own = (LAYOUT_OPS if e.name == "layout" else frozenset()) | (SCALE_OPS if e.facts else frozenset())
+        return {("", op) for op in own} | _top_ops(e.arg)
+    return set()
 
 
 def _refs(e: Expr) -> set[str]:

@@ -50,7 +50,29 @@ class Alt:
     off: int
 
 
-Expr = Ref | Call | Alt
+@dataclass
+class Concept:
+    """A concept the matcher proves instead of matching ops (match side only): `layout(q, "b s (n d) -> b n
+    s d", scale=S)`, `scaled(MatMul(q, k), S)`. `arg` is the expression matched where the concept's chain
+    starts; `layout` the text of its rearrangement; `facts` the names it binds (kwarg -> name)."""
+
+    name: str
+    arg: Expr
+    layout: str | None
+    facts: dict[str, str]
+    off: int
+    layout_off: int = 0
+    parsed: object = None  # the parsed Layout (match/algebra.py), set by the pattern checker
+
+    @property
+    def qualified(self) -> str:
+        return self.name
+
+
+Expr = Ref | Call | Alt | Concept
+# Lowercase call names of the match language that are concepts, not operators (their parameters: see
+# CONCEPTS in parse_match.py).
+CONCEPT_NAMES = frozenset({"layout", "scaled"})
 
 
 def _char_offset(text: str, col_bytes: int) -> int:
@@ -102,6 +124,8 @@ def _convert(node: ast.expr, text: str) -> Expr:
         if OPT_MARK in name:
             raise SyntaxProblem("'?' may only end a name", off)
         return Ref(name, optional, off)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in CONCEPT_NAMES:
+        return _concept(node, text, off)
     if isinstance(node, ast.Call):
         qual = dotted_name(node.func)
         if qual is None or OPT_MARK in qual:
@@ -125,6 +149,33 @@ def _convert(node: ast.expr, text: str) -> Expr:
     )
 
 
+def _concept(node: ast.Call, text: str, off: int) -> Concept:
+    name = node.func.id  # type: ignore[attr-defined]
+    want = 2 if name == "layout" else 1
+    if len(node.args) != want or any(isinstance(a, ast.Starred) for a in node.args):
+        usage = 'layout(x, "b s (n d) -> b n s d", scale=S)' if name == "layout" else "scaled(x, scale=S)"
+        raise SyntaxProblem(f"{name} takes {want} argument(s): {usage}", off)
+    arg = _convert(node.args[0], text)
+    layout = None
+    layout_off = 0
+    if name == "layout":
+        spec = node.args[1]
+        if not (isinstance(spec, ast.Constant) and isinstance(spec.value, str)):
+            raise SyntaxProblem("the layout is a string, e.g. \"b s (n d) -> b n s d\"", offset_of(spec, text))
+        layout, layout_off = spec.value, offset_of(spec, text) + 1
+    facts: dict[str, str] = {}
+    for kw in node.keywords:
+        if kw.arg != "scale":
+            raise SyntaxProblem(f"{name} has no parameter {kw.arg!r} (it has: scale)", offset_of(kw.value, text))
+        if not isinstance(kw.value, ast.Name) or OPT_MARK in kw.value.id or not kw.value.id[:1].isupper():
+            raise SyntaxProblem("scale= names the factor the concept binds: an UPPERCASE name",
+                                offset_of(kw.value, text))
+        facts["scale"] = kw.value.id
+    if name == "scaled" and "scale" not in facts:
+        raise SyntaxProblem("scaled(x, scale=S) names the factor it binds: scaled(MatMul(q, k), scale=S)", off)
+    return Concept(name, arg, layout, facts, off, layout_off)
+
+
 def iter_calls(expr: Expr):
     """Every Call in an expression tree, outermost first."""
     if isinstance(expr, Call):
@@ -134,6 +185,21 @@ def iter_calls(expr: Expr):
     elif isinstance(expr, Alt):
         for o in expr.options:
             yield from iter_calls(o)
+    elif isinstance(expr, Concept):
+        yield from iter_calls(expr.arg)
+
+
+def iter_concepts(expr: Expr):
+    """Every Concept in an expression tree, outermost first."""
+    if isinstance(expr, Concept):
+        yield expr
+        yield from iter_concepts(expr.arg)
+    elif isinstance(expr, Call):
+        for a in expr.args:
+            yield from iter_concepts(a)
+    elif isinstance(expr, Alt):
+        for o in expr.options:
+            yield from iter_concepts(o)
 
 
 def iter_refs(expr: Expr):
@@ -145,14 +211,19 @@ def iter_refs(expr: Expr):
     elif isinstance(expr, Alt):
         for o in expr.options:
             yield from iter_refs(o)
+    elif isinstance(expr, Concept):
+        yield from iter_refs(expr.arg)
 
 
 def max_calls(expr: Expr) -> int:
-    """Nodes in the largest alternative: the rule's size for ordering."""
+    """Nodes in the largest alternative: the rule's size for ordering (a concept counts as its argument and
+    the two nodes of its usual spelling)."""
     if isinstance(expr, Ref):
         return 0
     if isinstance(expr, Alt):
         return max(max_calls(o) for o in expr.options)
+    if isinstance(expr, Concept):
+        return 2 + max_calls(expr.arg)
     return 1 + sum(max_calls(a) for a in expr.args)
 
 

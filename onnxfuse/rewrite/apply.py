@@ -40,6 +40,13 @@ def _env(rule: Rule, graph: Graph, b: Binding, computed: dict[str, object]) -> E
     def name_value(name: str) -> object:
         if name in computed:
             return computed[name]
+        if name in b.facts:
+            return b.facts[name]  # a Python float: it does not set the expression's float type
+        if name in rule.atoms and name not in rule.lines:
+            size = b.dims.get(name)
+            if not isinstance(size, int):
+                raise ComputeError(f"axis {name} is the run-time dim {size!r}, not a number")
+            return size
         value = b.values.get(name, ABSENT)
         if value == ABSENT:
             return None
