@@ -13,7 +13,8 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 from onnxfuse.ir import Model
-from onnxfuse.match.algebra import LayoutError, Unprovable, parse_layout, prove_layout, scalar_factor
+from onnxfuse.match.algebra import Unprovable, prove_layout, scalar_factor
+from onnxfuse.patterns.layouts import LayoutError, parse_layout
 
 
 def _graph(nodes, inits, out_shape=None):

@@ -212,8 +212,6 @@ class Builder:
                 steps.append(("Reshape", [self._int_const([size[a] for a in atoms])], {}))
             if perm != sorted(perm):
                 steps.append(("Transpose", [], {"perm": perm}))
-            if any(a not in size for a in atoms):
-                return x  # the source does not have the layout's rank: this combination builds no valid model
             final = [int(np.prod([size[a] for a in g])) for g in lay.result]
             if final != [size[a] for a in order]:
                 steps.append(("Reshape", [self._int_const(final)], {}))

@@ -23,7 +23,6 @@ graph's types) can be read.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,93 +31,12 @@ import onnx
 
 from ..ir import Graph, Node
 from ..opschema import attr_value, op_spec
+from ..patterns.layouts import LAYOUT_OPS, SCALE_OPS, Layout
 
-__all__ = ["LAYOUT_OPS", "Layout", "LayoutError", "Proof", "Sizes", "parse_layout", "prove_layout",
-           "scalar_factor"]
+__all__ = ["Proof", "Sizes", "Unprovable", "prove_layout", "scalar_factor"]
 
-# Ops that only move elements: a chain of them is a rearrangement.
-LAYOUT_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
-SCALE_OPS = frozenset({"Mul", "Div"})
 MAX_ELEMENTS = 1 << 22  # a chain whose source has more elements at the proof's sizes is not proved
 _PRIMES = tuple(p for p in range(3, 8000) if all(p % q for q in range(2, int(p ** 0.5) + 1)))
-
-
-class LayoutError(ValueError):
-    """A layout text that does not parse (with the offset of the problem)."""
-
-    def __init__(self, message: str, offset: int = 0) -> None:
-        super().__init__(message)
-        self.message, self.offset = message, offset
-
-
-@dataclass(frozen=True)
-class Layout:
-    """`b s (n d) -> b n s d`: the source's axes as groups of named atoms, and the result's."""
-
-    text: str
-    source: tuple[tuple[str, ...], ...]
-    result: tuple[tuple[str, ...], ...]
-
-    @property
-    def atoms(self) -> tuple[str, ...]:
-        return tuple(a for g in self.source for a in g)
-
-
-_TOKEN = re.compile(r"\s*(?:(\()|(\))|([A-Za-z_][A-Za-z0-9_]*))")
-
-
-def _side(text: str, base: int) -> tuple[tuple[str, ...], ...]:
-    groups: list[tuple[str, ...]] = []
-    open_: list[str] | None = None
-    pos = 0
-    while pos < len(text):
-        if text[pos:].strip() == "":
-            break
-        m = _TOKEN.match(text, pos)
-        if m is None:
-            raise LayoutError(f"unexpected {text[pos:].strip()[0]!r} in a layout (axes are names, groups are "
-                              "in parentheses)", base + pos + len(text[pos:]) - len(text[pos:].lstrip()))
-        if m.group(1):
-            if open_ is not None:
-                raise LayoutError("groups do not nest", base + m.start(1))
-            open_ = []
-        elif m.group(2):
-            if open_ is None:
-                raise LayoutError("')' without '('", base + m.start(2))
-            if not open_:
-                raise LayoutError("an empty group '()'", base + m.start(2))
-            groups.append(tuple(open_))
-            open_ = None
-        else:
-            name = m.group(3)
-            if open_ is not None:
-                open_.append(name)
-            else:
-                groups.append((name,))
-        pos = m.end()
-    if open_ is not None:
-        raise LayoutError("'(' without ')'", base + len(text))
-    if not groups:
-        raise LayoutError("a side of the layout names no axis", base)
-    return tuple(groups)
-
-
-def parse_layout(text: str) -> Layout:
-    """Parse `source axes -> result axes`; every atom appears once on each side."""
-    if text.count("->") != 1:
-        raise LayoutError("a layout is 'source axes -> result axes', e.g. 'b s (n d) -> b n s d'")
-    left, right = text.split("->")
-    src, res = _side(left, 0), _side(right, len(left) + 2)
-    for side, name in ((src, "source"), (res, "result")):
-        atoms = [a for g in side for a in g]
-        dup = next((a for a in atoms if atoms.count(a) > 1), None)
-        if dup is not None:
-            raise LayoutError(f"axis {dup!r} appears twice on the {name} side")
-    a, b = {x for g in src for x in g}, {x for g in res for x in g}
-    if a != b:
-        odd = sorted(a ^ b)[0]
-        raise LayoutError(f"axis {odd!r} is on one side of the layout only (a rearrangement keeps every axis)")
-    return Layout(text.strip(), src, res)
 
 
 class Unprovable(Exception):
@@ -217,6 +135,8 @@ class _Interpreter:
             if out is None and t is not None and t.shape is not None and all(d is not None for d in t.shape):
                 out = tuple(d if isinstance(d, int) else self.sizes(d) for d in t.shape)
                 self.guessed.add(value)  # each made-up dim its own size: a guess, not a fact
+        if out is not None and any(d < 0 for d in out):
+            out = None  # a type with a negative dim (-1 written as a dim value) says nothing
         self.shapes[value] = out
         return out
 

@@ -12,10 +12,11 @@ import numpy as np
 
 from ..ir import Graph, Node
 from ..opschema import attr_value, op_spec
+from ..patterns.layouts import LAYOUT_OPS, Layout
 from ..patterns.rules import Constraint, Rule
 from ..patterns.syntax import Alt, Call, Concept, Expr, Ref
 from ..tensors import dtype_name
-from .algebra import LAYOUT_OPS, Layout, Unprovable, prove_layout, scalar_factor
+from .algebra import Unprovable, prove_layout, scalar_factor
 
 ABSENT = ""
 _CONST_CHUNK = 1 << 20  # elements of a constant compared at a time (Matcher._const_ok)
@@ -67,7 +68,7 @@ class Failure:
     node: str  # node (or value) where it failed
     reason: str
     complete: bool = False  # a complete match the final checks refused (outranks equal progress)
-    bound: int = 0  # names bound when it failed: of two failures at equal progress, the one further along
+    bound: int = 0  # names bound when it failed: progress + bound is how far into the pattern it got
 
 
 def _fmt(v: np.ndarray) -> str:
@@ -369,7 +370,7 @@ class Matcher:
         if con.shape is not None:
             shape = t.shape if t is not None else None
             for alt in con.shape:
-                dims = self._unify(alt, shape, b.dims, self.graph.model.input_dim_names)
+                dims = self._unify(alt, shape, b.dims, self.graph.model.input_dim_names, self.rule.atoms)
                 if dims is not None:
                     return b.with_dims(dims)
             self._fail(b, value, f"{name} has shape {list(shape) if shape is not None else 'unknown'}, rule needs "
@@ -399,10 +400,12 @@ class Matcher:
 
     @staticmethod
     def _unify(pattern: tuple[int | str, ...], shape: tuple[int | str | None, ...] | None,
-               dims: dict[str, int | str], declared: frozenset[str] = frozenset()) -> dict[str, int | str] | None:
+               dims: dict[str, int | str], declared: frozenset[str] = frozenset(),
+               proven: frozenset[str] = frozenset()) -> dict[str, int | str] | None:
         """Bind the pattern's dim names to the value's dims. Two different symbols are taken as equal (shape
         inference often names one run-time dim twice), except two the model declares on its inputs: those are
-        the user's own names for dims that may differ ([batch, seq, k] + [batch, one, k] broadcasts)."""
+        the user's own names for dims that may differ ([batch, seq, k] + [batch, one, k] broadcasts). A layout
+        axis (`proven`) whose number a layout proof found also equals a dim shape inference made up."""
         if shape is None or len(shape) != len(pattern):
             return None
         out = dict(dims)
@@ -417,10 +420,8 @@ class Matcher:
             elif p in out:
                 if out[p] != d and not (isinstance(out[p], str) and isinstance(d, str)
                                         and not (out[p] in declared and d in declared)) \
-                        and not (isinstance(out[p], int) and isinstance(d, str) and d not in declared):
-                    # literal dims must agree; a symbol never equals a literal, except a dim shape inference
-                    # made up (not one the model declares) where a layout proof found the number
-                    return None
+                        and not (p in proven and isinstance(out[p], int) and isinstance(d, str) and d not in declared):
+                    return None  # literal dims must agree, a symbol never equals a literal
             else:
                 out[p] = d
         return out

@@ -7,6 +7,7 @@ import yaml
 
 from ..opschema import all_attr_names, known_ops, op_spec
 from ..words import close_matches, similarity
+from .layouts import LayoutError, parse_layout
 from .rules import Constraint, Span
 from .syntax import (
     Alt,
@@ -86,7 +87,6 @@ def parse_match(node: yaml.Node, c: Collector
 
 def _check_concepts(expr: Expr, c: Collector, span: Span, line_names: set[str]) -> bool:
     """Parse each concept's layout (errors at their column); False when one does not parse."""
-    from ..match.algebra import LayoutError, parse_layout
     ok = True
     for concept in iter_concepts(expr):
         if concept.layout is None:

@@ -17,6 +17,7 @@ from ..errors import PatternError
 from ..files import NotRegularFile, TooLarge, read_regular
 from ..opschema import installed_versions
 from .compute import CompiledExpr
+from .layouts import layout_atoms
 from .parse_match import check_match_names, parse_match, parse_where, value_names
 from .parse_rewrite import (
     Require,
@@ -300,7 +301,7 @@ def _parse_require_key(node: yaml.Node, r: _RuleDraft) -> None:
 
 
 def _parse_example_key(node: yaml.Node, r: _RuleDraft) -> None:
-    r.example, r.example_attrs = parse_example(node, r.c, r.values, r.lines, _atoms(r.lines))
+    r.example, r.example_attrs = parse_example(node, r.c, r.values, r.lines, layout_atoms(r.lines))
 
 
 def _parse_targets_key(node: yaml.Node, r: _RuleDraft) -> None:
@@ -412,8 +413,3 @@ RULE_KEYS: Table[Key] = Table(
             "NCHWc layout across a chain of convolutions, and costs alone).", "measure: model"),
     ], unknown="unknown key {key!r} in rule", missing="rule is missing {key!r}")
 
-
-def _atoms(lines) -> frozenset[str]:
-    """The layout axis names of a rule's match lines (their sizes may be given in `example`)."""
-    from .syntax import iter_concepts
-    return frozenset(a for e in lines.values() for c in iter_concepts(e) if c.parsed is not None for a in c.parsed.atoms)

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..targets import names
 from .compute import CompiledExpr
+from .layouts import LAYOUT_OPS, SCALE_OPS, layout_atoms
 from .syntax import Alt, Call, Concept, Expr, iter_concepts, iter_refs, max_calls
 
 TARGETS = names()  # a rule without `targets:` is for every registered target (its kernel facts decide)
@@ -151,8 +152,7 @@ class Rule:
     @functools.cached_property
     def atoms(self) -> frozenset[str]:
         """The axis names of the match's layouts: dims compute and require read by name (`num_heads=n`)."""
-        return frozenset(a for e in self.lines.values() for c in iter_concepts(e) if c.parsed is not None
-                         for a in c.parsed.atoms)
+        return layout_atoms(self.lines)
 
     def output_ops(self) -> list[tuple[str, str]]:
         return [(rn.call.domain, rn.call.op) for rn in self.rewrite if rn.call is not None]
@@ -197,7 +197,6 @@ def _top_ops(e: Expr) -> set[tuple[str, str]]:
     if isinstance(e, Call):
         return {(e.domain, e.op)}
     if isinstance(e, Concept):
-        from ..match.algebra import LAYOUT_OPS, SCALE_OPS
         own = (LAYOUT_OPS if e.name == "layout" else frozenset()) | (SCALE_OPS if e.facts else frozenset())
         return {("", op) for op in own} | _top_ops(e.arg)
     return set()

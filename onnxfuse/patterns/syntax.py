@@ -53,8 +53,8 @@ class Alt:
 @dataclass
 class Concept:
     """A concept the matcher proves instead of matching ops (match side only): `layout(q, "b s (n d) -> b n
-    s d", scale=S)`, `scaled(MatMul(q, k), S)`. `arg` is the expression matched where the concept's chain
-    starts; `layout` the text of its rearrangement; `facts` the names it binds (kwarg -> name)."""
+    s d", scale=S)`, `scaled(MatMul(q, k), scale=S)`. `arg` is the expression matched where the concept's
+    chain starts; `layout` the text of its rearrangement; `facts` the names it binds (kwarg -> name)."""
 
     name: str
     arg: Expr
@@ -62,16 +62,11 @@ class Concept:
     facts: dict[str, str]
     off: int
     layout_off: int = 0
-    parsed: object = None  # the parsed Layout (match/algebra.py), set by the pattern checker
-
-    @property
-    def qualified(self) -> str:
-        return self.name
+    parsed: object = None  # the parsed Layout (patterns/layouts.py), set by the pattern checker
 
 
 Expr = Ref | Call | Alt | Concept
-# Lowercase call names of the match language that are concepts, not operators (their parameters: see
-# CONCEPTS in parse_match.py).
+# Lowercase call names of the match language that are concepts, not operators (parsed by _concept below).
 CONCEPT_NAMES = frozenset({"layout", "scaled"})
 
 
