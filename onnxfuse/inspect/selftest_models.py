@@ -175,7 +175,7 @@ class Builder:
 
     def emit(self, e: Expr, parent: Call | None = None, idx: int = 0) -> str:
         if isinstance(e, Ref):
-            if e.name in self.inst:
+            if e.name in self.inst or self.rule.head(e.name) in self.inst:
                 return self.line(e.name)
             if e.optional and not self.with_optional:
                 return ""

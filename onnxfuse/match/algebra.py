@@ -149,10 +149,15 @@ class _Interpreter:
             # inputs whose shapes are facts; one whose made-up dims were guessed is left out (a mask's
             # [b|1, 1, s|1, t] broadcasts into the scores' shape, it does not make it)
             known = [sh for i, sh in zip(node.inputs, ins, strict=True) if sh is not None and i not in self.guessed]
-            if not known:
+            rank = max((len(sh) for sh in known), default=-1)
+            higher = [sh for i, sh in zip(node.inputs, ins, strict=True)
+                      if sh is not None and i in self.guessed and len(sh) > rank]
+            if higher:  # a guess that makes the result's rank (x * scalar): the result is a guess too
+                self.guessed.add(value)
+            if not known and not higher:
                 return None
             try:
-                return tuple(np.broadcast_shapes(*known))
+                return tuple(np.broadcast_shapes(*known, *higher))
             except ValueError:
                 return None
         if op == "Gather" and ins[0] is not None and ins[1] is not None and node.inputs[0] not in self.guessed:
@@ -172,7 +177,11 @@ class _Interpreter:
             except ValueError:
                 return None
             return (*lead, ins[0][-2], ins[1][-1])
-        if op in LAYOUT_OPS:  # worked out by running it (on a dummy where its input is opaque)
+        if op == "Gemm" and ins[0] is not None and ins[1] is not None and len(ins[0]) == len(ins[1]) == 2:
+            spec = op_spec("", "Gemm", self.g.model.opset)
+            ta, tb = (int(attr_value(node.proto, k, spec) or 0) for k in ("transA", "transB"))
+            return (ins[0][ta], ins[1][1 - tb])
+        if op in _MOVES:  # worked out by running it (on a dummy where its input is opaque)
             try:
                 out = self.value(value, depth)
             except Unprovable:
@@ -220,7 +229,7 @@ class _Interpreter:
             start, end = attr_value(node.proto, "start", spec), attr_value(node.proto, "end", spec)
             return dims[int(start or 0): None if end is None else int(end)]
         if any(isinstance(a, _Opaque) for a in args):
-            if op not in LAYOUT_OPS or not isinstance(args[0], _Opaque) or args[0].shape is None \
+            if op not in _MOVES or not isinstance(args[0], _Opaque) or args[0].shape is None \
                     or any(isinstance(a, _Opaque) for a in args[1:]) or math.prod(args[0].shape) > MAX_ELEMENTS:
                 return _Opaque(self.shape_of(name, depth))
             args[0] = np.zeros(args[0].shape, dtype=np.int8)  # only the shape it gives is read
@@ -228,6 +237,10 @@ class _Interpreter:
                 dummy = _OPS[op](node, args, op_spec("", op, self.g.model.opset))
             except (ValueError, IndexError, TypeError) as e:
                 raise Unprovable(f"{op} {node.name!r} does not run at the proof's sizes ({e})") from None
+            if isinstance(dummy, list):  # several outputs (Split)
+                for o, d in zip(node.outputs, dummy, strict=False):
+                    self.memo[o] = _Opaque(d.shape)
+                return self.memo[name]
             return _Opaque(np.asarray(dummy).shape)
         spec = op_spec("", op, self.g.model.opset)
         outs = node.outputs
@@ -337,6 +350,8 @@ def _split(node: Node, a: list, spec) -> list[np.ndarray]:
     return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
 
 
+# Ops the interpreter runs on a dummy of their data input's shape when only that shape is known.
+_MOVES = LAYOUT_OPS | {"Split", "Slice", "Gather"}
 # Shape rules of the producers whose made-up output dims are worked out (shape_of).
 _SAME_SHAPE = frozenset({"Softmax", "LogSoftmax", "Cast", "Erf", "Relu", "Sigmoid", "Tanh", "Sqrt", "Exp", "Neg",
                          "SkipLayerNormalization", "SimplifiedLayerNormalization", "FastGelu", "BiasGelu",

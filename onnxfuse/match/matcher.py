@@ -270,8 +270,8 @@ class Matcher:
             node = g.producer.get(cur)
             if node is None or node in b.matched or node.domain != "" or node.outputs[0] != cur:
                 break
-            if moves and node.op_type in LAYOUT_OPS:
-                nxt = node.inputs[0]
+            if moves and (node.op_type in LAYOUT_OPS or node.op_type == "Concat" and len(node.inputs) == 1):
+                nxt = node.inputs[0]  # (a Concat of one input, an empty KV cache, moves nothing)
             elif scales and (sf := scalar_factor(g, node, _rank(g, cur))) is not None:
                 nxt, factors[id(node)] = sf
             else:
