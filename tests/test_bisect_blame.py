@@ -185,7 +185,7 @@ UNGUARDED_MHA = """rules:
 - id: unguarded-mha
   doc: >
     wrong on purpose: passes the key as it is, also a 5-D grouped key [b, kv, rep, s, D] (what
-    attention-heads-split-matmul once did; the CPU kernel reads a 5-D key as packed KV and fails)
+    attention-heads-split-matmul, a rule of an earlier version, once did; the CPU kernel reads a 5-D key as packed KV and fails)
   match:
     kt: Reshape(Transpose(Reshape(K, K3), perm=[0, 2, 1]), K4)
     p: Softmax(Add(Div(MatMul(Q, kt), CD), M), axis=-1)

@@ -184,14 +184,14 @@ class Builder:
             assert parent is not None
             return self.value(e.name, parent, idx)
         if isinstance(e, Concept):
-            return self._concept(e, None, parent, idx)
+            return self._concept(e, None)
         assert isinstance(e, Call)
         return self._node(e, None)[0]
 
-    def _concept(self, c: Concept, out: str | None, parent: Call | None, idx: int) -> str:
+    def _concept(self, c: Concept, out: str | None) -> str:
         """The usual spelling of a concept: Reshape to the source's atoms, Transpose, Reshape to the result's
         groups (steps that change nothing left out), and a Mul by 0.5 where it binds a scale."""
-        x = self.emit(c.arg, parent, idx)
+        x = self.emit(c.arg, Call("Identity", "", [c.arg]), 0)  # the chain's first op reads it: a float input
         steps: list[tuple[str, list[str], dict]] = []
         if c.parsed is not None:
             lay = c.parsed
@@ -251,7 +251,7 @@ class Builder:
         if name not in self.done:
             call = self.inst[head]
             if isinstance(call, Concept):
-                self._concept(call, name, None, 0)
+                self._concept(call, name)
                 self.done[name] = name
                 return name
             assert isinstance(call, Call)

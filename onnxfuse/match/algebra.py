@@ -33,7 +33,7 @@ from ..ir import Graph, Node
 from ..opschema import attr_value, op_spec
 from ..patterns.layouts import LAYOUT_OPS, SCALE_OPS, Layout
 
-__all__ = ["Proof", "Sizes", "Unprovable", "prove_layout", "scalar_factor"]
+__all__ = ["Proof", "RankMismatch", "Sizes", "Unprovable", "prove_layout", "scalar_factor"]
 
 MAX_ELEMENTS = 1 << 22  # a chain whose source has more elements at the proof's sizes is not proved
 _PRIMES = tuple(p for p in range(3, 8000) if all(p % q for q in range(2, int(p ** 0.5) + 1)))
@@ -41,6 +41,11 @@ _PRIMES = tuple(p for p in range(3, 8000) if all(p % q for q in range(2, int(p *
 
 class Unprovable(Exception):
     """Why a chain or a scalar could not be evaluated (a concept-level reason for `explain`)."""
+
+
+class RankMismatch(Unprovable):
+    """The chain's source or result has another rank than the layout names: this layout is not the one the
+    exporter wrote (a weak reason: another alternative's failure says more)."""
 
 
 class Sizes:
@@ -129,6 +134,8 @@ class _Interpreter:
             node = self.g.producer.get(value)
             if node is not None and depth < 48:
                 out = self._infer(node, value, depth + 1)
+                if out is not None and t is not None and t.shape is not None and len(out) != len(t.shape):
+                    out = None  # a rule that saw too little (an input of unknown shape): not this value's shape
                 if out is not None and (node.op_type not in _BROADCAST or node.domain != "") \
                         and any(i in self.guessed for i in node.inputs if i):
                     self.guessed.add(value)  # worked out from a guess: a guess too
@@ -141,17 +148,18 @@ class _Interpreter:
         return out
 
     def _infer(self, node: Node, value: str, depth: int) -> tuple[int, ...] | None:
-        op = node.op_type if node.domain == "" else ""
+        op = node.op_type if node.domain in ("", "com.microsoft") else ""
         ins = [self.shape_of(i, depth) if i else None for i in node.inputs]
         if op in _SAME_SHAPE:
             return ins[0] if value == node.outputs[0] else None
         if op in _BROADCAST:
             # inputs whose shapes are facts; one whose made-up dims were guessed is left out (a mask's
             # [b|1, 1, s|1, t] broadcasts into the scores' shape, it does not make it)
-            known = [sh for i, sh in zip(node.inputs, ins, strict=True) if sh is not None and i not in self.guessed]
+            if any(sh is None for sh in ins):
+                return None  # an input of unknown shape may make any of the result's dims
+            known = [sh for i, sh in zip(node.inputs, ins, strict=True) if i not in self.guessed]
             rank = max((len(sh) for sh in known), default=-1)
-            higher = [sh for i, sh in zip(node.inputs, ins, strict=True)
-                      if sh is not None and i in self.guessed and len(sh) > rank]
+            higher = [sh for i, sh in zip(node.inputs, ins, strict=True) if i in self.guessed and len(sh) > rank]
             if higher:  # a guess that makes the result's rank (x * scalar): the result is a guess too
                 self.guessed.add(value)
             if not known and not higher:
@@ -171,12 +179,22 @@ class _Interpreter:
                     return tuple(np.broadcast_shapes(ins[0], tuple(_ints(target))))
             except (Unprovable, ValueError):
                 return None
+        if op == "FusedMatMul" and ins[0] is not None and ins[1] is not None:  # MatMul with transposes
+            spec = op_spec("com.microsoft", "FusedMatMul", None)
+            ta, tb = (int(attr_value(node.proto, k, spec) or 0) for k in ("transA", "transB"))
+            a = (*ins[0][:-2], ins[0][-1], ins[0][-2]) if ta else ins[0]
+            b = (*ins[1][:-2], ins[1][-1], ins[1][-2]) if tb else ins[1]
+            ins = [a, b]
+            op = "MatMul"
         if op == "MatMul" and ins[0] is not None and ins[1] is not None and min(len(ins[0]), len(ins[1])) >= 2:
             try:
                 lead = np.broadcast_shapes(ins[0][:-2], ins[1][:-2])
             except ValueError:
                 return None
             return (*lead, ins[0][-2], ins[1][-1])
+        if op == "Concat" and ins and all(sh is not None for sh in ins) and len({len(sh) for sh in ins}) == 1:
+            axis = int(attr_value(node.proto, "axis", op_spec("", "Concat", self.g.model.opset))) % len(ins[0])
+            return (*ins[0][:axis], sum(sh[axis] for sh in ins), *ins[0][axis + 1:])  # type: ignore[index]
         if op == "Gemm" and ins[0] is not None and ins[1] is not None and len(ins[0]) == len(ins[1]) == 2:
             spec = op_spec("", "Gemm", self.g.model.opset)
             ta, tb = (int(attr_value(node.proto, k, spec) or 0) for k in ("transA", "transB"))
@@ -353,8 +371,9 @@ def _split(node: Node, a: list, spec) -> list[np.ndarray]:
 # Ops the interpreter runs on a dummy of their data input's shape when only that shape is known.
 _MOVES = LAYOUT_OPS | {"Split", "Slice", "Gather"}
 # Shape rules of the producers whose made-up output dims are worked out (shape_of).
-_SAME_SHAPE = frozenset({"Softmax", "LogSoftmax", "Cast", "Erf", "Relu", "Sigmoid", "Tanh", "Sqrt", "Exp", "Neg",
-                         "SkipLayerNormalization", "SimplifiedLayerNormalization", "FastGelu", "BiasGelu",
+_SAME_SHAPE = frozenset({"Trilu", "Softmax", "LogSoftmax", "Cast", "Erf", "Relu", "Sigmoid", "Tanh", "Sqrt", "Exp", "Neg",
+                         "SkipLayerNormalization", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
+                         "FastGelu", "BiasGelu", "RotaryEmbedding", "QuickGelu",
                          "IsNaN", "IsInf", "Not", "Identity", "Dropout", "Abs", "Reciprocal", "Gelu",
                          "LayerNormalization", "CastLike", "Clip", "LeakyRelu", "Softplus", "HardSigmoid"})
 _BROADCAST = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "Equal", "Less", "Greater",
@@ -370,6 +389,7 @@ _OPS: dict[str, _Impl] = {
     "Div": _div, "Neg": lambda n, a, s: -a[0], "Sqrt": lambda n, a, s: np.sqrt(a[0]),
     "Reciprocal": lambda n, a, s: 1.0 / a[0], "Pow": lambda n, a, s: np.power(a[0], a[1]),
     "Max": lambda n, a, s: np.maximum(a[0], a[1]), "Min": lambda n, a, s: np.minimum(a[0], a[1]),
+    "Equal": lambda n, a, s: np.equal(a[0], a[1]), "Where": lambda n, a, s: np.where(a[0], a[1], a[2]),
 }
 
 
@@ -382,10 +402,10 @@ class Proof:
 
 def _solve(layout: Layout, src: tuple[int, ...], res: tuple[int, ...]) -> dict[str, int]:
     if len(src) != len(layout.source):
-        raise Unprovable(f"the source has rank {len(src)}, the layout names {len(layout.source)} axes "
+        raise RankMismatch(f"the source has rank {len(src)}, the layout names {len(layout.source)} axes "
                          f"({' '.join('(' + ' '.join(g) + ')' if len(g) > 1 else g[0] for g in layout.source)})")
     if len(res) != len(layout.result):
-        raise Unprovable(f"the result has rank {len(res)}, the layout names {len(layout.result)} axes")
+        raise RankMismatch(f"the result has rank {len(res)}, the layout names {len(layout.result)} axes")
     size: dict[str, int] = {}
     groups = list(zip(layout.source, src, strict=True)) + list(zip(layout.result, res, strict=True))
     progress = True

@@ -16,7 +16,7 @@ from ..patterns.layouts import LAYOUT_OPS, Layout
 from ..patterns.rules import Constraint, Rule
 from ..patterns.syntax import Alt, Call, Concept, Expr, Ref
 from ..tensors import dtype_name
-from .algebra import Unprovable, prove_layout, scalar_factor
+from .algebra import RankMismatch, Unprovable, prove_layout, scalar_factor
 
 ABSENT = ""
 _CONST_CHUNK = 1 << 20  # elements of a constant compared at a time (Matcher._const_ok)
@@ -69,6 +69,7 @@ class Failure:
     reason: str
     complete: bool = False  # a complete match the final checks refused (outranks equal progress)
     bound: int = 0  # names bound when it failed: progress + bound is how far into the pattern it got
+    weak: bool = False  # a layout of another rank than the chain's: a stronger reason as far along outranks it
 
 
 def _fmt(v: np.ndarray) -> str:
@@ -118,12 +119,13 @@ class Matcher:
                 return final
         return None
 
-    def _fail(self, b: Binding, where: str, reason: str, complete: bool = False) -> None:
+    def _fail(self, b: Binding, where: str, reason: str, complete: bool = False, weak: bool = False) -> None:
         """Remember the most advanced failure; a complete match refused by the final checks (an interior value
         read outside) outranks a later attempt that took as many nodes, so `explain` names the real obstacle."""
-        rank = (len(b.matched) + len(b.values), complete)  # nodes taken and names bound: how far into the pattern
-        if self.best is None or rank >= (self.best.progress + self.best.bound, self.best.complete):
-            self.best = Failure(len(b.matched), where, reason, complete, len(b.values))
+        rank = (len(b.matched) + len(b.values), complete, not weak)  # how far into the pattern, then how telling
+        best = self.best
+        if best is None or rank >= (best.progress + best.bound, best.complete, not best.weak):
+            self.best = Failure(len(b.matched), where, reason, complete, len(b.values), weak)
 
     # ----- lines and expressions -----------------------------------------------------------------------
     def _line(self, name: str, value: str, b: Binding) -> Iterator[Binding]:
@@ -287,7 +289,8 @@ class Matcher:
                 try:
                     proof = prove_layout(g, src, value, frozenset(id(x) for x in nodes if id(x) in factors), c.parsed)
                 except Unprovable as e:
-                    self._fail(b, nodes[-1].name if nodes else value, f"layout {c.parsed.text!r}: {e}")
+                    self._fail(b, nodes[-1].name if nodes else value, f"layout {c.parsed.text!r}: {e}",
+                               weak=isinstance(e, RankMismatch) or n < len(chain))  # the longest chain says most
                     continue
                 b2 = self._unify_atoms(proof.atoms, b, nodes[-1].name if nodes else value, c.parsed.text)
                 if b2 is None:
