@@ -108,12 +108,14 @@ def _axes(node: Node, args: list, spec, opset_input: int) -> list[int] | None:
 
 
 class _Interpreter:
-    """Evaluates values of `graph` with numpy at one set of sizes; `given` overrides values (the chain's source,
-    the scale ops that count as identity)."""
+    """Evaluates values of `graph` with numpy at one set of sizes; `memo` may be given values (the chain's
+    source); the nodes in `identity` (scalar factors) are evaluated as their data input."""
 
-    def __init__(self, graph: Graph, sizes: Sizes, given: dict[str, np.ndarray], identity: frozenset[int]):
-        self.g, self.sizes, self.memo = graph, sizes, dict(given)
-        self.identity = identity  # ids of nodes evaluated as their data input (scalar factors)
+    def __init__(self, graph: Graph, sizes: Sizes, identity: frozenset[int] = frozenset()):
+        self.g, self.sizes = graph, sizes
+        self.memo: dict[str, np.ndarray | _Opaque] = {}
+        self.identity = identity
+        self.running: set[str] = set()  # values being evaluated: their shape rule must not evaluate them again
         self.shapes: dict[str, tuple[int, ...] | None] = {}
         self.guessed: set[str] = set()
 
@@ -199,12 +201,12 @@ class _Interpreter:
             spec = op_spec("", "Gemm", self.g.model.opset)
             ta, tb = (int(attr_value(node.proto, k, spec) or 0) for k in ("transA", "transB"))
             return (ins[0][ta], ins[1][1 - tb])
-        if op in _MOVES:  # worked out by running it (on a dummy where its input is opaque)
+        if op in _MOVES and value not in self.running:  # run it (on a dummy where its input is opaque)
             try:
                 out = self.value(value, depth)
             except Unprovable:
                 return None
-            return out.shape if isinstance(out, np.ndarray) else out.shape
+            return out.shape
         return None
 
     def value(self, name: str, depth: int = 0) -> np.ndarray | _Opaque:
@@ -225,7 +227,11 @@ class _Interpreter:
         elif id(node) in self.identity:
             out = self.value(node.inputs[0], depth + 1)
         else:
-            out = self._run(node, name, depth)
+            self.running.add(name)
+            try:
+                out = self._run(node, name, depth)
+            finally:
+                self.running.discard(name)
         self.memo[name] = out
         return out
 
@@ -442,7 +448,7 @@ def prove_layout(graph: Graph, source: str, value: str, identity: frozenset[int]
     sizes_used: list[Sizes] = []
     for variant in (0, 1):
         sizes = Sizes(avoid, variant)
-        interp = _Interpreter(graph, sizes, {}, identity)
+        interp = _Interpreter(graph, sizes, identity)
         shape = interp.shape_of(source)
         if shape is None:
             raise Unprovable(f"the shape of {source!r} is not known")
@@ -488,7 +494,7 @@ def scalar_factor(graph: Graph, node: Node, rank: int | None) -> tuple[str, floa
         values = []
         for variant in (0, 1):
             try:
-                v = _Interpreter(graph, Sizes(avoid, variant), {}, frozenset()).value(node.inputs[other])
+                v = _Interpreter(graph, Sizes(avoid, variant)).value(node.inputs[other])
             except Unprovable:
                 v = None
             if not isinstance(v, np.ndarray) or v.size != 1 or v.dtype.kind not in "fiu":
