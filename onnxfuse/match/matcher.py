@@ -456,8 +456,8 @@ class Matcher:
 
     def _keep_read_chains(self, b: Binding) -> Binding:
         """A concept's data movement whose value is also read outside the match (T5 reads the key heads'
-        length for its position bias) is kept for that reader, with the chain nodes it is computed from:
-        checked, not removed, like a shared line's nodes."""
+        length for its position bias) is kept for that reader, with every matched node it is computed from
+        (the key projection): checked, not removed, like a shared line's nodes."""
         if not b.chained:
             return b
         taken = {id(n) for n in b.matched}
@@ -477,9 +477,7 @@ class Matcher:
                 if id(n) in keep:
                     continue
                 keep[id(n)] = n
-                src = by_out.get(n.inputs[0]) if n.inputs else None
-                if src is not None and id(src) in b.chained:
-                    stack.append(src)
+                stack.extend(by_out[i] for i in n.inputs if i in by_out)
         if not keep:
             return b
         return dataclasses.replace(b, matched=tuple(n for n in b.matched if id(n) not in keep),

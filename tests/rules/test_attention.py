@@ -636,7 +636,7 @@ EXPORTS = {
     "clip_ts17": ({"self-attention": 2}, "Attention"),            # causal + padding mask built in the graph
     "clip_dynamo18": ({"self-attention": 2}, "Attention"),
     # self-attention with the causal mask, cross-attention on the encoder output (no mask, the scale in q_proj)
-    "whisper_dec_ts17": ({"cross-attention": 2}, "MultiHeadAttention"),
+    "whisper_dec_ts17": ({"self-attention": 1, "cross-attention": 1}, None),
     "whisper_dec_dynamo18": ({"self-attention": 1, "cross-attention": 1}, None),
     # stage 1: key / value from a sequence reduced by a strided conv; stage 2 (sr 1): from the input itself
     "segformer_ts17": ({"cross-attention": 1, "self-attention": 1}, None),
