@@ -11,9 +11,10 @@ killer) breaks the pool: the models it took down with it are run again one at a 
 fails.
 
 Workers die with the command: Ctrl-C or SIGTERM (signals.py) unwinds the parent, which terminates its pool; a
-parent killed outright (SIGKILL) takes its forkserver with it, and each worker asked the kernel for a SIGTERM when
-its parent process (the forkserver) dies (Linux: prctl PR_SET_PDEATHSIG), which unwinds it the same way: nothing
-is written after the command has gone, and no worker keeps the caller's pipes open."""
+parent killed outright (SIGKILL) takes its forkserver with it (forkserver_guard.py), and each worker asked the
+kernel for a SIGTERM when its parent process (the forkserver) dies (Linux: prctl PR_SET_PDEATHSIG), which
+unwinds it the same way; a worker that starts once the command has gone exits at once. Nothing is written after
+the command has gone, and no worker keeps the caller's pipes open."""
 
 from __future__ import annotations
 
@@ -185,11 +186,17 @@ def _forget_manager(manager) -> None:
             cfp._threads_wakeups.pop(manager, None)
 
 
+COMMAND_PID_ENV = "ONNXFUSE_FORKSERVER_PARENT"  # read by forkserver_guard, in the forkserver
+
+
 def _context():
-    """forkserver where there is one (workers fork from a clean server with onnxfuse imported), else spawn."""
+    """forkserver where there is one (workers fork from a clean server with onnxfuse imported, which dies with
+    this process: forkserver_guard.py), else spawn."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["onnxfuse.pipeline"])  # imports onnxruntime, creates no session: fork-safe
+        os.environ[COMMAND_PID_ENV] = str(os.getpid())  # the forkserver inherits it when it starts
+        # onnxfuse.pipeline imports onnxruntime and creates no session: fork-safe
+        ctx.set_forkserver_preload(["onnxfuse.forkserver_guard", "onnxfuse.pipeline"])
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -240,13 +247,22 @@ def _release_forkserver() -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether `pid` runs. A process killed but not yet reaped by its parent (a zombie) has gone: a worker that
+    starts in that moment, its forkserver already dead, must not stay (seen on a loaded machine: it then waited
+    for work forever, holding the caller's pipes)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except OSError:  # exists, another user's (cannot be ours, but do not guess)
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:  # gone since
+        return not os.path.isdir("/proc/self")
+    except OSError:
+        return True
 
 
 def _on_term(signum, frame) -> None:
