@@ -187,6 +187,29 @@ def test_a_rule_whose_rewrite_is_its_match_is_warned_about_at_the_sweep_limit(tm
     assert (tmp_path / "o.onnx").exists()
 
 
+SAME3 = """rules:
+- id: chain-same
+  match:
+    Y: Softmax(Add(Relu(S), M), axis=-1)
+  rewrite:
+    r: Relu(S)
+    a: Add(r, M)
+    Y: Softmax(a, axis=-1)
+"""
+
+
+def test_a_self_matching_rule_of_several_nodes_stops_at_the_limit_in_bounded_memory(tmp_path, cli):
+    """Each rewrite records the original nodes it replaced; three nodes each carrying the whole list tripled it
+    every sweep (3^32 entries: the command was killed for memory). Each original is listed once."""
+    m = make_model([oh.make_node("Relu", ["s"], ["r"]), oh.make_node("Add", ["r", "m"], ["a"]),
+                    oh.make_node("Softmax", ["a"], ["y"], axis=-1)], [("s", [2, 4]), ("m", [2, 4])], [("y", [2, 4])])
+    (tmp_path / "same3.yaml").write_text(SAME3)
+    code, _, stderr = cli("optimize", save(m, tmp_path / "m.onnx"), tmp_path / "o.onnx", "--no-builtin",
+                          "--patterns", tmp_path / "same3.yaml", "--no-measure")
+    assert code == 0, stderr
+    assert stderr.strip().splitlines() == [LIMIT.format("chain-same")]
+
+
 def test_two_rules_that_undo_each_other_are_both_named(tmp_path, cli):
     rules = tmp_path / "undo.yaml"
     rules.write_text(UNDOING)

@@ -188,9 +188,9 @@ def apply_match(rule: Rule, graph: Graph, b: Binding) -> Application:
     built: list[tuple[RewriteNode, list[onnx.AttributeProto]]] = [
         (rn, _attributes(rn, rule, graph, b, computed) if rn.call is not None else []) for rn in rule.rewrite
     ]
-    replaced: list[str] = []
-    for n in b.matched:
-        replaced.extend(_originals(n))
+    # the original nodes behind the matched ones, each once: a rule that matches its own rewrite again would
+    # otherwise triple the list every sweep (3 nodes, each carrying all of it: out of memory by sweep 20)
+    replaced: list[str] = list(dict.fromkeys(o for n in b.matched for o in _originals(n)))
     # --- from here on the graph changes ---
     for n in b.matched + b.side:
         graph.remove_node(n)
