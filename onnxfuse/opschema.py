@@ -35,6 +35,7 @@ class OpSpec:
     min_outputs: int
     max_outputs: int
     attrs: dict[str, AttrSpec]
+    required: frozenset[int] = frozenset()  # input indexes that are neither optional nor variadic
 
     @property
     def commutative(self) -> bool:
@@ -67,6 +68,8 @@ def _spec_from(schema: object, domain: str) -> OpSpec:
         min_outputs=schema.min_output,
         max_outputs=max_out if max_out < 2**30 else 2**30,
         attrs={k: AttrSpec(_attr_type(v.type), _default(v)) for k, v in schema.attributes.items()},
+        required=frozenset(i for i, f in enumerate(getattr(schema, "inputs", ()))
+                           if str(getattr(f, "option", "")).rsplit(".", 1)[-1] == "Single"),
     )
 
 

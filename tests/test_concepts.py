@@ -1,6 +1,7 @@
-"""The layout and scalar concepts (match/algebra.py): a chain of data movement is proved to be a rearrangement
-whatever ops spell it, scalar factors fold (constants and shape arithmetic of static dims), and a layout text
-that does not parse is one error line with its column."""
+"""The layout, scalar and mask concepts (match/algebra.py, match/matcher.py): a chain of data movement is proved
+to be a rearrangement whatever ops spell it, scalar factors fold (constants and shape arithmetic of static dims),
+every spelling of an additive mask is one mask, and a concept that does not parse is one error line with its
+column."""
 
 from __future__ import annotations
 
@@ -102,3 +103,115 @@ def test_a_bad_layout_in_a_pattern_file_is_one_line_with_its_column(tmp_path):
     with pytest.raises(OnnxfuseError) as e:
         load_file(str(f))
     assert f"{f}:4:" in str(e.value) and "axis 'd' is on one side of the layout only" in str(e.value)
+
+
+# ----- the mask concept: masked(x, M) ------------------------------------------------------------------------
+MASKED_RULE = """\
+rules:
+- id: masked-softmax
+  doc: A user's rule on the mask concept - Softmax of masked scores, the mask as one tensor (subtracted
+    negated, a form the concept does not take again).
+  match:
+    Y: Softmax(masked(Relu(S), M{rows}), axis=-1)
+  rewrite:
+    r: Relu(S)
+    n: Neg(M)
+    a: Sub(r, n)
+    Y: Softmax(a, axis=-1)
+"""
+
+
+def _masked_scores(spell: str):
+    """Softmax over [2, 4, 8, 8] scores masked in one of several spellings; returns (model, feeds)."""
+    rng = np.random.default_rng(0)
+    keep = np.ones((2, 1, 1, 8), bool)
+    keep[1, ..., 5:] = False
+    ins = {"s": ([2, 4, 8, 8], TensorProto.FLOAT), "keep": ([2, 1, 1, 8], TensorProto.BOOL),
+           "rel": ([1, 4, 8, 8], TensorProto.FLOAT), "pad": ([2, 1, 1, 8], TensorProto.FLOAT),
+           "causal": ([8, 8], TensorProto.FLOAT)}
+    nodes = [oh.make_node("Relu", ["s"], ["r"])]
+    if spell == "where":        # masked_fill(~keep, finfo.min)
+        nodes.append(oh.make_node("Where", ["keep", "r", "fmin"], ["w"]))
+    elif spell == "where_first":  # Where(masked, -inf, s), the operands the other way round
+        nodes += [oh.make_node("Not", ["keep"], ["drop"]), oh.make_node("Where", ["drop", "ninf", "r"], ["w"])]
+    elif spell == "bias_where_pad":  # a position bias, then a Where mask, then a padding row: three terms
+        nodes += [oh.make_node("Add", ["rel", "r"], ["b1"]), oh.make_node("Where", ["keep", "b1", "fmin"], ["b2"]),
+                  oh.make_node("Add", ["b2", "pad"], ["w"])]
+    elif spell == "causal":     # a rank-2 mask
+        nodes.append(oh.make_node("Add", ["r", "causal"], ["w"]))
+    nodes.append(oh.make_node("Softmax", ["w"], ["y"], axis=-1))
+    inits = {"fmin": np.array(np.finfo(np.float32).min, np.float32), "ninf": np.array(-np.inf, np.float32)}
+    used = {i for n in nodes for i in n.input}
+    g = oh.make_graph(nodes, "g", [oh.make_tensor_value_info(k, t, sh) for k, (sh, t) in ins.items() if k in used],
+                      [oh.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 8, 8])],
+                      [numpy_helper.from_array(v, k) for k, v in inits.items() if k in used])
+    model = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+    feeds = {"s": rng.standard_normal((2, 4, 8, 8)).astype(np.float32), "keep": keep,
+             "rel": rng.standard_normal((1, 4, 8, 8)).astype(np.float32),
+             "pad": np.where(rng.random((2, 1, 1, 8)) < 0.3, -10000.0, 0.0).astype(np.float32),
+             "causal": np.triu(np.full((8, 8), -np.inf, np.float32), 1)}
+    return model, {k: v for k, v in feeds.items() if k in used}
+
+
+@pytest.mark.parametrize(("spell", "rows", "ops"), [
+    ("where", "", ["Where", "Relu", "Neg", "Sub", "Softmax"]),
+    ("where_first", "", ["Not", "Where", "Relu", "Neg", "Sub", "Softmax"]),
+    ("bias_where_pad", "", ["Where", "Add", "Add", "Relu", "Neg", "Sub", "Softmax"]),
+    ("causal", "", ["Relu", "Neg", "Sub", "Softmax"]),  # one value: M is it
+    ("causal", ", rows=S", ["Shape", "Gather", "Concat", "Expand", "Relu", "Neg", "Sub", "Softmax"]),  # rank 4, every row
+])
+def test_a_users_rule_on_the_mask_concept(tmp_path, spell, rows, ops):
+    """A rule of the user's own on `masked`: every spelling is one mask M, built by the rewrite where no single
+    value is it (the terms summed in the model's order), and onnxruntime gives the original's result."""
+    import onnxruntime as ort
+
+    from onnxfuse import OptimizeOptions, optimize
+
+    model, feeds = _masked_scores(spell)
+    src, out, pat = tmp_path / "in.onnx", tmp_path / "out.onnx", tmp_path / "p.yaml"
+    onnx.save(model, src)
+    pat.write_text(MASKED_RULE.format(rows=rows))
+    r = optimize(str(src), str(out), OptimizeOptions(patterns=[str(pat)], builtin=False, measure=False, fold=False))
+    assert r.fired == {"masked-softmax": 1} and r.validation == "passed"
+    got = onnx.load(out)
+    assert [n.op_type for n in got.graph.node] == ops, [n.op_type for n in got.graph.node]
+    run = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+           for m in (model, got)]
+    np.testing.assert_allclose(run[1], run[0], rtol=1e-6, atol=1e-6)
+    if spell == "bias_where_pad":
+        adds = [n for n in got.graph.node if n.op_type == "Add"]
+        assert adds[0].input[0] == "rel" and adds[1].input[1] == "pad"  # rel + where, then + pad
+
+
+def test_masked_refuses_a_where_that_is_no_mask(tmp_path):
+    """Where(keep, s, -10000) differs from s + Where(keep, 0, -10000) where a row is all masked: not a mask,
+    and explain says so."""
+    from onnxfuse.ir import Model as IRModel
+    from onnxfuse.patterns.parser import load_file
+    from onnxfuse.rewrite.engine import near_misses
+
+    model, _ = _masked_scores("where")
+    for t in model.graph.initializer:
+        if t.name == "fmin":
+            t.CopyFrom(numpy_helper.from_array(np.array(-10000.0, np.float32), "fmin"))
+    pat = tmp_path / "p.yaml"
+    pat.write_text(MASKED_RULE.format(rows=""))
+    misses = near_misses(IRModel(onnx.shape_inference.infer_shapes(model), "."), load_file(str(pat)), "cpu",
+                         min_progress=0)
+    assert any("masked: the Where fill -10000 is not a mask minimum" in m.reason for m in misses), misses
+
+
+@pytest.mark.parametrize(("line", "col", "message"), [
+    ("Softmax(masked(Relu(S)), axis=-1)", 16, "masked takes 2 arguments"),
+    ("Softmax(masked(Relu(S), m), axis=-1)", 32, "masked: its second argument names the mask it binds"),
+    ("Softmax(masked(Relu(S), M, cols=X), axis=-1)", 40, "masked has no parameter 'cols'"),
+])
+def test_a_bad_masked_is_one_line_with_its_column(tmp_path, line, col, message):
+    from onnxfuse.errors import OnnxfuseError
+    from onnxfuse.patterns.parser import load_file
+
+    f = tmp_path / "p.yaml"
+    f.write_text(f"rules:\n- id: r\n  match:\n    Y: {line}\n  rewrite:\n    Y: Relu(S)\n")
+    with pytest.raises(OnnxfuseError) as e:
+        load_file(str(f))
+    assert f"{f}:4:{col}:" in str(e.value) and message in str(e.value), str(e.value)

@@ -4,6 +4,7 @@ the mutations (a constant out of tolerance, an extra consumer, a wrong dtype) th
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
@@ -28,7 +29,7 @@ def expand(e: Expr) -> list[Expr]:
     if isinstance(e, Alt):
         return [x for o in e.options for x in expand(o)]
     if isinstance(e, Concept):
-        return [Concept(e.name, a, e.layout, e.facts, e.off, e.layout_off, e.parsed) for a in expand(e.arg)]
+        return [dataclasses.replace(e, arg=a) for a in expand(e.arg)]
     if isinstance(e, Call):
         return [Call(e.op, e.domain, list(args), e.kwargs, e.kw_offs, e.off, e.lits)
                 for args in itertools.product(*[expand(a) for a in e.args])]
@@ -37,7 +38,7 @@ def expand(e: Expr) -> list[Expr]:
 
 def swap_operands(e: Expr) -> Expr:
     if isinstance(e, Concept):
-        return Concept(e.name, swap_operands(e.arg), e.layout, e.facts, e.off, e.layout_off, e.parsed)
+        return dataclasses.replace(e, arg=swap_operands(e.arg))
     if isinstance(e, Call):
         args = [swap_operands(a) for a in e.args]
         spec = op_spec(e.domain, e.op)
@@ -190,8 +191,21 @@ class Builder:
 
     def _concept(self, c: Concept, out: str | None) -> str:
         """The usual spelling of a concept: Reshape to the source's atoms, Transpose, Reshape to the result's
-        groups (steps that change nothing left out), and a Mul by 0.5 where it binds a scale."""
+        groups (steps that change nothing left out), and a Mul by 0.5 where it binds a scale; a mask is an Add
+        of an input of the example's shape (or x's own), or nothing without the optional values."""
         x = self.emit(c.arg, Call("Identity", "", [c.arg]), 0)  # the chain's first op reads it: a float input
+        if c.name == "masked":
+            if not self.with_optional and out is None:
+                return x
+            assert c.bias is not None
+            if c.bias not in self.done:
+                if c.bias not in self.example:
+                    self.example[c.bias] = self._inferred_shape(x)
+                self.value(c.bias, Call("Add", "", [c.arg, Ref(c.bias, True, 0)]), 1)
+            self.n += 1
+            name = out if out is not None else f"t{self.n}"
+            self.nodes.append(oh.make_node("Add", [x, self.done[c.bias]], [name], name=f"n{self.n}_Add"))
+            return name
         steps: list[tuple[str, list[str], dict]] = []
         if c.parsed is not None:
             lay = c.parsed

@@ -19,11 +19,37 @@ from ..tensors import dtype_name
 from .algebra import RankMismatch, Unprovable, prove_layout, scalar_factor
 
 ABSENT = ""
+DERIVED = "\x00mask:"  # the value name of a mask the rewrite builds (Binding.derived)
 _CONST_CHUNK = 1 << 20  # elements of a constant compared at a time (Matcher._const_ok)
 # Ops that compute shapes and indices; a chain of them that only feeds a match is removed with it.
 SHAPE_ARITHMETIC = frozenset({"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Size",
                               "Reshape", "Add", "Sub", "Mul", "Div", "Constant", "Identity", "Equal", "Where",
                               "ConstantOfShape", "Expand", "Range", "Sqrt", "Reciprocal"})
+
+
+MASK_MIN = -1e30  # a Where fill at most this (or -inf) makes Where(c, x, fill) the additive mask x + Where(c, 0, fill)
+MAX_MASK_TERMS = 6
+
+
+@dataclass(frozen=True)
+class MaskTerm:
+    """One additive term of a mask: a value added (`where` None), or Where(where, 0, fill) (`fill_first`:
+    Where(where, fill, 0)), the additive form of Where(where, x, fill)."""
+
+    value: str  # the added value, or the fill
+    where: str | None = None
+    fill_first: bool = False
+
+
+@dataclass(frozen=True)
+class MaskSum:
+    """What `masked(x, M)` bound M to when no single graph value is it: the sum of its terms, in the scores'
+    element type (an ONNX TensorProto type), expanded to every query row (rank 4) when `rows` names the value
+    whose dim -2 is their number; the rewrite builds it (rewrite/apply.py)."""
+
+    elem_type: int
+    terms: tuple[MaskTerm, ...]
+    rows: str | None = None
 
 
 @dataclass(frozen=True)
@@ -38,6 +64,7 @@ class Binding:
     kept: tuple[Node, ...] = ()  # nodes of shared lines: checked, not removed
     facts: dict[str, float] = field(default_factory=dict)  # what concepts proved (scale=S: the factor)
     chained: frozenset[int] = frozenset()  # ids of the nodes a concept's chain took (data movement, factors)
+    derived: dict[str, MaskSum] = field(default_factory=dict)  # values the rewrite builds first (masked's sum)
 
     def bind(self, name: str, value: str, node: Node | None = None) -> Binding:
         nodes = self.nodes if node is None else {**self.nodes, name: node}
@@ -258,6 +285,102 @@ class Matcher:
 
     # ----- concepts ---------------------------------------------------------------------------------------
     def _concept(self, c: Concept, value: str, b: Binding, consumer: Node | None) -> Iterator[Binding]:
+        if c.name == "masked":
+            yield from self._masked(c, value, b, consumer)
+        else:
+            yield from self._moved(c, value, b, consumer)
+
+    def _masked(self, c: Concept, value: str, b: Binding, consumer: Node | None) -> Iterator[Binding]:
+        """`masked(x, M)`: from `value` back through additive terms (Add of a value that leaves the shape as it
+        is, Where(c, x, MIN) with MIN -inf or at most -1e30) to where `x` matches; M is their sum (absent with no
+        term). Every split is tried, the most terms first."""
+        assert c.bias is not None
+        t = self.graph.type_of(value)
+        elem = t.elem_type if t is not None else 0
+        refused: list[tuple[str, str]] = []  # (node, why): a Where that is no mask, told once all else failed
+        for start, terms, nodes in self._mask_terms(value, b, 0, refused):
+            b2 = b
+            for x in nodes:
+                b2 = b2.take(x)
+            if nodes:
+                b2 = dataclasses.replace(b2, chained=b2.chained | {id(x) for x in nodes})
+            if c.bias in b2.values:
+                self._fail(b2, value, f"mask {c.bias} is bound twice")
+                continue
+            rows = c.rows if c.rows and not self._has_rows(terms, value) else None
+            if not terms:
+                b2 = b2.bind(c.bias, ABSENT)
+            elif len(terms) == 1 and terms[0].where is None and rows is None:
+                b3 = self._constrain(c.bias, terms[0].value, b2, nodes[0])
+                if b3 is None:
+                    continue
+                b2 = b3.bind(c.bias, terms[0].value)
+            else:
+                b2 = dataclasses.replace(b2.bind(c.bias, f"{DERIVED}{c.bias}"),
+                                         derived={**b2.derived, c.bias: MaskSum(elem, tuple(terms), rows)})
+            yield from self._expr(c.arg, start, b2, nodes[-1] if nodes else consumer)
+        for where, why in refused:  # the telling reason ("found Where, expected MatMul" says less), as far along
+            self._fail(b.bind(c.bias, ABSENT), where, why)
+
+    def _mask_terms(self, value: str, b: Binding, depth: int,
+                    refused: list[tuple[str, str]]) -> Iterator[tuple[str, list[MaskTerm], list[Node]]]:
+        """(where x starts, the terms added to it, innermost first, the nodes that add them) for each way to
+        read `value` as x plus terms; the longest first, `value` itself (no term) last."""
+        g = self.graph
+        node = g.producer.get(value)
+        if (node is not None and depth < MAX_MASK_TERMS and node not in b.matched and node.domain == ""
+                and node.outputs[0] == value):
+            ins = list(node.inputs)
+            splits: list[tuple[str, MaskTerm]] = []
+            if node.op_type == "Add" and len(ins) == 2:
+                splits = [(ins[i], MaskTerm(ins[1 - i])) for i in (0, 1)] if ins[0] != ins[1] else []
+            elif node.op_type == "Where" and len(ins) == 3:
+                for x, fill, first in ((ins[1], ins[2], False), (ins[2], ins[1], True)):
+                    v = g.const_value(fill)
+                    if v is None or v.size != 1 or v.dtype.kind != "f":
+                        continue
+                    if float(v.reshape(-1)[0]) <= MASK_MIN:
+                        splits.append((x, MaskTerm(fill, ins[0], first)))
+                    else:
+                        refused.append((node.name, f"masked: the Where fill {_fmt(v)} is not a mask minimum (-inf "
+                                                   "or at most -1e30), so Where is not an additive mask"))
+            for x, term in splits:
+                if not self._keeps_shape(value, x):
+                    continue
+                for start, terms, nodes in self._mask_terms(x, b, depth + 1, refused):
+                    yield start, terms + [term], nodes + [node]
+        yield value, [], []
+
+    def _has_rows(self, terms: list[MaskTerm], scores: str) -> bool:
+        """Whether the terms' sum is rank 4 with every query row of the scores (their dim -2, the same number or
+        symbol): then it needs no expanding. Unknown shapes need it."""
+        g = self.graph
+        shapes = []
+        for t in terms:
+            for v in ((t.value,) if t.where is None else (t.where, t.value)):
+                tt = g.type_of(v)
+                if tt is None or tt.shape is None:
+                    return False
+                shapes.append(tt.shape)
+        ts = g.type_of(scores)
+        if ts is None or ts.shape is None or len(ts.shape) != 4 or not shapes:
+            return False
+        if max(len(sh) for sh in shapes) != 4:
+            return False
+        rows = [sh[-2] for sh in shapes if len(sh) >= 2]
+        want = ts.shape[-2]
+        return want is not None and (want == 1 or any(r == want for r in rows))
+
+    def _keeps_shape(self, out: str, x: str) -> bool:
+        """Whether adding a term to `x` gave `out` x's shape (the term broadcasts into it, never widens it)."""
+        to, tx = self.graph.type_of(out), self.graph.type_of(x)
+        if to is None or tx is None or to.shape is None or tx.shape is None:
+            return True
+        if len(to.shape) != len(tx.shape):
+            return False
+        return all(not (isinstance(a, int) and isinstance(c, int)) or a == c for a, c in zip(to.shape, tx.shape, strict=True))
+
+    def _moved(self, c: Concept, value: str, b: Binding, consumer: Node | None) -> Iterator[Binding]:
         """Walk back from `value` through data movement (layout) and scalar factors (scale=), then match the
         argument where the chain starts: the longest chain first. Each start is proved to be the concept
         (match/algebra.py); a failure says why in the concept's terms."""

@@ -98,6 +98,8 @@ A concept matches what a chain of nodes *does*, whatever ops spell it; the match
 | `layout(x, "b s (n d) -> b n s d")` | any chain of Reshape / Transpose / Squeeze / Unsqueeze / Flatten / Identity from `x` whose element map is this einops-style rearrangement (groups in parentheses are merged axes); the longest such chain is tried first |
 | `layout(x, "...", scale=S)` | the same, with Mul / Div by a scalar anywhere on the way; `S` is the product of the factors (1 when there is none) |
 | `scaled(x, scale=S)` | zero or more Mul / Div by a scalar after `x`; `S` their product |
+| `masked(x, M)` | `x` plus an additive mask, in any spelling: zero or more Add of a term and Where(c, x, MIN) (masked_fill; MIN -inf or at most -1e30, whose additive form is Where(c, 0, MIN)), each leaving x's shape as it is; `M` is their sum (absent when there is none), which the rewrite builds where no single value is it |
+| `masked(x, M, rows=X)` | the same, `M` with every query row: expanded to [1, 1, s, 1] (s read at run time from X's dim -2) unless it is rank 4 with them already, as Attention's and MultiHeadAttention's attention_bias take it |
 
 The proof runs the chain with numpy on `arange` over the source's elements, at two sets of sizes for the
 graph's symbolic dims, and compares the result with the rearrangement: 3-D or 4-D heads, reshape targets
@@ -107,9 +109,11 @@ of static dims (`1 / Sqrt(Cast(Gather(Shape(q), -1)))`). The axis names are dims
 `shape:` constraints and across lines (`q` and `k` must have the same `n`), and read by name in `compute`,
 `require` and the rewrite's attributes (`num_heads=n`); a fact is read by its name (`scale=SQ * SK`).
 `example` may give an axis size (`n: 4`) for the models `patterns test` builds. A chain whose value is also
-read outside the match is kept for that reader. When a concept is not met, `explain` says why in its terms:
-"layout 'b s (n d) -> b n s d': the elements are not arranged as ...", "axis n is 4 here, 12 in an earlier
-line".
+read outside the match is kept for that reader. A mask's terms are tried in every split, the most terms first:
+a [b, 1, 1, t] padding row, a rank-2 causal [s, t], a relative position bias plus a mask, a Where with a bool
+mask are all one mask. When a concept is not met, `explain` says why in its terms: "layout 'b s (n d) -> b n s
+d': the elements are not arranged as ...", "axis n is 4 here, 12 in an earlier line", "masked: the Where fill
+-10000 is not a mask minimum".
 """
 
 EXPRESSIONS = """\

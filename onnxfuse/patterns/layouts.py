@@ -9,12 +9,14 @@ from dataclasses import dataclass
 
 from .syntax import iter_concepts
 
-__all__ = ["LAYOUT_OPS", "SCALE_OPS", "Layout", "LayoutError", "layout_atoms", "parse_layout"]
+__all__ = ["LAYOUT_OPS", "MASK_OPS", "SCALE_OPS", "Layout", "LayoutError", "layout_atoms", "parse_layout"]
 
 # Ops that only move elements: a chain of them is a rearrangement.
 LAYOUT_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
 # Ops that scale by a factor (`scale=S`): Mul by a scalar, Div by one.
 SCALE_OPS = frozenset({"Mul", "Div"})
+# the ops `masked(x, M)` walks through: Add of a term, Where(c, x, MIN) (a fill at most -1e30 or -inf)
+MASK_OPS = frozenset({"Add", "Where"})
 
 
 class LayoutError(ValueError):

@@ -53,8 +53,10 @@ class Alt:
 @dataclass
 class Concept:
     """A concept the matcher proves instead of matching ops (match side only): `layout(q, "b s (n d) -> b n
-    s d", scale=S)`, `scaled(MatMul(q, k), scale=S)`. `arg` is the expression matched where the concept's
-    chain starts; `layout` the text of its rearrangement; `facts` the names it binds (kwarg -> name)."""
+    s d", scale=S)`, `scaled(MatMul(q, k), scale=S)`, `masked(s, M)`. `arg` is the expression matched where the
+    concept's chain starts; `layout` the text of its rearrangement; `facts` the names it binds (kwarg -> name);
+    `bias` the value name `masked` binds (the sum of its additive terms; absent when there is none), `rows` the
+    value whose dim -2 is the query length when the mask must have every query row (rank 4)."""
 
     name: str
     arg: Expr
@@ -63,11 +65,13 @@ class Concept:
     off: int
     layout_off: int = 0
     parsed: object = None  # the parsed Layout (patterns/layouts.py), set by the pattern checker
+    bias: str | None = None
+    rows: str | None = None  # masked(..., rows=X): M gets every query row, X's dim -2 of them
 
 
 Expr = Ref | Call | Alt | Concept
 # Lowercase call names of the match language that are concepts, not operators (parsed by _concept below).
-CONCEPT_NAMES = frozenset({"layout", "scaled"})
+CONCEPT_NAMES = frozenset({"layout", "scaled", "masked"})
 
 
 def _char_offset(text: str, col_bytes: int) -> int:
@@ -146,6 +150,8 @@ def _convert(node: ast.expr, text: str) -> Expr:
 
 def _concept(node: ast.Call, text: str, off: int) -> Concept:
     name = node.func.id  # type: ignore[attr-defined]
+    if name == "masked":
+        return _masked(node, text, off)
     want = 2 if name == "layout" else 1
     if len(node.args) != want or any(isinstance(a, ast.Starred) for a in node.args):
         usage = 'layout(x, "b s (n d) -> b n s d", scale=S)' if name == "layout" else "scaled(x, scale=S)"
@@ -169,6 +175,24 @@ def _concept(node: ast.Call, text: str, off: int) -> Concept:
     if name == "scaled" and "scale" not in facts:
         raise SyntaxProblem("scaled(x, scale=S) names the factor it binds: scaled(MatMul(q, k), scale=S)", off)
     return Concept(name, arg, layout, facts, off, layout_off)
+
+
+def _masked(node: ast.Call, text: str, off: int) -> Concept:
+    usage = ("masked(x, M, rows=X): x plus the additive mask M it binds, with every query row (X's dim -2 is "
+             "their number), e.g. Softmax(masked(scores, M, rows=X), axis=-1)")
+    if len(node.args) != 2 or any(isinstance(a, ast.Starred) for a in node.args):
+        raise SyntaxProblem(f"masked takes 2 arguments: {usage}", off)
+    names = []
+    for arg, what in ((node.args[1], "its second argument names the mask it binds"),
+                      *((kw.value, "rows= names the value whose dim -2 is the query length") for kw in node.keywords)):
+        if not isinstance(arg, ast.Name) or OPT_MARK in arg.id or not arg.id[:1].isupper():
+            raise SyntaxProblem(f"masked: {what}, an UPPERCASE name ({usage})", offset_of(arg, text))
+        names.append(arg.id)
+    for kw in node.keywords:
+        if kw.arg != "rows":
+            raise SyntaxProblem(f"masked has no parameter {kw.arg!r} (it has: rows)", offset_of(kw.value, text))
+    return Concept("masked", _convert(node.args[0], text), None, {}, off, bias=names[0],
+                   rows=names[1] if len(names) > 1 else None)
 
 
 def iter_calls(expr: Expr):
@@ -207,6 +231,8 @@ def iter_refs(expr: Expr):
         for o in expr.options:
             yield from iter_refs(o)
     elif isinstance(expr, Concept):
+        if expr.bias is not None:
+            yield Ref(expr.bias, True, expr.off)
         yield from iter_refs(expr.arg)
 
 

@@ -11,7 +11,7 @@ from onnx import numpy_helper
 
 from ..ir import Graph, Node, make_model
 from ..load.shape_values import reshape_types, slice_types
-from ..match.matcher import ABSENT, SHAPE_ARITHMETIC, Binding
+from ..match.matcher import ABSENT, SHAPE_ARITHMETIC, Binding, MaskSum
 from ..opschema import MS_DOMAIN, AttrSpec, attr_value, op_spec
 from ..patterns.compute import VALUE_FIELDS, ComputeError, Env, evaluate
 from ..patterns.rules import RewriteNode, Rule
@@ -205,18 +205,24 @@ def apply_match(rule: Rule, graph: Graph, b: Binding) -> Application:
             return init_names[name]
         return temps[name] if name in temps else b.values.get(name, ABSENT)
 
+    made: list[Node] = []
+    for name, mask in b.derived.items():  # masked's sums, built before the nodes that read them
+        rows = b.values.get(mask.rows, ABSENT) if mask.rows else None
+        temps[name] = _build_mask(graph, mask, rows, f"{prefix}/{rule.id}/{name}", root.seq + (-1,), made)
     for k, (rn, attrs) in enumerate(built):
         if rn.call is None:
             assert rn.alias is not None
             node = alias_value(graph, b.values[rn.outputs[0]], resolve(rn.alias), root.seq + (k,), prefix, rule.id)
             if node is not None:
-                node.provenance = (rule.id, replaced)
-                created.append(node.name)
-                ops.append("Identity")
+                made.append(node)
             continue
         inputs = [resolve(a.name) for a in rn.call.args]
-        if rn.call.args and all(i == ABSENT for i in inputs):
-            continue  # every input an absent optional one (`Cast(TT?)`): not built, its outputs are absent
+        spec = op_spec(rn.call.domain, rn.call.op)
+        required = spec.required if spec is not None else frozenset()
+        if rn.call.args and (all(i == ABSENT for i in inputs) or any(inputs[i] == ABSENT for i in required
+                                                                      if i < len(inputs))):
+            continue  # an absent optional value where the op needs one (`Expand(M?, rows)`, `Cast(TT?)`): not
+            # built, its outputs are absent
         while inputs and inputs[-1] == ABSENT:
             inputs.pop()
         outputs: list[str] = []
@@ -233,12 +239,15 @@ def apply_match(rule: Rule, graph: Graph, b: Binding) -> Application:
         name = graph.fresh_name(f"{prefix}/{rule.id}" + (f"/{k}" if len(built) > 1 else ""))
         proto = onnx.helper.make_node(rn.call.op, inputs, outputs, name=name, domain=rn.call.domain or None)
         proto.attribute.extend(attrs)
-        node = graph.add_node(proto, root.seq + (k,))
-        node.provenance = (rule.id, replaced)
-        created.append(name)
-        ops.append(rn.call.qualified)
+        made.append(graph.add_node(proto, root.seq + (k,)))
         if rn.call.domain and rn.call.domain not in graph.model.opsets:
             graph.model.opsets[rn.call.domain] = 1
+    _drop_unread(graph, made)  # what only a skipped node would have read (the rows of an absent mask)
+    for node in made:
+        if node.alive:
+            node.provenance = (rule.id, replaced)
+            created.append(node.name)
+            ops.append(f"{node.domain}.{node.op_type}" if node.domain else node.op_type)
     if any(o.startswith(MS_DOMAIN) for o in ops):
         graph.model.opsets.setdefault(MS_DOMAIN, 1)
     drop_dead_producers(graph, [i for n in b.matched + b.side for i in n.inputs] + _drop_dead_kept(graph, b.kept))
@@ -246,6 +255,53 @@ def apply_match(rule: Rule, graph: Graph, b: Binding) -> Application:
         _infer_temp_types(graph, [graph.producer[t].proto for t in temps.values() if t in graph.producer],
                           set(temps.values()))
     return Application(rule.id, graph.proto.name, b.values[rule.root], tuple(replaced), tuple(created), tuple(ops))
+
+
+def _build_mask(graph: Graph, mask: MaskSum, rows: str | None, prefix: str, seq: tuple[int, ...],
+                made: list[Node]) -> str:
+    """The additive mask `masked(x, M)` found: each term (a value, or Where(c, 0, fill) for a Where fill), their
+    sum in the order the model added them, and with `rows` (a value whose dim -2 is the query length, read at
+    run time) that sum expanded to [1, 1, s, 1]: every query row, rank 4. Returns its value name."""
+    parts: list[str] = []
+    zero = None
+
+    def node(op: str, ins: list[str], what: str, **attrs) -> str:
+        out = graph.fresh_name(f"{prefix}/{what}")
+        made.append(graph.add_node(onnx.helper.make_node(op, ins, [out], name=out, **attrs), seq + (len(made),)))
+        return out
+
+    for t in mask.terms:
+        if t.where is None:
+            parts.append(t.value)
+            continue
+        if zero is None:
+            zero = graph.add_initializer(f"{prefix}/zero", np.zeros((), onnx.helper.tensor_dtype_to_np_dtype(
+                mask.elem_type)))
+        parts.append(node("Where", [t.where, t.value, zero] if t.fill_first else [t.where, zero, t.value], "where"))
+    total = parts[0]
+    for p in parts[1:]:
+        total = node("Add", [total, p], "sum")
+    n0 = len(made)
+    if rows:
+        const = {k: graph.add_initializer(f"{prefix}/{k}", np.asarray(v, np.int64))
+                 for k, v in (("lead", [1, 1]), ("axis", [-2]), ("last", [1]))}
+        sq = node("Gather", [node("Shape", [rows], "shape"), const["axis"]], "seq", axis=0)
+        total = node("Expand", [total, node("Concat", [const["lead"], sq, const["last"]], "rows", axis=0)], "rows")
+    for k, n in enumerate(made):
+        graph.types.setdefault(n.outputs[0], TensorType(onnx.TensorProto.INT64 if n0 <= k < len(made) - 1
+                                                        else mask.elem_type, None))
+    return total
+
+
+def _drop_unread(graph: Graph, made: list[Node]) -> None:
+    """Remove the nodes a rewrite made that nothing reads (they fed only a node it did not build)."""
+    changed = True
+    while changed:
+        changed = False
+        for n in made:
+            if n.alive and not any(graph.consumers.get(o) or graph.is_graph_output(o) for o in n.outputs if o):
+                graph.remove_node(n)
+                changed = True
 
 
 def _infer_temp_types(graph: Graph, protos: list[onnx.NodeProto], temps: set[str]) -> None:

@@ -7,7 +7,7 @@ with ONNX's reference evaluator and replaced by a Constant; an If with a constan
 nodes of the branch it takes. Both are exact; results over FOLD_MAX_ELEMENTS elements are left alone so that
 folding never grows the file. Two nodes computing the same op on the same inputs with the same attributes
 (exporters repeat rotary-embedding frequencies and shape computations) become one, and readers of an Identity
-read its input.
+(or of an Expand that changes no shape) read its input.
 """
 
 from __future__ import annotations
@@ -141,11 +141,15 @@ def _merge_duplicates(graph: Graph, deny: set[tuple[str, str]]) -> list[Applicat
 
 
 def _drop_identities(graph: Graph, deny: set[tuple[str, str]]) -> list[Application]:
-    """Readers of an Identity read its input instead (inlined If branches leave them). One that names a graph
-    output, or is read by name inside a subgraph, stays."""
+    """Readers of an Identity read its input instead (inlined If branches leave them), and so do readers of an
+    Expand to a constant shape that broadcasts into its input's static shape (the attention rules expand a mask
+    to every query row; one that has them all is left as it is). One that names a graph output, or is read by
+    name inside a subgraph, stays."""
     apps: list[Application] = []
-    for node in [n for n in graph.nodes if n.alive and n.op_type == "Identity"]:  # order does not matter
+    for node in [n for n in graph.nodes if n.alive and n.op_type in ("Identity", "Expand")]:  # any order
         if not node.alive or node.domain != "" or not node.outputs:
+            continue
+        if node.op_type == "Expand" and not _expands_nothing(graph, node):
             continue
         out, src = node.outputs[0], node.proto.input[0]
         readers = graph.consumers.get(out, [])
@@ -156,6 +160,13 @@ def _drop_identities(graph: Graph, deny: set[tuple[str, str]]) -> list[Applicati
         alias_value(graph, out, src, node.seq, node.name or out, "identity-drop")
         apps.append(Application("identity-drop", graph.proto.name, out, (node.name or out,), (), ()))
     return apps
+
+
+def _expands_nothing(graph: Graph, node: Node) -> bool:
+    shape, target = _static_shape(graph, node.proto.input[0]), _known_value(graph, node, 1)
+    if shape is None or target is None or target.ndim != 1 or len(target) > len(shape):
+        return False
+    return all(int(t) == 1 or int(t) == d for t, d in zip(target, shape[len(shape) - len(target):], strict=True))
 
 
 def _rule_of(node: Node) -> str:

@@ -184,7 +184,6 @@ def test_self_attention_fully_masked_rows(guard):
 
 
 @pytest.mark.parametrize(("kw", "reason"), [
-    ({"mask": (B, 1, 1, S)}, "M has shape [2, 1, 1, 8], rule needs ['_', '_', 's', '_'] or ['s', '_']"),  # row-mask
     ({"bias_input": True}, None),  # a bias that is not constant cannot be packed offline
     ({"cross": True}, None),  # key / value from another input: not self-attention
     ({"softmax_axis": 2}, "Softmax axis=2, rule needs -1"),  # over the queries
@@ -233,17 +232,23 @@ def test_self_attention_scaled_q_needs_a_scalar_scale():
     check_misses(m, "self-attention", "found Mul, expected")
 
 
-def test_self_attention_row_mask_fires():
-    m = _self_attention(mask=(B, 1, 1, S))
+@pytest.mark.parametrize("mask", [(B, 1, 1, S), (S, S), (N, S, S)], ids=["row", "rank2", "rank3"])
+def test_self_attention_mask_gets_every_query_row(mask):
+    """The mask concept: a [b, 1, 1, s] padding row, a rank-2 [s, s] or rank-3 mask broadcast over the scores is
+    expanded to every query row, rank 4 (attention_bias takes no other form), with the query length read from X
+    at run time; exact for any mask values."""
+    m = _self_attention(mask=mask)
     # fold=False: with static shapes folding would turn Shape -> Gather -> Concat into a constant afterwards
-    got = check_fires(m, "self-attention-row-mask", ["Shape", "Gather", "Concat", "Expand"] + FUSED,
+    got = check_fires(m, "self-attention", ["Shape", "Gather", "Concat", "Expand"] + FUSED,
                       feeds=_feeds(m), rtol=1e-4, atol=1e-4, fold=False)
-    assert got.graph.node[3].input[0] == "m" and got.graph.node[4].input[5] == got.graph.node[3].output[0]
+    shape, expand, att = got.graph.node[0], got.graph.node[3], got.graph.node[4]
+    assert shape.input[0] == "x" and expand.input[0] == "m" and att.input[5] == expand.output[0]
 
 
-def test_self_attention_row_mask_near_miss():
-    check_misses(_self_attention(mask=(B, 1, S, S)), "self-attention-row-mask",
-                 "M has shape [2, 1, 8, 8], rule needs ['_', 1, 1, '_']")
+def test_self_attention_full_mask_is_taken_as_it_is():
+    """A mask with every query row needs no expanding: it is attention_bias unchanged."""
+    got = check_fires(_self_attention(mask=(B, 1, S, S)), "self-attention", FUSED, fold=False, feeds=False)
+    assert got.graph.node[0].input[5] == "m"
 
 
 def _packed(proj="gemm", past=True, trans_b=0, order=("q", "k", "v"), mask=(1, 1, S, S)):
@@ -291,23 +296,6 @@ def test_self_attention_packed_fires(proj, past):
 ])
 def test_self_attention_packed_near_misses(kw, reason):
     check_misses(_packed(**kw), "self-attention-packed", reason)
-
-
-def _mask_rank(s_rank=4, m_rank=2):
-    s_shape = [B, N, S, S][4 - s_rank:]
-    nodes = [oh.make_node("Add", ["s", "m"], ["a"], name="add"),
-             oh.make_node("Softmax", ["a"], ["y"], axis=-1, name="softmax")]
-    return make_model(nodes, [("s", s_shape), ("m", [1] * (m_rank - 2) + [S, S])], [("y", s_shape)])
-
-
-def test_attention_mask_rank4_fires():
-    got = check_fires(_mask_rank(), "attention-mask-rank4", ["Unsqueeze", "Add", "Softmax"])
-    assert got.graph.node[0].input[0] == "m"
-
-
-@pytest.mark.parametrize(("kw", "reason"), [({"m_rank": 3}, None), ({"s_rank": 3}, None)])
-def test_attention_mask_rank4_near_misses(kw, reason):
-    check_misses(_mask_rank(**kw), "attention-mask-rank4", reason)
 
 
 def _guard(fill=np.nan, fill_shape=(), as_output=False):
@@ -444,14 +432,11 @@ def test_attention_heads_split_grouped_kv_heads_still_5d(tail):
 
 @pytest.mark.parametrize(("kw", "reason"), [
     ({"softmax_axis": 2}, "Softmax axis=2, rule needs -1"),
-    ({"mask_rank": 2}, "M has shape [8, 8], rule needs ['_', '_', 's', 't']"),
     ({"v_rank": 3}, "V has shape [2, 8, 8]"),  # one value for every batch row, broadcast by MatMul
     # one KV head not repeated, broadcast over the query heads by MatMul: the kernel needs every head
     ({"kv_heads": 1, "kv_form": "broadcast", "heads": 4},
      "layout 'b n t d -> b n d t': axis n is 1 here, 4 in an earlier line"),
     ({"kv_heads": 1, "kv_form": "broadcast", "heads": 4, "kt": "dynamo"}, "axis n is 1 here, 4 in an earlier line"),
-    # one mask row broadcast over the queries: attention_bias needs all of them
-    ({"mask_shape": (B, 1, 1, S)}, "M has shape [2, 1, 1, 8], rule needs ['_', '_', 's', 't']"),
 ])
 def test_attention_heads_split_near_misses(kw, reason):
     check_misses(_split_heads(**kw), "attention-heads-split", reason)
@@ -714,8 +699,8 @@ def test_real_exports_fuse_with_equal_numerics(name, tmp_path):
 
 
 def test_two_score_biases_become_one_attention_bias():
-    """MPNet adds a relative position bias and then the mask to the scores: attention-bias-sum sums the two
-    first, and self-attention then fuses with that sum as its attention_bias."""
+    """MPNet adds a relative position bias and then the mask to the scores: the mask concept takes both terms,
+    and their sum is Attention's attention_bias."""
     m = _self_attention(mask=(B, 1, S, S))
     at = next(k for k, n in enumerate(m.graph.node) if n.op_type == "Softmax")
     masked = m.graph.node[at].input[0]
@@ -723,11 +708,10 @@ def test_two_score_biases_become_one_attention_bias():
     m.graph.node.insert(at, oh.make_node("Add", [masked, "rel"], ["masked2"], name="rel_add"))
     m.graph.input.append(oh.make_tensor_value_info("rel", TensorProto.FLOAT, [1, N, S, S]))
     feeds = _feeds(m)
-    got = check_fires(m, ["attention-bias-sum", "self-attention"], ["Add", *FUSED], feeds=feeds,
-                      fired={"attention-bias-sum": 1, "self-attention": 1}, rtol=1e-4, atol=1e-4)
-    att = next(n for n in got.graph.node if n.op_type == "Attention")
-    assert att.input[5] != "m"  # the sum of the two terms, not the mask alone
-    check_misses(_self_attention(mask=(B, 1, S, S)), "attention-bias-sum")  # one term: nothing to do
+    got = check_fires(m, "self-attention", ["Add", *FUSED], feeds=feeds, rtol=1e-4, atol=1e-4)
+    add, att = got.graph.node[0], got.graph.node[1]
+    assert list(add.input) == ["m", "rel"]  # the terms summed in the order the model added them
+    assert att.input[5] == add.output[0]  # every query row already: taken as it is
 
 
 def test_explain_looks_before_smaller_rules_hide_the_reason(tmp_path):
@@ -1031,28 +1015,22 @@ def _where_feeds(m, masked_first=False):
 
 @pytest.mark.parametrize("masked_first", [False, True], ids=["keep", "masked"])
 @pytest.mark.parametrize("fill", [F32_MIN, -np.inf], ids=["finfo_min", "inf"])
-def test_where_mask_becomes_additive(masked_first, fill):
-    m = _where_scores(fill, masked_first)
-    got = check_fires(m, "attention-where-mask", ["Where", "Add", "Softmax"], feeds=_where_feeds(m, masked_first),
-                      rtol=0, atol=0)  # exact
+def test_where_mask_is_an_attention_bias(masked_first, fill):
+    """Where(keep, s, MIN) (masked_fill as torch exports it) or Where(masked, MIN, s) is the additive mask
+    s + Where(keep, 0, MIN): MultiHeadAttention takes that as its attention_bias."""
+    m = _where_scores(fill, masked_first, heads=True)
+    got = check_fires(m, "attention-heads-split",
+                      ["Where", "Transpose", "Reshape", "Reshape", "com.microsoft.MultiHeadAttention", "IsNaN", "Where",
+                       "Reshape"], feeds=_where_feeds(m, masked_first), rtol=1e-4, atol=1e-4)
     where = got.graph.node[0]
     consts = {t.name: numpy_helper.to_array(t) for t in got.graph.initializer}
     keep_v, drop_v = (float(consts[n].reshape(-1)[0]) for n in where.input[1:])
-    assert (keep_v, drop_v) == ((fill, 0.0) if masked_first else (0.0, fill))
+    assert where.input[0] == "c" and (keep_v, drop_v) == ((fill, 0.0) if masked_first else (0.0, fill))
+    assert got.graph.node[4].input[5] == where.output[0]
 
 
 def test_where_mask_needs_a_fill_that_absorbs_the_scores():
     """Where(keep, s, -10000) is not s + Where(keep, 0, -10000) in a row with every column masked."""
-    check_misses(_where_scores(-10000.0), "attention-where-mask",
-                 "require failed: the Where fill is not a mask minimum (-inf or at most -1e30), so Where is not an "
-                 "additive mask (float(default(MIN, MIN2)) <= -1e30)")
-
-
-def test_where_mask_attention_fuses():
-    """The additive form is the one the attention rules take: Where-masked attention on heads -> MHA."""
-    m = _where_scores(heads=True)
-    got = check_fires(m, ("attention-where-mask", "attention-heads-split"),
-                      ["Where", "Transpose", "Reshape", "Reshape", "com.microsoft.MultiHeadAttention", "IsNaN", "Where",
-                       "Reshape"], fired={"attention-where-mask": 1, "attention-heads-split": 1},
-                      feeds=_where_feeds(m), rtol=1e-4, atol=1e-4)
-    assert any(n.op_type == "MultiHeadAttention" for n in got.graph.node)
+    check_misses(_where_scores(-10000.0, heads=True), "attention-heads-split",
+                 "masked: the Where fill -10000 is not a mask minimum (-inf or at most -1e30), so Where is not an "
+                 "additive mask")
