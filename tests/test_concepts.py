@@ -158,7 +158,8 @@ def _masked_scores(spell: str):
     ("where_first", "", ["Not", "Where", "Relu", "Neg", "Sub", "Softmax"]),
     ("bias_where_pad", "", ["Where", "Add", "Add", "Relu", "Neg", "Sub", "Softmax"]),
     ("causal", "", ["Relu", "Neg", "Sub", "Softmax"]),  # one value: M is it
-    ("causal", ", rows=S", ["Shape", "Gather", "Concat", "Expand", "Relu", "Neg", "Sub", "Softmax"]),  # rank 4, every row
+    ("causal", ", rows=S", ["Unsqueeze", "Relu", "Neg", "Sub", "Softmax"]),  # every row: made rank 4
+    ("where", ", rows=S", ["Where", "Shape", "Gather", "Concat", "Expand", "Relu", "Neg", "Sub", "Softmax"]),  # one row
 ])
 def test_a_users_rule_on_the_mask_concept(tmp_path, spell, rows, ops):
     """A rule of the user's own on `masked`: every spelling is one mask M, built by the rewrite where no single

@@ -45,11 +45,13 @@ class MaskTerm:
 class MaskSum:
     """What `masked(x, M)` bound M to when no single graph value is it: the sum of its terms, in the scores'
     element type (an ONNX TensorProto type), expanded to every query row (rank 4) when `rows` names the value
-    whose dim -2 is their number; the rewrite builds it (rewrite/apply.py)."""
+    whose dim -2 is their number, or given `lead` leading axes (one with every row, of a lower rank); the
+    rewrite builds it (rewrite/apply.py)."""
 
     elem_type: int
     terms: tuple[MaskTerm, ...]
     rows: str | None = None
+    lead: int = 0  # leading axes to add (a mask with every row, of rank 4 - lead)
 
 
 @dataclass(frozen=True)
@@ -307,17 +309,20 @@ class Matcher:
             if c.bias in b2.values:
                 self._fail(b2, value, f"mask {c.bias} is bound twice")
                 continue
-            rows = c.rows if c.rows and not self._has_rows(terms, value) else None
+            rows, lead = None, 0
+            if c.rows and terms:
+                rank, full = self._mask_rows(terms, value)
+                rows, lead = (None, 4 - rank) if full else (c.rows, 0)
             if not terms:
                 b2 = b2.bind(c.bias, ABSENT)
-            elif len(terms) == 1 and terms[0].where is None and rows is None:
+            elif len(terms) == 1 and terms[0].where is None and rows is None and not lead:
                 b3 = self._constrain(c.bias, terms[0].value, b2, nodes[0])
                 if b3 is None:
                     continue
                 b2 = b3.bind(c.bias, terms[0].value)
             else:
                 b2 = dataclasses.replace(b2.bind(c.bias, f"{DERIVED}{c.bias}"),
-                                         derived={**b2.derived, c.bias: MaskSum(elem, tuple(terms), rows)})
+                                         derived={**b2.derived, c.bias: MaskSum(elem, tuple(terms), rows, lead)})
             yield from self._expr(c.arg, start, b2, nodes[-1] if nodes else consumer)
         for where, why in refused:  # the telling reason ("found Where, expected MatMul" says less), as far along
             self._fail(b.bind(c.bias, ABSENT), where, why)
@@ -351,25 +356,29 @@ class Matcher:
                     yield start, terms + [term], nodes + [node]
         yield value, [], []
 
-    def _has_rows(self, terms: list[MaskTerm], scores: str) -> bool:
-        """Whether the terms' sum is rank 4 with every query row of the scores (their dim -2, the same number or
-        symbol): then it needs no expanding. Unknown shapes need it."""
+    def _mask_rows(self, terms: list[MaskTerm], scores: str) -> tuple[int, bool]:
+        """(the rank of the terms' sum, whether it has every query row of the scores: their dim -2 the same
+        number, or two symbols, which shape inference often makes up twice for one dim, but not two the model
+        declares for its inputs). Unknown shapes have no rows for sure: the sum is then expanded."""
         g = self.graph
         shapes = []
         for t in terms:
             for v in ((t.value,) if t.where is None else (t.where, t.value)):
                 tt = g.type_of(v)
                 if tt is None or tt.shape is None:
-                    return False
+                    return 0, False
                 shapes.append(tt.shape)
+        rank = max(len(sh) for sh in shapes)
         ts = g.type_of(scores)
-        if ts is None or ts.shape is None or len(ts.shape) != 4 or not shapes:
-            return False
-        if max(len(sh) for sh in shapes) != 4:
-            return False
-        rows = [sh[-2] for sh in shapes if len(sh) >= 2]
-        want = ts.shape[-2]
-        return want is not None and (want == 1 or any(r == want for r in rows))
+        if ts is None or ts.shape is None or len(ts.shape) != 4 or rank > 4:
+            return rank, False
+        want, declared = ts.shape[-2], g.model.input_dim_names
+
+        def same(r: int | str | None) -> bool:
+            if isinstance(r, int) or isinstance(want, int):
+                return r == want
+            return r is not None and want is not None and (r == want or not (r in declared and want in declared))
+        return rank, want == 1 or any(same(sh[-2]) for sh in shapes if len(sh) >= 2)
 
     def _keeps_shape(self, out: str, x: str) -> bool:
         """Whether adding a term to `x` gave `out` x's shape (the term broadcasts into it, never widens it)."""

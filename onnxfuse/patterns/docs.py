@@ -99,7 +99,7 @@ A concept matches what a chain of nodes *does*, whatever ops spell it; the match
 | `layout(x, "...", scale=S)` | the same, with Mul / Div by a scalar anywhere on the way; `S` is the product of the factors (1 when there is none) |
 | `scaled(x, scale=S)` | zero or more Mul / Div by a scalar after `x`; `S` their product |
 | `masked(x, M)` | `x` plus an additive mask, in any spelling: zero or more Add of a term and Where(c, x, MIN) (masked_fill; MIN -inf or at most -1e30, whose additive form is Where(c, 0, MIN)), each leaving x's shape as it is; `M` is their sum (absent when there is none), which the rewrite builds where no single value is it |
-| `masked(x, M, rows=X)` | the same, `M` with every query row: expanded to [1, 1, s, 1] (s read at run time from X's dim -2) unless it is rank 4 with them already, as Attention's and MultiHeadAttention's attention_bias take it |
+| `masked(x, M, rows=X)` | the same, `M` rank 4 with every query row, as Attention's and MultiHeadAttention's attention_bias take it: expanded to [1, 1, s, 1] (s read at run time from X's dim -2) where it lacks them, given its leading axes (Unsqueeze, a view) where it has them at a lower rank, else as it is |
 
 The proof runs the chain with numpy on `arange` over the source's elements, at two sets of sizes for the
 graph's symbolic dims, and compares the result with the rearrangement: 3-D or 4-D heads, reshape targets

@@ -261,7 +261,8 @@ def _build_mask(graph: Graph, mask: MaskSum, rows: str | None, prefix: str, seq:
                 made: list[Node]) -> str:
     """The additive mask `masked(x, M)` found: each term (a value, or Where(c, 0, fill) for a Where fill), their
     sum in the order the model added them, and with `rows` (a value whose dim -2 is the query length, read at
-    run time) that sum expanded to [1, 1, s, 1]: every query row, rank 4. Returns its value name."""
+    run time) that sum expanded to [1, 1, s, 1]: every query row, rank 4; one that has every row at a lower rank
+    gets its leading axes (`lead`) instead. Returns its value name."""
     parts: list[str] = []
     zero = None
 
@@ -282,6 +283,14 @@ def _build_mask(graph: Graph, mask: MaskSum, rows: str | None, prefix: str, seq:
     for p in parts[1:]:
         total = node("Add", [total, p], "sum")
     n0 = len(made)
+    if mask.lead:  # every query row already, a lower rank: a view, no copy
+        axes = list(range(mask.lead))
+        if graph.model.opset >= 13:
+            total = node("Unsqueeze", [total, graph.add_initializer(f"{prefix}/axes", np.asarray(axes, np.int64))],
+                         "rank4")
+        else:
+            total = node("Unsqueeze", [total], "rank4", axes=axes)
+        n0 = len(made)
     if rows:
         const = {k: graph.add_initializer(f"{prefix}/{k}", np.asarray(v, np.int64))
                  for k, v in (("lead", [1, 1]), ("axis", [-2]), ("last", [1]))}

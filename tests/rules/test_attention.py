@@ -232,17 +232,26 @@ def test_self_attention_scaled_q_needs_a_scalar_scale():
     check_misses(m, "self-attention", "found Mul, expected")
 
 
-@pytest.mark.parametrize("mask", [(B, 1, 1, S), (S, S), (N, S, S)], ids=["row", "rank2", "rank3"])
-def test_self_attention_mask_gets_every_query_row(mask):
-    """The mask concept: a [b, 1, 1, s] padding row, a rank-2 [s, s] or rank-3 mask broadcast over the scores is
-    expanded to every query row, rank 4 (attention_bias takes no other form), with the query length read from X
-    at run time; exact for any mask values."""
-    m = _self_attention(mask=mask)
+def test_self_attention_row_mask_gets_every_query_row():
+    """The mask concept: a [b, 1, 1, s] padding row is expanded to every query row (attention_bias takes no other
+    form), with the query length read from X at run time; exact for any mask values."""
+    m = _self_attention(mask=(B, 1, 1, S))
     # fold=False: with static shapes folding would turn Shape -> Gather -> Concat into a constant afterwards
     got = check_fires(m, "self-attention", ["Shape", "Gather", "Concat", "Expand"] + FUSED,
                       feeds=_feeds(m), rtol=1e-4, atol=1e-4, fold=False)
     shape, expand, att = got.graph.node[0], got.graph.node[3], got.graph.node[4]
     assert shape.input[0] == "x" and expand.input[0] == "m" and att.input[5] == expand.output[0]
+
+
+@pytest.mark.parametrize("mask", [(S, S), (N, S, S)], ids=["rank2", "rank3"])
+def test_self_attention_low_rank_mask_gets_its_leading_axes(mask):
+    """A rank-2 [s, s] (causal) or rank-3 mask has every query row: it only gets the leading axes of rank 4, a
+    view (no copy)."""
+    m = _self_attention(mask=mask)
+    got = check_fires(m, "self-attention", ["Unsqueeze"] + FUSED, feeds=_feeds(m), rtol=1e-4, atol=1e-4)
+    unsq, att = got.graph.node[0], got.graph.node[1]
+    axes = {t.name: numpy_helper.to_array(t) for t in got.graph.initializer}[unsq.input[1]]
+    assert unsq.input[0] == "m" and list(axes) == list(range(4 - len(mask))) and att.input[5] == unsq.output[0]
 
 
 def test_self_attention_full_mask_is_taken_as_it_is():
