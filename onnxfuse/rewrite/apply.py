@@ -265,10 +265,12 @@ def _build_mask(graph: Graph, mask: MaskSum, rows: str | None, prefix: str, seq:
     gets its leading axes (`lead`) instead. Returns its value name."""
     parts: list[str] = []
     zero = None
+    i64 = onnx.TensorProto.INT64
 
-    def node(op: str, ins: list[str], what: str, **attrs) -> str:
+    def node(op: str, ins: list[str], what: str, elem: int = mask.elem_type, **attrs) -> str:
         out = graph.fresh_name(f"{prefix}/{what}")
         made.append(graph.add_node(onnx.helper.make_node(op, ins, [out], name=out, **attrs), seq + (len(made),)))
+        graph.types.setdefault(out, TensorType(elem, None))
         return out
 
     for t in mask.terms:
@@ -282,7 +284,6 @@ def _build_mask(graph: Graph, mask: MaskSum, rows: str | None, prefix: str, seq:
     total = parts[0]
     for p in parts[1:]:
         total = node("Add", [total, p], "sum")
-    n0 = len(made)
     if mask.lead:  # every query row already, a lower rank: a view, no copy
         axes = list(range(mask.lead))
         if graph.model.opset >= 13:
@@ -290,15 +291,12 @@ def _build_mask(graph: Graph, mask: MaskSum, rows: str | None, prefix: str, seq:
                          "rank4")
         else:
             total = node("Unsqueeze", [total], "rank4", axes=axes)
-        n0 = len(made)
     if rows:
         const = {k: graph.add_initializer(f"{prefix}/{k}", np.asarray(v, np.int64))
                  for k, v in (("lead", [1, 1]), ("axis", [-2]), ("last", [1]))}
-        sq = node("Gather", [node("Shape", [rows], "shape"), const["axis"]], "seq", axis=0)
-        total = node("Expand", [total, node("Concat", [const["lead"], sq, const["last"]], "rows", axis=0)], "rows")
-    for k, n in enumerate(made):
-        graph.types.setdefault(n.outputs[0], TensorType(onnx.TensorProto.INT64 if n0 <= k < len(made) - 1
-                                                        else mask.elem_type, None))
+        sq = node("Gather", [node("Shape", [rows], "shape", i64), const["axis"]], "seq", i64, axis=0)
+        total = node("Expand", [total, node("Concat", [const["lead"], sq, const["last"]], "rows", i64, axis=0)],
+                     "rows")
     return total
 
 
