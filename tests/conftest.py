@@ -33,6 +33,9 @@ os.environ["ONNXFUSE_CPU_NCHWC"] = "1"
 @pytest.fixture(autouse=True)
 def _fresh_decision_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path_factory.mktemp("decision-cache")))
+    # output width as a pipe has it (pytest-xdist's workers inherit COLUMNS=80 from the controller): a test of
+    # the terminal's width sets COLUMNS itself
+    monkeypatch.delenv("COLUMNS", raising=False)
 
 # Property tests are deterministic in the suite: the same examples every run (derandomized), no example
 # database carried between runs, and no shrinking (a failure is reproducible as it is). Fresh seeds belong in

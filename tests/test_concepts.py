@@ -206,8 +206,12 @@ def test_masked_refuses_a_where_that_is_no_mask(tmp_path):
     ("Softmax(masked(Relu(S)), axis=-1)", 16, "masked takes 2 arguments"),
     ("Softmax(masked(Relu(S), m), axis=-1)", 32, "masked: its second argument names the mask it binds"),
     ("Softmax(masked(Relu(S), M, cols=X), axis=-1)", 40, "masked has no parameter 'cols'"),
+    ('computes(S)', 8, "computes takes 2 arguments"),
+    ('computes(S, "gelu2")', 21, "computes: no function 'gelu2' (there are: gelu, gelu_tanh, silu, layernorm, rmsnorm)"),
+    ('computes(S, "gelu", eps=E)', 32, "computes 'gelu' has no parameter 'eps' (it has: none)"),
+    ('computes(S, "layernorm", eps=e)', 37, "eps= names the number the concept binds"),
 ])
-def test_a_bad_masked_is_one_line_with_its_column(tmp_path, line, col, message):
+def test_a_bad_concept_is_one_line_with_its_column(tmp_path, line, col, message):
     from onnxfuse.errors import OnnxfuseError
     from onnxfuse.patterns.parser import load_file
 

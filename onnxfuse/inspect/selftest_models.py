@@ -98,6 +98,24 @@ def input_type(call: Call, idx: int, opset: int, primary: int) -> int:
     return primary
 
 
+# The usual spelling of each function `computes(x, NAME)` proves (patterns/functions.py FUNCTIONS), for the models
+# `patterns test` builds: (value, op, inputs (values, or a float constant), attributes) in order, from x.
+_MEAN = {"axes": [-1], "keepdims": 1}
+SPELLINGS: dict[str, list[tuple[str, str, list, dict]]] = {
+    "gelu": [("s", "Div", ["x", 1.4142135], {}), ("e", "Erf", ["s"], {}), ("p", "Add", ["e", 1.0], {}),
+             ("m", "Mul", ["x", "p"], {}), ("y", "Mul", ["m", 0.5], {})],
+    "gelu_tanh": [("c", "Pow", ["x", 3.0], {}), ("a", "Mul", ["c", 0.044715], {}), ("i", "Add", ["x", "a"], {}),
+                  ("j", "Mul", ["i", 0.7978845608], {}), ("t", "Tanh", ["j"], {}), ("p", "Add", ["t", 1.0], {}),
+                  ("h", "Mul", ["x", 0.5], {}), ("y", "Mul", ["h", "p"], {})],
+    "silu": [("s", "Sigmoid", ["x"], {}), ("y", "Mul", ["x", "s"], {})],
+    "layernorm": [("m", "ReduceMean", ["x"], _MEAN), ("d", "Sub", ["x", "m"], {}), ("q", "Pow", ["d", 2.0], {}),
+                  ("v", "ReduceMean", ["q"], _MEAN), ("e", "Add", ["v", 1e-5], {}), ("r", "Sqrt", ["e"], {}),
+                  ("y", "Div", ["d", "r"], {})],
+    "rmsnorm": [("q", "Pow", ["x", 2.0], {}), ("v", "ReduceMean", ["q"], _MEAN), ("e", "Add", ["v", 1e-5], {}),
+                ("r", "Sqrt", ["e"], {}), ("y", "Div", ["x", "r"], {})],
+}
+
+
 @dataclass
 class Mutation:
     const_scale: dict[str, float] = field(default_factory=dict)  # value name -> multiply const by this
@@ -194,6 +212,9 @@ class Builder:
         groups (steps that change nothing left out), and a Mul by 0.5 where it binds a scale; a mask is an Add
         of an input of the example's shape (or x's own), or nothing without the optional values."""
         x = self.emit(c.arg, Call("Identity", "", [c.arg]), 0)  # the chain's first op reads it: a float input
+        if c.name == "computes":
+            assert c.function is not None
+            return self._spell(c.function, x, out)
         if c.name == "masked":
             if not self.with_optional and out is None:
                 return x
@@ -241,6 +262,28 @@ class Builder:
             self.nodes.append(oh.make_node(op, [x, *extra], [name], name=f"n{self.n}_{op}", **attrs))
             x = name
         return x
+
+    def _spell(self, function: str, x: str, out: str | None) -> str:
+        """The usual spelling of a function `computes` proves (SPELLINGS), reading `x`, ending in `out`."""
+        env = {"x": x}
+        steps = SPELLINGS[function]
+        for i, (name, op, args, attrs) in enumerate(steps):
+            ins = []
+            for a in args:
+                if isinstance(a, float):
+                    self.n += 1
+                    c = f"c{self.n}"
+                    self.inits.append(numpy_helper.from_array(np.asarray(a, dtype=np_of(self.primary)), c))
+                    ins.append(c)
+                else:
+                    ins.append(env[a])
+            attrs = dict(attrs)
+            if op == "ReduceMean" and self.opset >= 18:  # axes as an input from opset 18
+                ins.append(self._int_const(attrs.pop("axes")))
+            self.n += 1
+            env[name] = out if (out is not None and i == len(steps) - 1) else f"t{self.n}"
+            self.nodes.append(oh.make_node(op, ins, [env[name]], name=f"n{self.n}_{op}", **attrs))
+        return env[steps[-1][0]]
 
     def _int_const(self, values: list[int]) -> str:
         self.n += 1

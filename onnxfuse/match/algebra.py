@@ -33,7 +33,8 @@ from ..ir import Graph, Node
 from ..opschema import attr_value, op_spec
 from ..patterns.layouts import LAYOUT_OPS, SCALE_OPS, Layout
 
-__all__ = ["Proof", "RankMismatch", "Sizes", "Unprovable", "prove_layout", "scalar_factor"]
+__all__ = ["Interpreter", "Opaque", "Proof", "RankMismatch", "Sizes", "Unprovable", "prove_layout", "scalar_factor",
+           "static_dims"]
 
 MAX_ELEMENTS = 1 << 22  # a chain whose source has more elements at the proof's sizes is not proved
 _PRIMES = tuple(p for p in range(3, 8000) if all(p % q for q in range(2, int(p ** 0.5) + 1)))
@@ -510,3 +511,7 @@ def scalar_factor(graph: Graph, node: Node, rank: int | None) -> tuple[str, floa
             f = 1.0 / f
         return node.inputs[data], f
     return None
+
+
+# The interpreter, its opaque values and the graph's static dims, for the other proofs (match/functions.py).
+Interpreter, Opaque, static_dims = _Interpreter, _Opaque, _static_dims

@@ -12,11 +12,13 @@ import numpy as np
 
 from ..ir import Graph, Node
 from ..opschema import attr_value, op_spec
+from ..patterns.functions import REGION_OPS
 from ..patterns.layouts import LAYOUT_OPS, Layout
 from ..patterns.rules import Constraint, Rule
 from ..patterns.syntax import Alt, Call, Concept, Expr, Ref
 from ..tensors import dtype_name
 from .algebra import RankMismatch, Unprovable, prove_layout, scalar_factor
+from .functions import FUNCTIONS, Region, regions
 
 ABSENT = ""
 DERIVED = "\x00mask:"  # the value name of a mask the rewrite builds (Binding.derived)
@@ -136,6 +138,8 @@ class Matcher:
         self.best: Failure | None = None
         self.exposed = rule.exposed
         self.read = rule.read_names
+        self._regions: dict[tuple[str, str, bool], list[Region]] = {}  # computes(...): the regions found at a value
+        self._region_reasons: dict[tuple[str, str, bool], list[tuple[str, str, tuple[Node, ...]]]] = {}
 
     # ----- entry -----------------------------------------------------------------------------------------
     def match(self, root: Node) -> Binding | None:
@@ -289,8 +293,43 @@ class Matcher:
     def _concept(self, c: Concept, value: str, b: Binding, consumer: Node | None) -> Iterator[Binding]:
         if c.name == "masked":
             yield from self._masked(c, value, b, consumer)
+        elif c.name == "computes":
+            yield from self._computes(c, value, b)
         else:
             yield from self._moved(c, value, b, consumer)
+
+    def _computes(self, c: Concept, value: str, b: Binding) -> Iterator[Binding]:
+        """`computes(x, "gelu")`: a region of elementwise and normalizing ops from one source to `value` that
+        computes the function of it (match/functions.py), the nearest source first; `x` is matched at the source
+        and eps= binds the number the region adds."""
+        assert c.function is not None
+        # At the root of an attempt, a value that only region ops read is a part of a longer chain: that a part
+        # computes something else is no near miss (the chain's end is the candidate to explain).
+        readers = self.graph.consumers.get(value, [])
+        inner = not b.matched and value not in self.graph.graph_outputs and bool(readers) and all(
+            n.domain == "" and n.op_type in REGION_OPS for n in readers)
+        key = (value, c.function, inner)
+        found = self._regions.get(key)
+        if found is None:
+            reasons: list[tuple[str, str, tuple[Node, ...]]] = []
+            found = list(regions(self.graph, value, FUNCTIONS[c.function], set(),
+                                 lambda node, why, nodes: reasons.append((node, why, nodes)), inner))
+            self._regions[key] = found
+            self._region_reasons[key] = reasons
+        for node, why, nodes in self._region_reasons[key]:  # a region that was run counts as that far along
+            self._fail(dataclasses.replace(b, matched=b.matched + nodes), node, why)
+        taken = {id(n) for n in b.matched}
+        for r in found:
+            if any(id(n) in taken for n in r.nodes):
+                self._fail(b, r.nodes[-1].name, f"computes {c.function!r}: its ops are already part of this match")
+                continue
+            b2 = b
+            for x in reversed(r.nodes):
+                b2 = b2.take(x)
+            # (not `chained`: a region's value read outside fails the match, it is not computed twice)
+            if "eps" in c.facts:
+                b2 = b2.with_fact(c.facts["eps"], r.eps)
+            yield from self._expr(c.arg, r.source, b2, r.reader)
 
     def _masked(self, c: Concept, value: str, b: Binding, consumer: Node | None) -> Iterator[Binding]:
         """`masked(x, M)`: from `value` back through additive terms (Add of a value that leaves the shape as it

@@ -12,6 +12,7 @@ import os
 import sys
 
 from . import spec
+from .functions import FUNCTIONS, REGION_OPS
 from .vocab import Field, Function, Key, Table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -91,7 +92,7 @@ A name used twice is the same value.
 ### Concepts
 
 A concept matches what a chain of nodes *does*, whatever ops spell it; the matcher proves it
-(onnxfuse/match/algebra.py) instead of comparing op types:
+(onnxfuse/match/algebra.py, onnxfuse/match/functions.py) instead of comparing op types:
 
 | syntax | meaning |
 |---|---|
@@ -100,6 +101,8 @@ A concept matches what a chain of nodes *does*, whatever ops spell it; the match
 | `scaled(x, scale=S)` | zero or more Mul / Div by a scalar after `x`; `S` their product |
 | `masked(x, M)` | `x` plus an additive mask, in any spelling: zero or more Add of a term and Where(c, x, MIN) (masked_fill; MIN -inf or at most -1e30, whose additive form is Where(c, 0, MIN)), each leaving x's shape as it is; `M` is their sum (absent when there is none), which the rewrite builds where no single value is it |
 | `masked(x, M, rows=X)` | the same, `M` rank 4 with every query row, as Attention's and MultiHeadAttention's attention_bias take it: expanded to [1, 1, s, 1] (s read at run time from X's dim -2) where it lacks them, given its leading axes (Unsqueeze, a view) where it has them at a lower rank, else as it is |
+| `computes(x, "NAME")` | any region of elementwise and normalizing ops ({region_ops}) whose only non-constant input is `x` and that computes the function NAME of it, proved by running the region in float64 on test inputs; the nearest source is tried first; the functions: {functions} |
+| `computes(x, "NAME", eps=E)` | the same for a normalization; `E` is the number the region adds under the root (0 when there is none) |
 
 The proof runs the chain with numpy on `arange` over the source's elements, at two sets of sizes for the
 graph's symbolic dims, and compares the result with the rearrangement: 3-D or 4-D heads, reshape targets
@@ -111,9 +114,12 @@ of static dims (`1 / Sqrt(Cast(Gather(Shape(q), -1)))`). The axis names are dims
 `example` may give an axis size (`n: 4`) for the models `patterns test` builds. A chain whose value is also
 read outside the match is kept for that reader. A mask's terms are tried in every split, the most terms first:
 a [b, 1, 1, t] padding row, a rank-2 causal [s, t], a relative position bias plus a mask, a Where with a bool
-mask are all one mask. When a concept is not met, `explain` says why in its terms: "layout 'b s (n d) -> b n s
+mask are all one mask. A function's region is run on random rows with an offset each (and, for a
+normalization, on rows scaled so that eps matters) and compared with the function within 1e-5 (2e-3 where float16
+takes part); of two functions of one family (Gelu and its tanh approximation) the nearer one is the one it
+computes. A region value read outside the match fails the match. When a concept is not met, `explain` says why in its terms: "layout 'b s (n d) -> b n s
 d': the elements are not arranged as ...", "axis n is 4 here, 12 in an earlier line", "masked: the Where fill
--10000 is not a mask minimum".
+-10000 is not a mask minimum", "computes 'layernorm': the ops from 'x' compute something else (off by 0.3)".
 """
 
 EXPRESSIONS = """\
@@ -181,7 +187,9 @@ def markdown() -> str:
         "```yaml", WORKED_EXAMPLE.rstrip("\n"), "```", "",
         WORKED_NOTES,
         "## Match expressions", "",
-        MATCH_SYNTAX.format(domains=", ".join(f"`{d}`" for d in spec.PATTERN_DOMAINS if d)),
+        MATCH_SYNTAX.format(domains=", ".join(f"`{d}`" for d in spec.PATTERN_DOMAINS if d),
+                            region_ops=", ".join(sorted(REGION_OPS)),
+                            functions="; ".join(f"`{f.name}`: {f.doc}" for f in FUNCTIONS.values())),
         "## Keys", "",
     ]
     lines += _key_sections(spec.FILE_KEYS, "###")

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..targets import names
 from .compute import CompiledExpr
+from .functions import REGION_OPS
 from .layouts import LAYOUT_OPS, MASK_OPS, SCALE_OPS, layout_atoms
 from .syntax import Alt, Call, Concept, Expr, iter_concepts, iter_refs, max_calls
 
@@ -197,7 +198,8 @@ def _top_ops(e: Expr) -> set[tuple[str, str]]:
     if isinstance(e, Call):
         return {(e.domain, e.op)}
     if isinstance(e, Concept):
-        own = (LAYOUT_OPS if e.name == "layout" else MASK_OPS if e.name == "masked" else frozenset()) \
+        own = (LAYOUT_OPS if e.name == "layout" else MASK_OPS if e.name == "masked"
+               else REGION_OPS if e.name == "computes" else frozenset()) \
             | (SCALE_OPS if e.facts else frozenset())
         return {("", op) for op in own} | _top_ops(e.arg)
     return set()

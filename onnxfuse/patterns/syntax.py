@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from .functions import FUNCTIONS
+
 OPT_MARK = "ʔ"  # '?' is rewritten to this identifier letter so Python's parser accepts `B?`
 
 
@@ -67,11 +69,12 @@ class Concept:
     parsed: object = None  # the parsed Layout (patterns/layouts.py), set by the pattern checker
     bias: str | None = None
     rows: str | None = None  # masked(..., rows=X): M gets every query row, X's dim -2 of them
+    function: str | None = None  # computes(x, "gelu"): the function's name (patterns/functions.py FUNCTIONS)
 
 
 Expr = Ref | Call | Alt | Concept
 # Lowercase call names of the match language that are concepts, not operators (parsed by _concept below).
-CONCEPT_NAMES = frozenset({"layout", "scaled", "masked"})
+CONCEPT_NAMES = frozenset({"layout", "scaled", "masked", "computes"})
 
 
 def _char_offset(text: str, col_bytes: int) -> int:
@@ -152,6 +155,8 @@ def _concept(node: ast.Call, text: str, off: int) -> Concept:
     name = node.func.id  # type: ignore[attr-defined]
     if name == "masked":
         return _masked(node, text, off)
+    if name == "computes":
+        return _computes(node, text, off)
     want = 2 if name == "layout" else 1
     if len(node.args) != want or any(isinstance(a, ast.Starred) for a in node.args):
         usage = 'layout(x, "b s (n d) -> b n s d", scale=S)' if name == "layout" else "scaled(x, scale=S)"
@@ -193,6 +198,30 @@ def _masked(node: ast.Call, text: str, off: int) -> Concept:
             raise SyntaxProblem(f"masked has no parameter {kw.arg!r} (it has: rows)", offset_of(kw.value, text))
     return Concept("masked", _convert(node.args[0], text), None, {}, off, bias=names[0],
                    rows=names[1] if len(names) > 1 else None)
+
+
+def _computes(node: ast.Call, text: str, off: int) -> Concept:
+    usage = 'computes(x, "gelu") or computes(x, "layernorm", eps=EPS)'
+    if len(node.args) != 2 or any(isinstance(a, ast.Starred) for a in node.args):
+        raise SyntaxProblem(f"computes takes 2 arguments: {usage}", off)
+    spec = node.args[1]
+    if not (isinstance(spec, ast.Constant) and isinstance(spec.value, str)):
+        raise SyntaxProblem(f"computes: the function is a string, one of {', '.join(FUNCTIONS)}",
+                            offset_of(spec, text))
+    fn = FUNCTIONS.get(spec.value)
+    if fn is None:
+        raise SyntaxProblem(f"computes: no function {spec.value!r} (there are: {', '.join(FUNCTIONS)})",
+                            offset_of(spec, text) + 1)
+    facts: dict[str, str] = {}
+    for kw in node.keywords:
+        if kw.arg != "eps" or not fn.eps:
+            has = "eps" if fn.eps else "none"
+            raise SyntaxProblem(f"computes {fn.name!r} has no parameter {kw.arg!r} (it has: {has})",
+                                offset_of(kw.value, text))
+        if not isinstance(kw.value, ast.Name) or OPT_MARK in kw.value.id or not kw.value.id[:1].isupper():
+            raise SyntaxProblem("eps= names the number the concept binds: an UPPERCASE name", offset_of(kw.value, text))
+        facts["eps"] = kw.value.id
+    return Concept("computes", _convert(node.args[0], text), None, facts, off, function=fn.name)
 
 
 def iter_calls(expr: Expr):
@@ -243,8 +272,8 @@ def max_calls(expr: Expr) -> int:
         return 0
     if isinstance(expr, Alt):
         return max(max_calls(o) for o in expr.options)
-    if isinstance(expr, Concept):
-        return 2 + max_calls(expr.arg)
+    if isinstance(expr, Concept):  # (a function's region: the size of its usual spelling)
+        return (5 if expr.name == "computes" else 2) + max_calls(expr.arg)
     return 1 + sum(max_calls(a) for a in expr.args)
 
 

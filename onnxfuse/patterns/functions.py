@@ -1,0 +1,43 @@
+"""The functions of the `computes(x, "gelu")` concept, as the pattern language knows them: each one's name, what
+it computes (its doc line), the ops one of which its region must have, whether it binds `eps=`, and its family;
+and the ops a region may consist of. The matcher proves a region computes one (match/functions.py, which holds
+each function's float64 reference); this module is the language side, read by the parser, the rule loader and
+the docs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["FUNCTIONS", "Function", "REGION_OPS"]
+
+
+@dataclass(frozen=True)
+class Function:
+    """A function `computes(x, NAME)` proves: the ops one of which its region must have (a cheap first test),
+    whether it binds eps=, and its family (functions told apart by which one the region is nearer)."""
+
+    name: str
+    doc: str
+    needs: frozenset[str]
+    eps: bool = False
+    family: str = ""
+
+
+FUNCTIONS: dict[str, Function] = {f.name: f for f in (
+    Function("gelu", "x * 0.5 * (1 + erf(x / sqrt(2)))", frozenset({"Erf"}), family="gelu"),
+    Function("gelu_tanh", "x * 0.5 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))", frozenset({"Tanh"}),
+             family="gelu"),
+    Function("silu", "x * sigmoid(x)", frozenset({"Sigmoid"})),
+    Function("layernorm", "(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) over the last axis",
+             frozenset({"ReduceMean", "ReduceSum", "GlobalAveragePool"}), eps=True),
+    Function("rmsnorm", "x / sqrt(mean(x^2) + eps) over the last axis",
+             frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "GlobalAveragePool"}), eps=True),
+)}
+
+# The ops a region may consist of (elementwise, casts, axis insertion and removal, reductions): the matcher runs
+# each of them in float64.
+REGION_OPS = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Neg", "Erf", "Tanh", "Sigmoid", "Exp", "Identity",
+    "Cast", "Max", "Min", "Relu", "Clip", "Unsqueeze", "Squeeze", "ReduceMean", "ReduceSum", "ReduceSumSquare",
+    "GlobalAveragePool",
+})
