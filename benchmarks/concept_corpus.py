@@ -27,6 +27,12 @@ a time so that a miss is attributed to the axis that causes it. Axes:
 * GELU (``gelu_*``): erf in three operand orders, Div by sqrt(2) or Mul by 1/sqrt(2), the tanh approximation
   (Pow or products for the cube, constants multiplied out or not), ONNX Gelu-20 (none / tanh), with or
   without a bias Add before.
+* concept spellings (``ln_c_*``, ``rms_c_*``, ``gelu_c_*``), the ones no rule names op by op: the mean by
+  ReduceSum / D, ReduceSum * (1/D) or ReduceSumSquare / D, the last axis as a positive index, the reciprocal
+  square root as Pow(-0.5) or Reciprocal(Sqrt), the variance as E[x^2] - E[x]^2, float16 hidden states
+  normalized in float32 between Casts (Llama's forward), GELU distributed over the sum (0.5x + 0.5x erf),
+  with the halves inside, through erf(-x) and 1 - erf, the tanh form distributed, x * sigmoid(1.702 x); negative
+  controls: a mean over the sequence axis, erf(x / 1.3).
 
 Per graph: ORT-opt = ``onnxruntime.transformers.optimizer.optimize_model(model_type=bert|gpt2, num_heads,
 hidden_size, opt_level=0)``; onnxfuse = ``onnxfuse optimize ... --no-measure --json`` (one batch), its
@@ -248,6 +254,106 @@ def rmsnorm(name: str, square: str, div: str, gamma: str, skip: str, opset: int)
     return g.model()
 
 
+def _mean(g: G, x: str, how: str, axis: int, d: int, dtype=np.float32) -> str:
+    """The mean over `axis`: ReduceMean, ReduceSum / d, ReduceSum * (1/d) or ReduceSumSquare / d (the mean of
+    the square)."""
+    if how == "mean":
+        return g.reduce_mean(x, [axis])
+    op = "ReduceSumSquare" if how == "sumsq_div" else "ReduceSum"
+    total = (g.op(op, [x, g.i64(axis)], keepdims=1) if op == "ReduceSum" or g.opset >= 18
+             else g.op(op, [x], axes=[axis], keepdims=1))
+    return g.op("Mul", [total, g.const(1.0 / d, dtype)]) if how == "sum_mulk" else g.op("Div", [total, g.const(
+        float(d), dtype)])
+
+
+def _rsqrt_mul(g: G, x: str, var_eps: str, rsqrt: str, dtype=np.float32) -> str:
+    """x / sqrt(var_eps) as Div(x, Sqrt), x * Pow(·, -0.5) or x * Reciprocal(Sqrt)."""
+    if rsqrt == "pow":
+        return g.op("Mul", [x, g.op("Pow", [var_eps, g.const(-0.5, dtype)])])
+    if rsqrt == "sqrt_recip":
+        return g.op("Mul", [g.op("Reciprocal", [g.op("Sqrt", [var_eps])]), x])
+    return g.op("Div", [x, g.op("Sqrt", [var_eps])])
+
+
+def layernorm_concept(name: str, mean: str, axis: str, rsqrt: str, variance: str, upcast: bool, opset: int,
+                      wrong_axis: bool = False) -> onnx.ModelProto:
+    """A LayerNorm as its concept admits it: the mean by ReduceMean, ReduceSum / D or ReduceSum * (1/D) over
+    the last axis as -1 or 2, the reciprocal square root by Div(Sqrt), Pow(-0.5) or Reciprocal(Sqrt), the
+    variance centred or as E[x^2] - E[x]^2; `upcast`: a float16 input computed in float32 between Casts (the
+    weight applied in float16); `wrong_axis`: the mean over the sequence axis (not a LayerNorm over the last)."""
+    g = G(name, opset)
+    et = FP16 if upcast else F
+    x_in = g.inp("hidden_states", et, ["batch", "seq", D])
+    x = g.op("Cast", [x_in], to=F) if upcast else x_in
+    ax = 1 if wrong_axis else (-1 if axis == "neg" else 2)
+    mu = _mean(g, x, mean, ax, D)
+    sub = g.op("Sub", [x, mu])
+    if variance == "moments":
+        var = g.op("Sub", [_mean(g, g.op("Mul", [x, x]), mean, ax, D), g.op("Mul", [mu, mu])])
+    else:
+        var = _mean(g, g.op("Mul", [sub, sub]), mean, ax, D)
+    n = _rsqrt_mul(g, sub, g.op("Add", [var, g.const(1e-5)]), rsqrt)
+    wt = np.float16 if upcast else np.float32
+    if upcast:
+        n = g.op("Cast", [n], to=FP16)
+    y = g.op("Add", [g.op("Mul", [n, g.const(1 + 0.1 * g.rng.standard_normal(D), wt)]),
+                     g.const(0.1 * g.rng.standard_normal(D), wt)])
+    g.out(y, "output", et, ["batch", "seq", D])
+    return g.model()
+
+
+def rmsnorm_concept(name: str, mean: str, rsqrt: str, upcast: bool, skip: bool, opset: int) -> onnx.ModelProto:
+    """An RMSNorm as its concept admits it: the mean square by ReduceMean(x*x), ReduceSum(Pow 2) / D or
+    ReduceSumSquare / D, the reciprocal square root by Pow(-0.5), Reciprocal(Sqrt) or Div(Sqrt); `upcast`: a
+    float16 hidden state computed in float32 between Casts, the weight applied in float16 (Llama's forward);
+    `skip`: a residual Add before."""
+    g = G(name, opset)
+    et = FP16 if upcast else F
+    h = g.inp("hidden_states", et, ["batch", "seq", D])
+    if skip:
+        h = g.op("Add", [h, g.inp("residual", et, ["batch", "seq", D])])
+    x = g.op("Cast", [h], to=F) if upcast else h
+    sq = x if mean == "sumsq_div" else (g.op("Pow", [x, g.const(2.0)]) if mean == "sum_div" else g.op("Mul", [x, x]))
+    n = _rsqrt_mul(g, x, g.op("Add", [_mean(g, sq, mean, -1, D), g.const(1e-6)]), rsqrt)
+    wt = np.float16 if upcast else np.float32
+    if upcast:
+        n = g.op("Cast", [n], to=FP16)
+    g.out(g.op("Mul", [g.const(1 + 0.1 * g.rng.standard_normal(D), wt), n]), "output", et, ["batch", "seq", D])
+    return g.model()
+
+
+def gelu_concept(name: str, form: str, opset: int) -> onnx.ModelProto:
+    """A GELU as its concept admits it: ``distributed`` 0.5x + 0.5x * erf(x/sqrt 2), ``half_inside`` x * (0.5 +
+    0.5 * erf(x * 1/sqrt 2)), ``neg_erf`` 0.5x * (1 - erf(-x / sqrt 2)), ``tanh_distributed`` 0.5x + 0.5x *
+    tanh(c (x + 0.044715 x^3)), ``quick`` x * sigmoid(1.702 x); negative control ``wrong_const`` erf(x / 1.3)."""
+    g = G(name, opset)
+    x0 = g.inp("hidden_states", F, ["batch", "seq", D])
+    x = g.op("Add", [g.op("MatMul", [x0, g.w(D, D)]), g.w(D)])
+    r2 = math.sqrt(2.0)
+    if form == "distributed":
+        hx = g.op("Mul", [x, g.const(0.5)])
+        y = g.op("Add", [hx, g.op("Mul", [hx, g.op("Erf", [g.op("Div", [x, g.const(r2)])])])])
+    elif form == "half_inside":
+        e = g.op("Erf", [g.op("Mul", [x, g.const(1 / r2)])])
+        y = g.op("Mul", [x, g.op("Add", [g.const(0.5), g.op("Mul", [e, g.const(0.5)])])])
+    elif form == "neg_erf":
+        e = g.op("Erf", [g.op("Div", [g.op("Neg", [x]), g.const(r2)])])
+        y = g.op("Mul", [g.op("Mul", [g.const(0.5), x]), g.op("Sub", [g.const(1.0), e])])
+    elif form == "tanh_distributed":
+        c = math.sqrt(2 / math.pi)
+        inner = g.op("Mul", [g.const(c), g.op("Add", [x, g.op("Mul", [g.const(0.044715), g.op("Pow", [x, g.const(
+            3.0)])])])])
+        hx = g.op("Mul", [g.const(0.5), x])
+        y = g.op("Add", [g.op("Mul", [g.op("Tanh", [inner]), hx]), hx])
+    elif form == "quick":
+        y = g.op("Mul", [x, g.op("Sigmoid", [g.op("Mul", [x, g.const(1.702)])])])
+    else:  # wrong_const: not a GELU
+        e = g.op("Erf", [g.op("Div", [x, g.const(1.3)])])
+        y = g.op("Mul", [g.op("Mul", [x, g.const(0.5)]), g.op("Add", [e, g.const(1.0)])])
+    g.out(y, "output", F, ["batch", "seq", D])
+    return g.model()
+
+
 # --------------------------------------------------------------------------- #
 # GELU
 # --------------------------------------------------------------------------- #
@@ -347,6 +453,43 @@ def corpus() -> dict[str, tuple]:
         axes = {"gelu": form, "variant": variant, "bias": bias, "opset": opset, "dtype": "fp32"}
         out[f"gelu_{form}_{variant}_{'bias' if bias else 'nobias'}"] = (
             gelu, dict(form=form, variant=variant, bias=bias, opset=opset), axes, "gelu", "bert")
+    c = 0  # the concept variations: spellings no rule names op by op
+    for mean, axis, rsqrt in itertools.product(("mean", "sum_div", "sum_mulk"), ("neg", "pos"),
+                                               ("div", "pow", "sqrt_recip")):
+        variance = "moments" if c % 5 == 4 else "centred"
+        opset = (13, 17, 18)[c % 3]
+        c += 1
+        axes = {"norm": "layernorm", "mean": mean, "axis": axis, "rsqrt": rsqrt, "variance": variance,
+                "opset": opset, "dtype": "fp32"}
+        out[f"ln_c_{mean}_{axis}_{rsqrt}_{variance}"] = (
+            layernorm_concept, dict(mean=mean, axis=axis, rsqrt=rsqrt, variance=variance, upcast=False,
+                                    opset=opset), axes, "norm", "bert")
+    for rsqrt in ("div", "pow"):
+        axes = {"norm": "layernorm", "mean": "mean", "axis": "neg", "rsqrt": rsqrt, "variance": "centred",
+                "opset": 17, "dtype": "fp16-upcast"}
+        out[f"ln_c_upcast_{rsqrt}"] = (layernorm_concept, dict(mean="mean", axis="neg", rsqrt=rsqrt,
+                                                                 variance="centred", upcast=True, opset=17),
+                                       axes, "norm", "bert")
+    axes = {"norm": "not-a-norm", "mean": "mean", "axis": "seq", "rsqrt": "div", "variance": "centred",
+            "opset": 17, "dtype": "fp32"}
+    out["ln_c_wrong_axis"] = (layernorm_concept, dict(mean="mean", axis="neg", rsqrt="div", variance="centred",
+                                                      upcast=False, opset=17, wrong_axis=True), axes, None, "bert")
+    for mean, rsqrt, upcast in itertools.product(("mean", "sum_div", "sumsq_div"), ("pow", "sqrt_recip", "div"),
+                                                 (False, True)):
+        opset = (13, 17, 18, 20)[c % 4]
+        skip = c % 3 == 1
+        c += 1
+        axes = {"norm": "rmsnorm", "mean": mean, "rsqrt": rsqrt, "skip": skip, "opset": opset,
+                "dtype": "fp16-upcast" if upcast else "fp32"}
+        out[f"rms_c_{mean}_{rsqrt}_{'upcast' if upcast else 'fp32'}{'_skip' if skip else ''}"] = (
+            rmsnorm_concept, dict(mean=mean, rsqrt=rsqrt, upcast=upcast, skip=skip, opset=opset), axes, "norm",
+            "bert")
+    for form in ("distributed", "half_inside", "neg_erf", "tanh_distributed", "quick", "wrong_const"):
+        opset = (13, 17, 18)[c % 3]
+        c += 1
+        axes = {"gelu": form, "variant": "concept", "bias": True, "opset": opset, "dtype": "fp32"}
+        out[f"gelu_c_{form}"] = (gelu_concept, dict(form=form, opset=opset), axes,
+                                 None if form == "wrong_const" else "gelu", "bert")
     return out
 
 

@@ -46,7 +46,9 @@ def test_float16_with_a_cpu_kernel_is_validated():
     report = check_rule(BUILTIN["layernorm-decomposed"], [F16])
     assert report.ok, report.problems
     res = report.dtype("float16")
-    assert res.status == "validated" and res.instances >= 8 and not res.held_back
+    # every instance the self-test builds (each alternative of the rule, two models each) ran in float16
+    assert res.status == "validated" and not res.held_back
+    assert res.instances == sum(len(x) for x in selftest.instances(BUILTIN["layernorm-decomposed"])) == 4
     # the reference ran too: its float16 ops without a CPU kernel go through onnxruntime's float32 Casts
     assert "ReduceMean" in res.reference
 

@@ -298,6 +298,8 @@ def regions(graph: Graph, value: str, fn: Function, skip: set[int], fail: Fail, 
             shape = interp.shape_of(src)
             if shape is None:
                 raise Unprovable(f"the shape of {src!r} is not known")
+            if shape and 0 in shape[:-1] or (not fn.eps and shape and shape[-1] == 0):  # a declared empty dim:
+                shape = tuple(d or 2 for d in shape[:-1]) + (shape[-1] or 2,)  # test on rows that exist
             if math.prod(shape) > MAX_TEST:  # keep the rows, fewer of them
                 shape = (*[1] * (len(shape) - 1), shape[-1]) if len(shape) else shape
             if not shape or math.prod(shape) > MAX_TEST:
