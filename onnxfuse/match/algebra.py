@@ -168,9 +168,13 @@ class _Interpreter:
             if not known and not higher:
                 return None
             try:
-                return tuple(np.broadcast_shapes(*known, *higher))
+                out = tuple(np.broadcast_shapes(*known, *higher))
             except ValueError:
                 return None
+            for i, sh in zip(node.inputs, ins, strict=True):  # a guess where the facts have 1 makes that dim
+                if i in self.guessed and any(o == 1 and d != 1 for o, d in zip(out[::-1], sh[::-1], strict=False)):
+                    self.guessed.add(value)
+            return out
         if op == "Gather" and ins[0] is not None and ins[1] is not None and node.inputs[0] not in self.guessed:
             axis = int(attr_value(node.proto, "axis", op_spec("", "Gather", self.g.model.opset)) or 0)
             axis %= len(ins[0])
@@ -515,3 +519,4 @@ def scalar_factor(graph: Graph, node: Node, rank: int | None) -> tuple[str, floa
 
 # The interpreter, its opaque values and the graph's static dims, for the other proofs (match/functions.py).
 Interpreter, Opaque, static_dims = _Interpreter, _Opaque, _static_dims
+

@@ -310,6 +310,8 @@ class Matcher:
             n.domain == "" and n.op_type in REGION_OPS for n in readers)
         key = (value, c.function, inner)
         found = self._regions.get(key)
+        if found is not None and any(not n.alive for r in found for n in r.nodes):
+            found = None  # a rewrite of this matcher's rule took some of its nodes: found again
         if found is None:
             reasons: list[tuple[str, str, tuple[Node, ...]]] = []
             found = list(regions(self.graph, value, FUNCTIONS[c.function], set(),
