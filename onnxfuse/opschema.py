@@ -168,8 +168,10 @@ def all_attr_names(domain: str, op: str) -> frozenset[str]:
     """Attribute names of every version of an op (ReduceMean had `axes` before opset 18)."""
     domain = "" if domain == "ai.onnx" else domain
     if domain == "":
-        return _onnx_attr_index().get(op, frozenset())
-    spec = op_spec(domain, op)
+        names = _onnx_attr_index().get(op)
+        if names is not None:
+            return names
+    spec = op_spec(domain, op)  # (an op only onnxruntime registers in the ONNX domain: its schema's)
     return frozenset(spec.attrs) if spec else frozenset()
 
 

@@ -1043,3 +1043,54 @@ def test_where_mask_needs_a_fill_that_absorbs_the_scores():
     check_misses(_where_scores(-10000.0, heads=True), "attention-heads-split",
                  "masked: the Where fill -10000 is not a mask minimum (-inf or at most -1e30), so Where is not an "
                  "additive mask")
+
+
+def _mha_with_outside_bias(scale: str = "mul", own_scale: float | None = None, own_bias: bool = False,
+                           padding: bool = False, k_bias_shape=(64,)):
+    """A MultiHeadAttention already in the graph, its q/k/v biases added before it (and a scalar on q)."""
+    rng = np.random.default_rng(3)
+    d, b, s = 64, 2, 8
+    nodes = [oh.make_node("Add", ["q", "bq"], ["q1"]), oh.make_node("Add", ["k", "bk"], ["k1"]),
+             oh.make_node("Add", ["v", "bv"], ["v1"])]
+    qin = "q1"
+    if scale in ("mul", "div"):
+        nodes.append(oh.make_node("Mul" if scale == "mul" else "Div", ["q1", "sc"], ["q2"]))
+        qin = "q2"
+    ins = [qin, "k1", "v1", "b0" if own_bias else "", "kpm" if padding else ""]
+    while ins and not ins[-1]:
+        ins.pop()
+    attrs = {"num_heads": 4} | ({"scale": own_scale} if own_scale is not None else {})
+    nodes.append(oh.make_node("MultiHeadAttention", ins, ["y"], domain="com.microsoft", **attrs))
+    inits = {"bq": rng.standard_normal(d).astype(np.float32), "bk": rng.standard_normal(k_bias_shape).astype(np.float32),
+             "bv": rng.standard_normal(d).astype(np.float32), "sc": np.array(0.7, np.float32)}
+    if own_bias:
+        inits["b0"] = rng.standard_normal(3 * d).astype(np.float32)
+    inputs = [("q", [b, s, d]), ("k", [b, s, d]), ("v", [b, s, d])] + (
+        [("kpm", [b, s], TensorProto.INT32)] if padding else [])
+    m = make_model(nodes, inputs, [("y", [b, s, d])], inits)
+    m.opset_import.append(oh.make_opsetid("com.microsoft", 1))
+    return m
+
+
+@pytest.mark.parametrize(("scale", "own_scale", "own_bias", "padding"), [
+    ("none", None, False, False), ("mul", None, False, False), ("div", None, False, True),
+    ("mul", 0.2, True, False), ("div", 0.5, False, False)],
+    ids=["bias-only", "mul", "div-padding", "own-scale-own-bias", "div-own-scale"])
+def test_mha_takes_the_bias_adds_and_the_query_scale_into_itself(scale, own_scale, own_bias, padding):
+    """The refinement keeps the op and its masks; the three Adds (and the query's factor) go into its bias input
+    and scale: exactly one MultiHeadAttention remains, with the same outputs."""
+    m = _mha_with_outside_bias(scale, own_scale, own_bias, padding)
+    feeds = rand_feeds(m)
+    if padding:
+        feeds["kpm"] = np.array([[1] * 8, [1] * 5 + [0] * 3], np.int32)
+    got = check_fires(m, "mha-absorb-bias-scale", ["com.microsoft.MultiHeadAttention"], feeds=feeds, rtol=1e-4,
+                      atol=1e-4)
+    att = got.graph.node[0]
+    assert list(att.input[:3]) == ["q", "k", "v"]
+    want = (0.7 if scale == "mul" else 1 / 0.7 if scale == "div" else 1.0) * (own_scale or 64 ** -0.5 * 2)
+    assert abs(next(a.f for a in att.attribute if a.name == "scale") - want) < 1e-6
+
+
+def test_mha_keeps_a_bias_that_is_not_one_per_hidden_unit():
+    """A key bias of shape [8, 64] (per position) is no packed bias: the Adds stay."""
+    check_misses(_mha_with_outside_bias(k_bias_shape=(8, 64)), "mha-absorb-bias-scale", "BK has shape [8, 64]")

@@ -525,3 +525,19 @@ def test_embed_layernorm_position_table_not_constant_not_fused():
     m.graph.initializer.remove(pos)
     m.graph.input.append(oh.make_tensor_value_info("pos", TensorProto.FLOAT, [16, 8]))
     check_misses(m, "embed-layernorm")
+
+
+@pytest.mark.parametrize(("op", "opset"), [("SimplifiedLayerNormalization", 17), ("RMSNormalization", 23)])
+def test_skip_rmsnorm_refines_a_norm_op_already_there(op, opset):
+    """Add + onnxruntime's SimplifiedLayerNormalization (onnxscript writes it) or ONNX RMSNormalization-23: the
+    op is a starting point, not a miss; its epsilon is the op's own (0.01 here: the default would differ)."""
+    rng = np.random.default_rng(5)
+    nodes = [oh.make_node("Add", ["x", "r"], ["s"]),
+             oh.make_node(op, ["s", "w"], ["y"], axis=-1, epsilon=0.01)]
+    m = make_model(nodes, [("x", [2, 8, 64]), ("r", [2, 8, 64])], [("y", [2, 8, 64])],
+                   {"w": (1 + 0.1 * rng.standard_normal(64)).astype(np.float32)}, opset=opset)
+    feeds = {k: 0.1 * v for k, v in rand_feeds(m).items()}  # variance about eps: a wrong eps shows
+    got = check_fires(m, "skip-rmsnorm", ["com.microsoft.SkipSimplifiedLayerNormalization"], feeds=feeds,
+                      rtol=1e-4, atol=1e-5)
+    assert next(a.f for a in got.graph.node[0].attribute if a.name == "epsilon") == pytest.approx(0.01)
+
