@@ -100,6 +100,29 @@ def test_an_undecided_class_follows_the_decided_classes_of_the_same_rewrite():
     assert not u2.decision.kept
 
 
+def test_a_class_measuring_cannot_decide_follows_its_rules_expectation_where_no_peer_was_decided():
+    """expect: faster keeps an undecided, not reached or untimeable class; a decided class of the same rewrite
+    wins over the expectation; neutral and unknown leave the original; `why` says which decided."""
+    und = _cls("Gelu", ["erf-gelu"], False, UNDECIDED)
+    late = _cls("LayerNormalization", ["layernorm-decomposed"], False, "budget")
+    late.decision.why = "not reached within 4 s by an earlier run"
+    stuck = _cls("FusedConv", ["conv-relu"], False, "untimed")
+    neutral = _cls("Relu", ["relu-same"], False, UNDECIDED)
+    expects = {"erf-gelu": "faster", "layernorm-decomposed": "faster", "relu-same": "neutral"}
+    follow_peers([und, late, stuck, neutral], expects)
+    assert und.decision.kept and und.decision.why == "kept: erf-gelu expects faster (expect:)"
+    assert und.decision.source == UNDECIDED  # still not a decision: never cached as one
+    assert late.decision.kept and late.decision.why == (
+        "not reached within 4 s by an earlier run; kept: layernorm-decomposed expects faster (expect:)")
+    assert not stuck.decision.kept and stuck.decision.why == "nothing decided to follow"
+    assert not neutral.decision.kept and neutral.decision.why == "nothing decided to follow; relu-same expect neutral"
+    # a timed decision of the same rewrite that dropped it decides, not the expectation
+    peer = _cls("Gelu", ["erf-gelu"], False, "timed", n=2)
+    und2 = _cls("Gelu", ["erf-gelu"], False, UNDECIDED)
+    follow_peers([peer, und2], expects)
+    assert not und2.decision.kept and "follows the 1 decided class" in und2.decision.why
+
+
 def test_weak_evidence_is_undecided_or_wall_time_under_load():
     assert weak_evidence({"source": UNDECIDED})
     assert weak_evidence({"source": "timed", "estimator": WALL, "load": 2.5})

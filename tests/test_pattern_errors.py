@@ -62,6 +62,8 @@ CASES = [
     ("unknown stage", GOOD + "  stage: late\n", 11, 10, "unknown stage 'late' (hint: stages are: early, main)"),
     ("unknown measure", GOOD + "  measure: whole\n", 11, 12,
      "unknown measure 'whole' (hint: measure is one of: region, model)"),
+    ("unknown expect", GOOD + "  expect: sometimes\n", 11, 11,
+     "unknown expect 'sometimes' (hint: expect is one of: faster, neutral, unknown)"),
     ("unknown value field", GOOD + "  require: ['X.shapes[0] > 1']\n", 11, 14,
      "values have no field 'shapes' (hint: fields: value, shape, dims, rank, dtype, size)"),
     ("condition without reason", GOOD + "  require: [{check: 'W.rank == 4'}]\n", 11, 13,

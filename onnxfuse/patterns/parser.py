@@ -34,6 +34,7 @@ from .syntax import Expr, iter_refs
 from .vocab import Key, Table
 from .yaml_nodes import (
     CONDITIONS_SCHEMA,
+    EXPECTS,
     EXPR_SCHEMA,
     ID_PATTERN,
     MEASURES,
@@ -205,6 +206,7 @@ class _RuleDraft:
     early: bool = False
     opset: tuple[int, int] = (1, 10_000)
     measure: str = "region"
+    expect: str = "unknown"
 
 
 def _parse_rule(node: yaml.Node, c: Collector, builtin: bool, order: int) -> Rule | None:
@@ -235,7 +237,7 @@ def _parse_rule(node: yaml.Node, c: Collector, builtin: bool, order: int) -> Rul
         conditions={t: [e for e, _ in conds] for t, conds in r.conditions.items()}, opset_min=r.opset[0],
         opset_max=r.opset[1], order=order, builtin=builtin, require=[e for e, _ in r.require],
         example=r.example, example_attrs=r.example_attrs, outputs_of=r.outputs_of, early=r.early,
-        measure=r.measure, unavailable=_unavailable(c.missing_ops[missing_before:]),
+        measure=r.measure, expect=r.expect, unavailable=_unavailable(c.missing_ops[missing_before:]),
     )
     rule_require_spans = [sp for _, sp in r.require]
     condition_spans = [(expr, sp, f"the {t} condition") for t, conds in r.conditions.items() for (expr, _), sp in conds]
@@ -328,6 +330,14 @@ def _parse_measure(node: yaml.Node, r: _RuleDraft) -> None:
     r.measure = str(how)
 
 
+def _parse_expect(node: yaml.Node, r: _RuleDraft) -> None:
+    what = plain(node)
+    if what not in EXPECTS:
+        r.c.error(r.c.span(node), f"unknown expect {what!r}", f"expect is one of: {', '.join(EXPECTS)}")
+        return
+    r.expect = str(what)
+
+
 FILE_KEYS: Table[Key] = Table(
     "File keys", "The top level of a pattern file.", [
         Key("rules", _parse_rules, {"type": "array", "items": {"$ref": "#/definitions/rule"}},
@@ -411,5 +421,10 @@ RULE_KEYS: Table[Key] = Table(
             "alone; model, on the whole model, with them against without them, after the region decisions: for "
             "a rewrite whose benefit is non-local (it pays through its neighbours, e.g. keeping onnxruntime's "
             "NCHWc layout across a chain of convolutions, and costs alone).", "measure: model"),
+        Key("expect", _parse_expect, {"enum": list(EXPECTS)},
+            "What the rule's rewrites are expected to do to latency, the prior where measuring cannot decide (the "
+            "budget ended with the interval across the line, a region not reached or that cannot run alone) and "
+            "no decided class of the same rewrite says otherwise: faster keeps them, neutral and unknown (default) "
+            "leave the original. A timed decision always wins; the report says which decided.", "expect: faster"),
     ], unknown="unknown key {key!r} in rule", missing="rule is missing {key!r}")
 

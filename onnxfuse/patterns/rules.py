@@ -93,6 +93,7 @@ class Rule:
     conditions: dict[str, list[tuple[CompiledExpr, str]]] = field(default_factory=dict)  # target -> extra require
     early: bool = False  # stage: early (canonicalisation before the fusion rules)
     measure: str = "region"  # measure: model (its benefit is non-local: decided on the whole model)
+    expect: str = "unknown"  # expect: faster | neutral | unknown (the prior where measuring cannot decide)
     opset_min: int = 1
     opset_max: int = 10_000
     order: int = 0

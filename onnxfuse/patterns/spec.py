@@ -14,9 +14,9 @@ from .parse_rewrite import TARGET_KEYS
 from .parser import FILE_KEYS, RULE_KEYS
 from .rules import TARGETS
 from .vocab import DTYPES, Field, Function, Key, Table
-from .yaml_nodes import MEASURES, PATTERN_DOMAINS, STAGES
+from .yaml_nodes import EXPECTS, MEASURES, PATTERN_DOMAINS, STAGES
 
-__all__ = ["CONSTRAINT_KEYS", "DTYPES", "FILE_KEYS", "FUNCTIONS", "MEASURES", "NODE_FIELDS", "PATTERN_DOMAINS",
+__all__ = ["CONSTRAINT_KEYS", "DTYPES", "EXPECTS", "FILE_KEYS", "FUNCTIONS", "MEASURES", "NODE_FIELDS", "PATTERN_DOMAINS",
            "RULE_KEYS", "STAGES", "TARGETS", "TARGET_KEYS", "VALUE_FIELDS", "KEY_TABLES", "FIELD_TABLES", "Field", "Function",
            "Key", "Table", "json_schema", "json_schema_text"]
 

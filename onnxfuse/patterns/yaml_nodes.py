@@ -17,6 +17,8 @@ PATTERN_DOMAINS = ("", "com.microsoft")
 STAGES = ("early", "main")
 # How measured selection by region decides a rule's rewrites: each region timed alone, or on the whole model.
 MEASURES = ("region", "model")
+# What a rule expects its rewrites do to latency: the prior where measuring cannot decide.
+EXPECTS = ("faster", "neutral", "unknown")
 
 
 

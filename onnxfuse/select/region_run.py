@@ -323,7 +323,7 @@ class RegionRun:
                                  "ratio": [d.effect.median, d.effect.low, d.effect.high], "floor": d.floor,
                                  "label": d.group, "rules": d.rules, "budget": self.budget, **self.evidence(),
                                  **self.tag})
-        follow_peers(classes)
+        follow_peers(classes, {r.id: r.expect for r in self.rules})
 
 
     # ---- the whole model -------------------------------------------------------------------------------------
@@ -472,23 +472,37 @@ def weak_evidence(hit: dict) -> bool:
     return hit.get("source") == UNDECIDED or (hit.get("estimator") == WALL and hit.get("load", 0.0) > WEAK_LOAD)
 
 
-def follow_peers(classes: list[RegionClass]) -> None:
-    """The prior for a class the budget left undecided: the decision of the classes of the same rewrite (fused
-    ops and rules alike, other shapes) that were decided, timed or cached, in this run: kept if most of them (by
-    weight) were kept; else, or with none, left as the original. Stays "undecided" (never cached as a decision)."""
+PRIORED = (UNDECIDED, "budget", "untimed")  # the sources measuring could not decide: a prior decides
+
+
+def follow_peers(classes: list[RegionClass], expects: dict[str, str] | None = None) -> None:
+    """The prior for a class measuring could not decide (the budget left it undecided, did not reach it, or it
+    cannot run alone), first of: the decision of the classes of the same rewrite (fused ops and rules alike, other
+    shapes) that were decided, timed or cached, in this run: kept if most of them (by weight) were kept; the
+    rules' declared expectation (`expect:` in `expects`, by rule id): kept where every rule of the class expects
+    faster; else left as the original. `why` says which decided. Keeps its source (never cached as a decision)."""
     decided: dict[tuple, list[RegionClass]] = {}
     for c in classes:
         if c.decision is not None and c.decision.source in ("timed", "cached") and c.decision.effect is not None:
             decided.setdefault((c.decision.group, tuple(c.decision.rules)), []).append(c)
     for c in classes:
         d = c.decision
-        if d is None or d.source != UNDECIDED:
+        if d is None or d.source not in PRIORED:
             continue
         peers = decided.get((d.group, tuple(d.rules)), [])
-        kept = sum(p.weight for p in peers if p.decision and p.decision.kept)
-        d.kept = bool(peers) and 2 * kept > sum(p.weight for p in peers)
-        d.why = (f"follows the {count(len(peers), 'decided class', 'decided classes')} of this rewrite"
-                 if peers else "nothing decided to follow")
+        said = {(expects or {}).get(r, "unknown") for r in d.rules}
+        lead = "" if d.source == UNDECIDED or not d.why else f"{d.why}; "
+        if peers:
+            kept = sum(p.weight for p in peers if p.decision and p.decision.kept)
+            d.kept = 2 * kept > sum(p.weight for p in peers)
+            d.why = f"{lead}follows the {count(len(peers), 'decided class', 'decided classes')} of this rewrite"
+        elif said == {"faster"}:
+            d.kept = True
+            d.why = f"{lead}kept: {', '.join(d.rules)} expect{'s' if len(d.rules) == 1 else ''} faster (expect:)"
+        else:
+            d.kept = False
+            d.why = lead + ("nothing decided to follow" if said == {"unknown"} else
+                            f"nothing decided to follow; {', '.join(d.rules)} expect {'/'.join(sorted(said))}")
 
 
 def _region_verdict(times) -> Verdict:

@@ -126,7 +126,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     regions = all_regions + on_model
     applied = {a.key for a in candidate.eng.applications if a.rule in rule_ids}
     report.undecided = sum(1 for g in report.groups if g.source == "budget")
-    timed_kept = any(g.kept and g.source in ("timed", "cached", "model", UNDECIDED) for g in report.groups)
+    timed_kept = any(g.kept and g.source != "exact" for g in report.groups)  # (a prior's too: confirmed)
     if applied and not timed_kept:  # removing nodes and shape arithmetic cannot make it slower: not timed
         report.confirmed = "not needed: only exact rewrites kept"
     elif applied:
