@@ -6,7 +6,7 @@ import onnx.helper as oh
 import pytest
 from onnx import TensorProto
 
-from .conftest import check_fires, check_misses, fuse, make_model, op_types
+from .conftest import assert_same, check_fires, check_misses, fuse, make_model, op_types, rand_feeds
 
 RNG = np.random.default_rng(0)
 W86 = RNG.standard_normal((8, 6)).astype(np.float32)
@@ -150,7 +150,8 @@ GEMM_T = {"a": "gemm-transpose-a", "b": "gemm-transpose-b"}
 @pytest.mark.parametrize("side", ["a", "b"])
 def test_matmul_transpose_fires(side, perm):
     got = check_fires(_transposed_operand(side, perm), MATMUL_T[side], ["com.microsoft.FusedMatMul"])
-    assert _attrs(got.graph.node[0]) == {f"trans{side.upper()}": 1}
+    other = "B" if side == "a" else "A"  # (the rewrite writes its alpha and other transpose flag, defaults here)
+    assert _attrs(got.graph.node[0]) == {f"trans{side.upper()}": 1, f"trans{other}": 0, "alpha": 1.0}
     assert list(got.graph.node[0].input) == ["a", "b"]
 
 
@@ -198,3 +199,37 @@ def test_gemm_transpose_near_misses(side):
                  "Transpose 'tr' has 1 consumer(s) outside the match (Neg 'probe')")
     # an identity Transpose: flipping transA / transB would be wrong
     check_misses(_gemm_of_transpose(side, perm=(0, 1)), GEMM_T[side], "Transpose perm=[0, 1], rule needs [1, 0]")
+
+
+@pytest.mark.parametrize("order", ["scale-rule-first", "transpose-rule-first"])
+def test_a_transposed_scaled_matmul_becomes_one_fused_matmul_whichever_rule_fires_first(order):
+    """MatMul(Transpose(A), B) * 0.125: whichever of matmul-scale and matmul-transpose-a takes it, the other's
+    refinement of the FusedMatMul it made (fusedmatmul-scale, or matmul-transpose-a on a FusedMatMul) finishes."""
+    nodes = [oh.make_node("Transpose", ["a"], ["at"], perm=[0, 2, 1]), oh.make_node("MatMul", ["at", "b"], ["m"]),
+             oh.make_node("Mul", ["m", "s"], ["y"])]
+    m = make_model(nodes, [("a", [2, 16, 8]), ("b", [2, 16, 4])], [("y", [2, 8, 4])], {"s": np.array(0.125, np.float32)})
+    ids = (["matmul-scale", "matmul-transpose-a"] if order == "scale-rule-first" else
+           ["matmul-transpose-a", "fusedmatmul-scale"])
+    r, got = fuse(m, *ids, "fusedmatmul-scale" if order == "scale-rule-first" else "matmul-scale")
+    assert op_types(got) == ["com.microsoft.FusedMatMul"], op_types(got)
+    a = _attrs(got.graph.node[0])
+    assert a["transA"] == 1 and a.get("transB", 0) == 0 and a["alpha"] == pytest.approx(0.125)
+    assert_same(m, got, rand_feeds(m))
+
+
+def test_a_fused_matmul_already_there_takes_a_transpose_by_toggling_and_keeps_its_alpha():
+    nodes = [oh.make_node("Transpose", ["b"], ["bt"], perm=[0, 2, 1]),
+             oh.make_node("FusedMatMul", ["a", "bt"], ["y"], domain="com.microsoft", alpha=0.5, transB=1)]
+    m = make_model(nodes, [("a", [2, 8, 16]), ("b", [2, 16, 4])], [("y", [2, 8, 4])])
+    m.opset_import.append(oh.make_opsetid("com.microsoft", 1))
+    got = check_fires(m, "matmul-transpose-b", ["com.microsoft.FusedMatMul"])
+    a = _attrs(got.graph.node[0])
+    assert (a.get("transA", 0), a["transB"], a["alpha"]) == (0, 0, 0.5)  # B^T^T: no transpose left
+
+
+def test_a_fused_matmul_that_transposes_its_batch_axes_is_not_refined():
+    nodes = [oh.make_node("Transpose", ["a"], ["at"], perm=[0, 2, 1]),
+             oh.make_node("FusedMatMul", ["at", "b"], ["y"], domain="com.microsoft", transBatchB=1)]
+    m = make_model(nodes, [("a", [2, 16, 8]), ("b", [16, 2, 4])], [("y", [2, 8, 4])])
+    m.opset_import.append(oh.make_opsetid("com.microsoft", 1))
+    check_misses(m, "matmul-transpose-a", "transBatchB=1, rule needs 0")
