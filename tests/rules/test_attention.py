@@ -1094,3 +1094,36 @@ def test_mha_takes_the_bias_adds_and_the_query_scale_into_itself(scale, own_scal
 def test_mha_keeps_a_bias_that_is_not_one_per_hidden_unit():
     """A key bias of shape [8, 64] (per position) is no packed bias: the Adds stay."""
     check_misses(_mha_with_outside_bias(k_bias_shape=(8, 64)), "mha-absorb-bias-scale", "BK has shape [8, 64]")
+
+
+def _gqa_split(sizes=(64, 32, 32)):
+    """A GroupQueryAttention (4 query heads, 2 KV heads of 16) on a packed projection split by a Split."""
+    n, kv, hd, s = 4, 2, 16, 8
+    vi = oh.make_tensor_value_info
+    nodes = [oh.make_node("Split", ["x", "sizes"], ["q", "k", "v"], axis=2),
+             oh.make_node("GroupQueryAttention", ["q", "k", "v", "pk", "pv", "sl", "tsl"], ["y", "ok", "ov"],
+                          domain="com.microsoft", num_heads=n, kv_num_heads=kv)]
+    g = oh.make_graph(nodes, "g", [vi("x", TensorProto.FLOAT, [2, s, (n + 2 * kv) * hd]),
+                                   vi("pk", TensorProto.FLOAT, [2, kv, 0, hd]), vi("pv", TensorProto.FLOAT, [2, kv, 0, hd]),
+                                   vi("sl", TensorProto.INT32, [2]), vi("tsl", TensorProto.INT32, [])],
+                      [vi("y", TensorProto.FLOAT, [2, s, n * hd]), vi("ok", TensorProto.FLOAT, None),
+                       vi("ov", TensorProto.FLOAT, None)],
+                      [numpy_helper.from_array(np.array(sizes, np.int64), "sizes")])
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid("com.microsoft", 1)], ir_version=9)
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, s, (n + 2 * kv) * hd)).astype(np.float32),
+             "pk": np.zeros((2, kv, 0, hd), np.float32), "pv": np.zeros((2, kv, 0, hd), np.float32),
+             "sl": np.full(2, s - 1, np.int32), "tsl": np.array(s, np.int32)}
+    return m, feeds
+
+
+def test_gqa_reads_a_packed_qkv_itself():
+    """Split(x) into q, k, v heads feeding GroupQueryAttention -> the op on x with key and value absent (its
+    packed-QKV input): the Split goes, the outputs and the present caches are the same."""
+    m, feeds = _gqa_split()
+    got = check_fires(m, "gqa-packed-qkv", ["com.microsoft.GroupQueryAttention"], feeds=feeds)
+    assert list(got.graph.node[0].input[:3]) == ["x", "", ""]
+
+
+def test_gqa_keeps_a_split_that_does_not_cut_its_heads():
+    m, feeds = _gqa_split((32, 64, 32))  # the key gets 4 heads' width: not the op's packing
+    check_misses(m, "gqa-packed-qkv", "the Split does not cut num_heads, kv_num_heads and kv_num_heads heads")
