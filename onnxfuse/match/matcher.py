@@ -340,11 +340,14 @@ class Matcher:
         assert c.bias is not None
         t = self.graph.type_of(value)
         elem = t.elem_type if t is not None else 0
-        refused: list[tuple[str, str]] = []  # (node, why): a Where that is no mask, told once all else failed
+        refused: list[tuple[str, str, str]] = []  # (node, why, its value): a Where that is no mask, told last
+        reached: dict[str, Binding] = {}  # the split that went furthest before each start value
         for start, terms, nodes in self._mask_terms(value, b, 0, refused):
             b2 = b
             for x in nodes:
                 b2 = b2.take(x)
+            if len(b2.matched) >= len(reached.get(start, b).matched):
+                reached[start] = b2
             if nodes:
                 b2 = dataclasses.replace(b2, chained=b2.chained | {id(x) for x in nodes})
             if c.bias in b2.values:
@@ -365,11 +368,12 @@ class Matcher:
                 b2 = dataclasses.replace(b2.bind(c.bias, f"{DERIVED}{c.bias}"),
                                          derived={**b2.derived, c.bias: MaskSum(elem, tuple(terms), rows, lead)})
             yield from self._expr(c.arg, start, b2, nodes[-1] if nodes else consumer)
-        for where, why in refused:  # the telling reason ("found Where, expected MatMul" says less), as far along
-            self._fail(b.bind(c.bias, ABSENT), where, why)
+        for where, why, out in refused:  # the telling reason ("found Where, expected MatMul" says less), as far
+            at = reached.get(out, b)  # along as the split that reached the Where
+            self._fail(at.bind(c.bias, ABSENT) if c.bias not in at.values else at, where, why)
 
     def _mask_terms(self, value: str, b: Binding, depth: int,
-                    refused: list[tuple[str, str]]) -> Iterator[tuple[str, list[MaskTerm], list[Node]]]:
+                    refused: list[tuple[str, str, str]]) -> Iterator[tuple[str, list[MaskTerm], list[Node]]]:
         """(where x starts, the terms added to it, innermost first, the nodes that add them) for each way to
         read `value` as x plus terms; the longest first, `value` itself (no term) last."""
         g = self.graph
@@ -389,7 +393,7 @@ class Matcher:
                         splits.append((x, MaskTerm(fill, ins[0], first)))
                     else:
                         refused.append((node.name, f"masked: the Where fill {_fmt(v)} is not a mask minimum (-inf "
-                                                   "or at most -1e30), so Where is not an additive mask"))
+                                                   "or at most -1e30), so Where is not an additive mask", value))
             for x, term in splits:
                 if not self._keeps_shape(value, x):
                     continue
