@@ -129,6 +129,22 @@ def _same_attr(actual: object, wanted: object) -> bool:
     return actual == wanted
 
 
+def _dim_conflict(pattern: tuple[int | str, ...], shape: tuple[int | str | None, ...] | None,
+                  dims: dict[str, int | str]) -> str | None:
+    """Which dim of `shape` the pattern's names do not take, in words (the concept of the failed constraint: the
+    sequence length of one value against another's), or None where the rank or an unknown dim is the reason."""
+    if shape is None or len(shape) != len(pattern):
+        return None
+    for p, d in zip(pattern, shape, strict=True):
+        if isinstance(p, str) and p != "_" and p in dims and dims[p] != d and d is not None:
+            old = dims[p]
+            if isinstance(old, int) != isinstance(d, int):
+                return (f"{p} is {d!r} here, {old!r} where it was bound first (a dim shape inference named is not "
+                        "proved equal to a number)")
+            return f"{p} is {d!r} here, {old!r} where it was bound first"
+    return None
+
+
 class Matcher:
     """Matches one rule against candidate root nodes of one graph."""
 
@@ -553,8 +569,9 @@ class Matcher:
                 dims = self._unify(alt, shape, b.dims, self.graph.model.input_dim_names, self.rule.atoms)
                 if dims is not None:
                     return b.with_dims(dims)
+            why = _dim_conflict(con.shape[0], shape, b.dims) if len(con.shape) == 1 else None
             self._fail(b, value, f"{name} has shape {list(shape) if shape is not None else 'unknown'}, rule needs "
-                                 + " or ".join(str(list(a)) for a in con.shape))
+                                 + " or ".join(str(list(a)) for a in con.shape) + (f": {why}" if why else ""))
             return None
         return b
 
