@@ -205,7 +205,7 @@ def test_every_builtin_output_op_has_a_bytes_model():
 
 
 def _unary_chain(tmp_path) -> str:
-    """The built-in output ops no bundled model runs, in one model."""
+    """The built-in output ops no bundled model runs, in one model (a GroupQueryAttention beside the chain)."""
     ops = ["Abs", "Neg", "Exp", "Relu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish"]
     nodes = [oh.make_node(op, [f"v{i}"], [f"v{i + 1}"], name=op.lower()) for i, op in enumerate(ops)]
     k = len(ops)
@@ -223,7 +223,12 @@ def _unary_chain(tmp_path) -> str:
              "var": np.ones(c, np.float32), "pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64),
              "scales": np.array([1, 1, 2, 2], np.float32), "axes": np.array([1], np.int64),
              "wt": np.full((c, c, 2, 2), 0.1, np.float32), "bt": np.zeros(c, np.float32)}
-    m = make_model(nodes, [("v0", ["batch", c, 64, 64])], [("y", None)], inits)
+    # a GroupQueryAttention on a packed QKV (gqa-packed-qkv makes it), its caches and lengths constant
+    nodes.append(oh.make_node("GroupQueryAttention", ["qkv", "", "", "pk", "pv", "sl", "tsl"], ["att", "ok", "ov"],
+                              name="gqa", domain="com.microsoft", num_heads=4, kv_num_heads=2))
+    inits |= {"pk": np.zeros((1, 2, 0, 16), np.float32), "pv": np.zeros((1, 2, 0, 16), np.float32),
+              "sl": np.array([7], np.int32), "tsl": np.array(8, np.int32)}
+    m = make_model(nodes, [("v0", ["batch", c, 64, 64]), ("qkv", [1, 8, 128])], [("y", None), ("att", None)], inits)
     m.opset_import.append(oh.make_opsetid("com.microsoft", 1))
     return save(m, tmp_path / "chain.onnx")
 

@@ -46,6 +46,7 @@ WHOLE_IO_OPS = {
     "LayerNormalization",
     "BatchNormalization", "InstanceNormalization", "RMSNormalization", "SkipLayerNormalization",
     "SkipSimplifiedLayerNormalization", "Conv", "FusedConv", "NhwcConv", "ConvTranspose", "MultiHeadAttention",
+    "GroupQueryAttention",  # q/k/v (or the packed QKV) and the caches read once, output and present written once
     "Range",  # reads three scalars, writes its output (rotary-embedding-batch: the position ids)
 }
 CONTROL_FLOW = {"If", "Loop", "Scan"}  # their events include their subgraphs' nodes, which are listed themselves
