@@ -133,7 +133,10 @@ def _fake_interleaved(ratio_of):
         if "f" in sessions:
             out["f"] = list(base * fake.ratio)
             return Timings.of(out, estimator, len(profiles))
-        # whole-model confirmation; per profile, fake.per_profile[p] (default: fake.whole)
+        # whole-model confirmation; per profile, fake.per_profile[p] (default: fake.whole, or the next of
+        # fake.wholes, one per comparison)
+        if fake.wholes:
+            fake.whole = fake.wholes.pop(0)
         out = {"o": list(base), "c": list(base * fake.whole), "c2": list(base * fake.whole)}
         t = Timings.of(out, estimator, len(profiles))
         for p in range(len(profiles)):
@@ -142,7 +145,7 @@ def _fake_interleaved(ratio_of):
                 for k, f in (("o", 1.0), ("c", r), ("c2", r)):
                     t.raw[clock, k, p] = list(base * f)
         return t
-    fake.ratio, fake.whole, fake.per_profile = ratio_of, 1.0, []
+    fake.ratio, fake.whole, fake.per_profile, fake.wholes = ratio_of, 1.0, [], []
     return fake
 
 
@@ -212,6 +215,25 @@ def test_a_slower_whole_model_confirmation_writes_the_original(tmp_path, monkeyp
     r, out = _optimize(tmp_path, "o.onnx", cache=False)
     assert r.measure.dropped_everything and r.measure.final.verdict == "slower"
     assert not any(k.startswith("com.microsoft") for k in r.ops_after)
+    onnx.checker.check_model(onnx.load(str(out)))
+
+
+def test_a_selection_slower_as_a_whole_keeps_the_group_that_is_faster_alone(tmp_path, monkeypatch):
+    """Regions timed alone need not compose: the whole selection measures slower, the group that saved the most
+    alone is confirmed alone (faster) and kept, the other groups dropped; the report says why."""
+    fake = _fake_interleaved(0.8)
+    fake.wholes = [1.2, 0.85]  # the whole selection, then the best group alone
+    monkeypatch.setattr(rr, "interleave", fake)
+    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))
+    r, out = _optimize(tmp_path, "o.onnx", cache=False)
+    m = r.measure
+    assert not m.dropped_everything and m.final.median == pytest.approx(0.85, abs=0.01)
+    assert "measured 1.200 as a whole (slower)" in m.note and "kept alone" in m.note
+    kept = {g.group for g in m.groups if g.kept and g.source == "timed"}
+    assert len(kept) == 1, kept
+    dropped = [g for g in m.groups if g.source == "timed" and not g.kept]
+    assert dropped and all("measured slower as a whole" in g.why for g in dropped)
+    assert r.validation == "passed"
     onnx.checker.check_model(onnx.load(str(out)))
 
 

@@ -19,7 +19,7 @@ import time
 import onnx
 
 from ..load.loader import load_model
-from ..measure.stats import UNDECIDED
+from ..measure.stats import UNDECIDED, Ratio
 from ..options import OptimizeOptions
 from ..patterns.rules import Rule
 from ..progress import Phase, quiet
@@ -135,15 +135,43 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
         report.final = ratio
         # never slower: beyond the noise floor, or with the whole interval above 1 (by SIGNIFICANT) even where two
         # sessions of one candidate differ as much: a selection measured slower has no evidence that it helps
-        if ratio is not None and "slower" in (ratio.verdict_beyond(report.floor), ratio.verdict_beyond(0.0)):
-            # every timed decision is undone; the exact rewrites (removing nodes, shape arithmetic), which cannot
-            # have made it slower, stay, as where nothing is measured (RegionRun.unmeasured)
-            report.dropped_everything = True
+        if ratio is not None and _slower(ratio, report.floor):
             exact = _exact_keys(all_regions, all_classes)
-            for gr in report.groups:
-                gr.kept = gr.source == "exact"
-            with phase("rebuild"):
-                candidate = run.build(exact, {k for r in regions for k in r.keys} - exact)
+            everything = {k for r in regions for k in r.keys}
+            # regions timed alone need not compose (a pair of fusions can let onnxruntime's own session fusions
+            # make a slow kernel, as an Attention with an EmbedLayerNormalization did on Electra): the group that
+            # saved the most alone is confirmed alone before all is undone
+            best = _best_group(all_classes)
+            alone = None
+            if best is not None and time.perf_counter() + run.rebuild_s + run.whole_model_s() <= \
+                    run.deadline + 0.5 * run.budget:
+                label, keys = best
+                with phase("rebuild"):
+                    trial = run.build(exact | keys, everything - exact - keys)
+                applied_alone = {a.key for a in trial.eng.applications if a.rule in rule_ids}
+                with phase("confirm"):
+                    alone = run.confirm(trial, digest("model", fingerprint, repr(sorted(applied_alone)), run.env))
+            if alone is not None and alone.verdict_beyond(report.floor) == "faster" and not _slower(alone, 0.0):
+                report.note = (f"the kept selection measured {ratio.median:.3f} as a whole (slower); {label}, "
+                               f"the group that saved the most alone, measured {alone.median:.3f} alone: kept alone")
+                report.final, candidate = alone, trial
+                kept, dropped = exact | best[1], everything - exact - best[1]
+                for c in all_classes:
+                    if c.decision is not None and c.decision.kept and not set(c.keys) <= best[1]:
+                        c.decision.kept = False
+                        c.decision.why = "dropped: the selection with it measured slower as a whole"
+                for gr in report.groups:
+                    if gr.source == "model":
+                        gr.kept = False
+            else:
+                # every timed decision is undone; the exact rewrites (removing nodes, shape arithmetic), which
+                # cannot have made it slower, stay, as where nothing is measured (RegionRun.unmeasured)
+                report.dropped_everything = True
+                report.final = ratio
+                for gr in report.groups:
+                    gr.kept = gr.source == "exact"
+                with phase("rebuild"):
+                    candidate = run.build(exact, everything - exact)
     else:
         report.dropped_everything = True
         report.confirmed = "not needed: no rewrite kept"
@@ -173,6 +201,29 @@ def _file_digest(path: str, external: bool) -> str:
             st = os.stat(os.path.join(folder, loc))
             h.update(f"{loc}:{st.st_size}:{st.st_mtime_ns}".encode())
     return h.hexdigest()
+
+
+def _slower(ratio: Ratio, floor: float) -> bool:
+    """Never slower: beyond the noise floor, or with the whole interval above 1 (by SIGNIFICANT) even where two
+    sessions of one candidate differ as much: a selection measured slower has no evidence that it helps."""
+    return "slower" in (ratio.verdict_beyond(floor), ratio.verdict_beyond(0.0))
+
+
+def _best_group(classes: list[RegionClass]) -> tuple[str, set[Key]] | None:
+    """The kept timed group (fused ops and rules alike) whose classes saved the most time alone, with its keys."""
+    saved: dict[tuple, float] = {}
+    keys: dict[tuple, set[Key]] = {}
+    for c in classes:
+        d = c.decision
+        if d is None or not d.kept or d.source not in ("timed", "cached") or d.gain is None:
+            continue
+        g = (d.group, tuple(d.rules))
+        saved[g] = saved.get(g, 0.0) + d.gain * max(d.seconds_each, 1e-9) * len(c.regions)
+        keys.setdefault(g, set()).update(c.keys)
+    if not saved:
+        return None
+    g = max(saved, key=lambda k: saved[k])
+    return f"{g[0]} ({', '.join(g[1])})", keys[g]
 
 
 def _exact_keys(regions: list[Region], classes: list[RegionClass]) -> set[Key]:
