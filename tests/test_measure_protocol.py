@@ -116,11 +116,20 @@ def test_a_class_measuring_cannot_decide_follows_its_rules_expectation_where_no_
         "not reached within 4 s by an earlier run; kept: layernorm-decomposed expects faster (expect:)")
     assert not stuck.decision.kept and stuck.decision.why == "nothing decided to follow"
     assert not neutral.decision.kept and neutral.decision.why == "nothing decided to follow; relu-same expect neutral"
-    # a timed decision of the same rewrite that dropped it decides, not the expectation
+    # a timed decision of the same rewrite that dropped it as slower decides, not the expectation
     peer = _cls("Gelu", ["erf-gelu"], False, "timed", n=2)
+    peer.decision.effect = Ratio(1.10, 1.05, 1.15)
     und2 = _cls("Gelu", ["erf-gelu"], False, UNDECIDED)
     follow_peers([peer, und2], expects)
-    assert not und2.decision.kept and "follows the 1 decided class" in und2.decision.why
+    assert not peer.decision.kept and not und2.decision.kept and "follows the 1 decided class" in und2.decision.why
+    # measured with no significant change either way: the expectation keeps it (and one of unknown rules stays out)
+    flat = _cls("Gelu", ["erf-gelu"], False, "timed")
+    flat.decision.effect = Ratio(1.005, 0.99, 1.02)
+    conv = _cls("FusedConv", ["conv-relu"], False, "timed")
+    conv.decision.effect = Ratio(1.005, 0.99, 1.02)
+    follow_peers([flat, conv], expects)
+    assert flat.decision.kept and flat.decision.why == "no significant change; kept: erf-gelu expects faster (expect:)"
+    assert not conv.decision.kept
 
 
 def test_weak_evidence_is_undecided_or_wall_time_under_load():

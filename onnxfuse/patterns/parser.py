@@ -424,7 +424,8 @@ RULE_KEYS: Table[Key] = Table(
         Key("expect", _parse_expect, {"enum": list(EXPECTS)},
             "What the rule's rewrites are expected to do to latency, the prior where measuring cannot decide (the "
             "budget ended with the interval across the line, a region not reached or that cannot run alone) and "
-            "no decided class of the same rewrite says otherwise: faster keeps them, neutral and unknown (default) "
-            "leave the original. A timed decision always wins; the report says which decided.", "expect: faster"),
+            "no decided class of the same rewrite says otherwise, and where a timing found no significant change "
+            "either way: faster keeps them, neutral and unknown (default) leave the original. One measured slower "
+            "is dropped whatever the rule expects; the report says which decided.", "expect: faster"),
     ], unknown="unknown key {key!r} in rule", missing="rule is missing {key!r}")
 

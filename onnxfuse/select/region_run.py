@@ -480,11 +480,21 @@ def follow_peers(classes: list[RegionClass], expects: dict[str, str] | None = No
     cannot run alone), first of: the decision of the classes of the same rewrite (fused ops and rules alike, other
     shapes) that were decided, timed or cached, in this run: kept if most of them (by weight) were kept; the
     rules' declared expectation (`expect:` in `expects`, by rule id): kept where every rule of the class expects
-    faster; else left as the original. `why` says which decided. Keeps its source (never cached as a decision)."""
+    faster; else left as the original. `why` says which decided. Keeps its source (never cached as a decision).
+    A class measured with no significant change either way (not slower by its interval, with or without the
+    noise floor) whose rules all expect faster is kept too: a 1-5% effect that the noise decides run by run
+    would otherwise be kept on one run and dropped on the next."""
     decided: dict[tuple, list[RegionClass]] = {}
     for c in classes:
-        if c.decision is not None and c.decision.source in ("timed", "cached") and c.decision.effect is not None:
-            decided.setdefault((c.decision.group, tuple(c.decision.rules)), []).append(c)
+        d = c.decision
+        if d is not None and d.source in ("timed", "cached") and d.effect is not None:
+            decided.setdefault((d.group, tuple(d.rules)), []).append(c)
+            if not d.kept and {(expects or {}).get(r, "unknown") for r in d.rules} == {"faster"} and "slower" not in (
+                    d.effect.verdict_beyond(d.floor), d.effect.verdict_beyond(0.0)):
+                # no measurable change either way (a 1-5% effect the noise decides run by run): the rules' prior
+                d.kept = True
+                d.why = f"no significant change; kept: {', '.join(d.rules)} expect{'s' if len(d.rules) == 1 else ''} " \
+                        "faster (expect:)"
     for c in classes:
         d = c.decision
         if d is None or d.source not in PRIORED:
