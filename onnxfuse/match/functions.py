@@ -314,8 +314,9 @@ def regions(graph: Graph, value: str, fn: Function, skip: set[int], fail: Fail, 
                 if err > tol:
                     continue
                 rivals = [f for f in FUNCTIONS.values() if fn.family and f.family == fn.family and f is not fn]
-                if any(max(_error(run(x), REFERENCES[f.name](x, eps)) for x in xs) < err for f in rivals):
-                    nearer = next(f.name for f in rivals if max(_error(run(x), REFERENCES[f.name](x, eps)) for x in xs) < err)
+                nearer = next((f.name for f in rivals
+                               if max(_error(run(x), REFERENCES[f.name](x, eps)) for x in xs) < err), None)
+                if nearer is not None:
                     fail(nodes[-1].name, f"computes {fn.name!r}: the ops from {src!r} compute {nearer!r}", tuple(nodes))
                     break
                 reader = next(n for n in nodes if src in n.inputs)

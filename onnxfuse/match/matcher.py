@@ -154,8 +154,8 @@ class Matcher:
         self.best: Failure | None = None
         self.exposed = rule.exposed
         self.read = rule.read_names
-        self._regions: dict[tuple[str, str, bool], list[Region]] = {}  # computes(...): the regions found at a value
-        self._region_reasons: dict[tuple[str, str, bool], list[tuple[str, str, tuple[Node, ...]]]] = {}
+        # computes(...): the regions found at a value, and why each other candidate was not one
+        self._regions: dict[tuple[str, str, bool], tuple[list[Region], list[tuple[str, str, tuple[Node, ...]]]]] = {}
 
     # ----- entry -----------------------------------------------------------------------------------------
     def match(self, root: Node) -> Binding | None:
@@ -325,16 +325,14 @@ class Matcher:
         inner = not b.matched and value not in self.graph.graph_outputs and bool(readers) and all(
             n.domain == "" and n.op_type in REGION_OPS for n in readers)
         key = (value, c.function, inner)
-        found = self._regions.get(key)
-        if found is not None and any(not n.alive for r in found for n in r.nodes):
-            found = None  # a rewrite of this matcher's rule took some of its nodes: found again
-        if found is None:
+        hit = self._regions.get(key)
+        if hit is None or any(not n.alive for r in hit[0] for n in r.nodes):  # (a rewrite took some: found again)
             reasons: list[tuple[str, str, tuple[Node, ...]]] = []
-            found = list(regions(self.graph, value, FUNCTIONS[c.function], set(),
-                                 lambda node, why, nodes: reasons.append((node, why, nodes)), inner))
-            self._regions[key] = found
-            self._region_reasons[key] = reasons
-        for node, why, nodes in self._region_reasons[key]:  # a region that was run counts as that far along
+            hit = (list(regions(self.graph, value, FUNCTIONS[c.function], set(),
+                                lambda node, why, nodes: reasons.append((node, why, nodes)), inner)), reasons)
+            self._regions[key] = hit
+        found, reasons = hit
+        for node, why, nodes in reasons:  # a region that was run counts as that far along
             self._fail(dataclasses.replace(b, matched=b.matched + nodes), node, why)
         taken = {id(n) for n in b.matched}
         for r in found:

@@ -322,20 +322,19 @@ def _parse_opset_key(node: yaml.Node, r: _RuleDraft) -> None:
     r.opset = parse_opset(node, r.c)
 
 
-def _parse_measure(node: yaml.Node, r: _RuleDraft) -> None:
-    how = plain(node)
-    if how not in MEASURES:
-        r.c.error(r.c.span(node), f"unknown measure {how!r}", f"measure is one of: {', '.join(MEASURES)}")
-        return
-    r.measure = str(how)
+def _one_of(key: str, values: tuple[str, ...]):
+    """The parse function of a rule key whose value is one word of `values`, stored in the draft's field `key`."""
+    def parse(node: yaml.Node, r: _RuleDraft) -> None:
+        word = plain(node)
+        if word not in values:
+            r.c.error(r.c.span(node), f"unknown {key} {word!r}", f"{key} is one of: {', '.join(values)}")
+            return
+        setattr(r, key, str(word))
+    return parse
 
 
-def _parse_expect(node: yaml.Node, r: _RuleDraft) -> None:
-    what = plain(node)
-    if what not in EXPECTS:
-        r.c.error(r.c.span(node), f"unknown expect {what!r}", f"expect is one of: {', '.join(EXPECTS)}")
-        return
-    r.expect = str(what)
+_parse_measure = _one_of("measure", MEASURES)
+_parse_expect = _one_of("expect", EXPECTS)
 
 
 FILE_KEYS: Table[Key] = Table(

@@ -475,6 +475,20 @@ def weak_evidence(hit: dict) -> bool:
 PRIORED = (UNDECIDED, "budget", "untimed")  # the sources measuring could not decide: a prior decides
 
 
+def slower(ratio: Ratio, floor: float) -> bool:
+    """Measured slower: beyond the noise floor, or with the whole interval above 1 (by SIGNIFICANT) even where
+    the floor is wider (a change measured slower has no evidence that it helps)."""
+    return "slower" in (ratio.verdict_beyond(floor), ratio.verdict_beyond(0.0))
+
+
+def _expected(d: GroupEffect, expects: dict[str, str] | None) -> set[str]:
+    return {(expects or {}).get(r, "unknown") for r in d.rules}
+
+
+def _expects_faster(d: GroupEffect) -> str:
+    return f"kept: {', '.join(d.rules)} expect{'s' if len(d.rules) == 1 else ''} faster (expect:)"
+
+
 def follow_peers(classes: list[RegionClass], expects: dict[str, str] | None = None) -> None:
     """The prior for a class measuring could not decide (the budget left it undecided, did not reach it, or it
     cannot run alone), first of: the decision of the classes of the same rewrite (fused ops and rules alike, other
@@ -489,18 +503,16 @@ def follow_peers(classes: list[RegionClass], expects: dict[str, str] | None = No
         d = c.decision
         if d is not None and d.source in ("timed", "cached") and d.effect is not None:
             decided.setdefault((d.group, tuple(d.rules)), []).append(c)
-            if not d.kept and {(expects or {}).get(r, "unknown") for r in d.rules} == {"faster"} and "slower" not in (
-                    d.effect.verdict_beyond(d.floor), d.effect.verdict_beyond(0.0)):
+            if not d.kept and _expected(d, expects) == {"faster"} and not slower(d.effect, d.floor):
                 # no measurable change either way (a 1-5% effect the noise decides run by run): the rules' prior
                 d.kept = True
-                d.why = f"no significant change; kept: {', '.join(d.rules)} expect{'s' if len(d.rules) == 1 else ''} " \
-                        "faster (expect:)"
+                d.why = f"no significant change; {_expects_faster(d)}"
     for c in classes:
         d = c.decision
         if d is None or d.source not in PRIORED:
             continue
         peers = decided.get((d.group, tuple(d.rules)), [])
-        said = {(expects or {}).get(r, "unknown") for r in d.rules}
+        said = _expected(d, expects)
         lead = "" if d.source == UNDECIDED or not d.why else f"{d.why}; "
         if peers:
             kept = sum(p.weight for p in peers if p.decision and p.decision.kept)
@@ -508,7 +520,7 @@ def follow_peers(classes: list[RegionClass], expects: dict[str, str] | None = No
             d.why = f"{lead}follows the {count(len(peers), 'decided class', 'decided classes')} of this rewrite"
         elif said == {"faster"}:
             d.kept = True
-            d.why = f"{lead}kept: {', '.join(d.rules)} expect{'s' if len(d.rules) == 1 else ''} faster (expect:)"
+            d.why = f"{lead}{_expects_faster(d)}"
         else:
             d.kept = False
             d.why = lead + ("nothing decided to follow" if said == {"unknown"} else

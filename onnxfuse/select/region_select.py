@@ -19,7 +19,7 @@ import time
 import onnx
 
 from ..load.loader import load_model
-from ..measure.stats import UNDECIDED, Ratio
+from ..measure.stats import UNDECIDED
 from ..options import OptimizeOptions
 from ..patterns.rules import Rule
 from ..progress import Phase, quiet
@@ -31,7 +31,7 @@ from ..validate.validate import Validator
 from .cached_report import to_cache
 from .decision_cache import DecisionCache, digest
 from .on_model import decide_on_model, groups_on_model, split_on_model
-from .region_run import Phases, RegionClass, RegionRun, automatic_budget
+from .region_run import Phases, RegionClass, RegionRun, automatic_budget, slower
 from .regions import Region, find_regions
 from .rounds import GroupEffect, Key, MeasureReport
 
@@ -135,7 +135,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
         report.final = ratio
         # never slower: beyond the noise floor, or with the whole interval above 1 (by SIGNIFICANT) even where two
         # sessions of one candidate differ as much: a selection measured slower has no evidence that it helps
-        if ratio is not None and _slower(ratio, report.floor):
+        if ratio is not None and slower(ratio, report.floor):
             exact = _exact_keys(all_regions, all_classes)
             everything = {k for r in regions for k in r.keys}
             # regions timed alone need not compose (a pair of fusions can let onnxruntime's own session fusions
@@ -151,7 +151,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
                 applied_alone = {a.key for a in trial.eng.applications if a.rule in rule_ids}
                 with phase("confirm"):
                     alone = run.confirm(trial, digest("model", fingerprint, repr(sorted(applied_alone)), run.env))
-            if alone is not None and alone.verdict_beyond(report.floor) == "faster" and not _slower(alone, 0.0):
+            if alone is not None and alone.verdict_beyond(report.floor) == "faster":
                 report.note = (f"the kept selection measured {ratio.median:.3f} as a whole (slower); {label}, "
                                f"the group that saved the most alone, measured {alone.median:.3f} alone: kept alone")
                 report.final, candidate = alone, trial
@@ -201,12 +201,6 @@ def _file_digest(path: str, external: bool) -> str:
             st = os.stat(os.path.join(folder, loc))
             h.update(f"{loc}:{st.st_size}:{st.st_mtime_ns}".encode())
     return h.hexdigest()
-
-
-def _slower(ratio: Ratio, floor: float) -> bool:
-    """Never slower: beyond the noise floor, or with the whole interval above 1 (by SIGNIFICANT) even where two
-    sessions of one candidate differ as much: a selection measured slower has no evidence that it helps."""
-    return "slower" in (ratio.verdict_beyond(floor), ratio.verdict_beyond(0.0))
 
 
 def _best_group(classes: list[RegionClass]) -> tuple[str, set[Key]] | None:
