@@ -64,6 +64,31 @@ def test_timing_runs_on_while_the_verdict_is_undecided_and_stops_once_it_is_clea
     assert len(plain["a"]) == 20  # no verdict to wait for: the minimum
 
 
+def test_a_round_interleaves_the_sessions_run_by_run_and_counts_the_faster_half(monkeypatch):
+    """Runs of one session in a round are interleaved with the others' (passes in alternating order), not taken
+    as a block: consecutive runs share the machine's slow and fast moments. A session's round time is the median
+    of its runs: one run disturbed by another process does not move it."""
+    clock = _fake_clock(monkeypatch)
+    calls = []
+
+    class S:
+        def __init__(self, name, times):
+            self.name, self.times, self.k = name, times, 0
+
+        def run(self, _out, _feeds):
+            calls.append(self.name)
+            clock[0] += self.times[self.k % len(self.times)]
+            self.k += 1
+    # warm-up runs (one each) then rounds of 4 passes: a's runs 1, 1, 1, 9 ms (one disturbed), b's 2 ms
+    a, b = S("a", [1e-3, 1e-3, 1e-3, 1e-3, 9e-3]), S("b", [2e-3])
+    t = T.interleave({"a": a, "b": b}, [(1.0, {})], estimator=WALL, min_runs=2, floor_runs=2, repeat=4,
+                     keep_runs=True)
+    assert calls == ["a", "b"] + ["a", "b", "b", "a", "a", "b", "b", "a"] + ["b", "a", "a", "b", "b", "a", "a", "b"]
+    assert t["a"][0] == pytest.approx(1e-3) and t["b"][0] == pytest.approx(2e-3)  # the 9 ms run does not count
+    assert sorted(t.single_runs("a")) == pytest.approx([1e-3] * 7 + [9e-3])  # every run is kept besides
+    assert T.round_time([3.0, 1.0, 2.0, 10.0]) == 2.5 and T.round_time([4.0]) == 4.0
+
+
 def test_a_deadline_ends_an_undecided_timing(monkeypatch):
     clock = _fake_clock(monkeypatch)
     s = {"a": _Clocked(clock, [1e-3, 2e-3]), "b": _Clocked(clock, [2e-3, 1e-3]), "f": _Clocked(clock, [1e-3, 2.2e-3])}

@@ -16,7 +16,7 @@ from onnxfuse.load.loader import load_model
 from onnxfuse.measure import timing as rt
 from onnxfuse.measure.stats import Ratio
 from onnxfuse.measure.timing import Timings, interleave
-from onnxfuse.measure.verdicts import verdict
+from onnxfuse.measure.verdicts import MIN_FLOOR, verdict
 from onnxfuse.rewrite.engine import EngineOptions, run
 from onnxfuse.rewrite.ruleset import load_rules
 from onnxfuse.select import region_run as rr
@@ -170,7 +170,8 @@ def test_a_region_class_is_kept_only_when_faster_beyond_noise(tmp_path, monkeypa
 
 
 def test_an_undecided_class_is_said_so_and_decided_afresh_only_where_a_run_can_do_better(tmp_path, monkeypatch):
-    """A fused version whose interval crosses the line (0.995 of the original, 1% noise per run): "undecided",
+    """A fused version whose interval crosses the line (0.99 of the original, 1% noise per run; the line is
+    1 - 0.5% - the floor, at least MIN_FLOOR): "undecided",
     left as the original where nothing decided follows. A second run on the same machine reuses that (it times
     nothing and writes the same bytes); a run on a quieter machine, or with a larger --measure-budget, times it
     again (an undecided result is weak evidence, not a decision)."""
@@ -182,7 +183,7 @@ def test_an_undecided_class_is_said_so_and_decided_afresh_only_where_a_run_can_d
         rng = np.random.default_rng(fake.regions)
         base = 1e-3 * np.ones(40)
         if "f" in sessions:
-            out = {"a": list(base), "b": list(base), "f": list(base * (0.995 + 0.01 * rng.standard_normal(40)))}
+            out = {"a": list(base), "b": list(base), "f": list(base * (0.99 + 0.01 * rng.standard_normal(40)))}
         else:
             out = {"o": list(base), "c": list(base), "c2": list(base)}
         return Timings.of(out, estimator, len(profiles))
@@ -437,7 +438,7 @@ def test_profiles_count_by_weight_not_by_duration(monkeypatch):
     sessions = {"a": Fake([10.0, 1.0]), "b": Fake([10.0, 1.0]), "f": Fake([9.5, 1.2])}
     times = interleave(sessions, [(1.0, {"p": 0}), (1.0, {"p": 1})], estimator="wall", min_runs=10, deadline=1e9)
     v = verdict(times, "f", ("a", "b"))
-    assert v.ratio.median == pytest.approx((0.95 + 1.2) / 2) and v.floor == 0 and v.ratio.verdict == "slower"
+    assert v.ratio.median == pytest.approx((0.95 + 1.2) / 2) and v.floor == MIN_FLOOR and v.ratio.verdict == "slower"
     assert times.profile("f", 0)[0] == 9.5 and times.profile("a", 1)[0] == 1.0  # seconds per profile, as run
     times = interleave(sessions, [(3.0, {"p": 0}), (1.0, {"p": 1})], estimator="wall", min_runs=10,
                        deadline=1e9)  # prefill counts 3x
@@ -479,10 +480,13 @@ def test_the_automatic_budget_makes_room_for_the_steps_around_timing():
     group = 3.3 + 3 * rr.ON_MODEL_ROUNDS * 0.1
     assert two.plan(_regions_reading(10), regions_s=1.0, on_model=2) == ""
     assert two.budget == pytest.approx(1.0 + 1.1 + 1.0 + compare + 2 * (1.0 + group) + rr.AUTO_MIN_S)
-    # a 10 ms model's comparisons run on to COMPARE_MIN_S
+    # a 10 ms model's rounds are MODEL_ROUND_S of runs per session; its confirmation's 8 rounds run on to
+    # COMPARE_MIN_S, a group's 20 rounds take longer
     short = _plan_run(4.0, True, session_s=0.2, run_s=0.01, rebuild_s=0.1)
     assert short.plan(_regions_reading(10), regions_s=0.1, on_model=1) == ""
-    assert short.budget == pytest.approx(0.1 + 0.21 + 0.1 + 2 * (0.63 + rr.COMPARE_MIN_S) + 0.1 + rr.AUTO_MIN_S)
+    confirm = 0.63 + max(rr.COMPARE_MIN_S, 3 * rr.MIN_RUNS_FLOOR * rr.MODEL_ROUND_S)
+    group = 0.63 + max(rr.COMPARE_MIN_S, 3 * rr.ON_MODEL_ROUNDS * rr.MODEL_ROUND_S)
+    assert short.budget == pytest.approx(0.1 + 0.21 + 0.1 + confirm + group + 0.1 + rr.AUTO_MIN_S)
 
 
 def test_a_given_budget_is_not_raised():
@@ -542,6 +546,10 @@ def test_a_whole_model_comparison_runs_on_to_its_minimum_time(monkeypatch):
                         min_seconds=10.0, repeat=1)
     assert len(capped["a"]) == rt.MAX_RUNS
 
-    # by default a round of this 0.1 ms model is 20 runs of each session, the fastest counting
-    auto = interleave(sessions, [(1.0, {})], estimator="wall", min_runs=20, deadline=far, hard_deadline=far)
-    assert len(auto["a"]) == 20 and clock[0] > 20 * 20 * 2 * 0.0001
+    # by default a round of this 0.1 ms model is ROUND_S of runs of each session (after one warm-up run each)
+    before = clock[0]
+    auto = interleave(sessions, [(1.0, {})], estimator="wall", min_runs=20, deadline=far, hard_deadline=far,
+                      keep_runs=True)
+    reps = len(auto.single_runs("a")) / 20
+    assert len(auto["a"]) == 20 and reps == pytest.approx(rt.ROUND_S / 0.0001, abs=1)
+    assert clock[0] - before == pytest.approx((2 + 20 * reps * 2) * 0.0001)

@@ -19,7 +19,7 @@ from ..inputs.shapes import ShapeSpec, model_inputs, parse_shape_specs, resolve_
 from ..inputs.synth import make_inputs
 from ..measure.clock import WALL, estimator_for
 from ..measure.stats import Ratio, paired_ratio, percentile
-from ..measure.timing import Progress, interleave, warm_up
+from ..measure.timing import MODEL_ROUND_S, Progress, interleave, warm_up
 from ..measure.verdicts import verdict
 from ..options import check_choice, check_count, check_seconds, check_strings, check_target
 from ..targets import HOST
@@ -171,11 +171,11 @@ def _bench_feeds(sessions: dict, load_ms: dict[str, float], paths: list[str], la
         warm[label] = warm_up(s, feeds)
     estimator = estimator_for(provider, threads)
     times = interleave(sessions, [(1.0, feeds)], estimator=estimator, min_runs=min_runs, floor_runs=min_runs,
-                       min_seconds=budget_s, max_runs=20 * min_runs, progress=progress)
-    wall = times.on(WALL)
+                       min_seconds=budget_s, max_runs=20 * min_runs, progress=progress, round_s=MODEL_ROUND_S,
+                       keep_runs=True)
     models = []
     for label, path in zip(labels, paths, strict=True):
-        ms = [t * 1e3 for t in wall[label]]
+        ms = [t * 1e3 for t in times.single_runs(label, clock=WALL)]  # a latency's percentiles are of runs
         med = statistics.median(ms)
         models.append(Latency(label, path, load_ms[label], first_ms[label], warm[label], len(ms), med,
                               percentile(ms, 90), percentile(ms, 99), min(ms),
@@ -239,7 +239,7 @@ def batch_sweep(sessions: dict[str, object], proto: onnx.ModelProto, spec, batch
         feeds = make_inputs(proto, at_batch(proto, spec, dim, b))
         runs = max(10, min_runs // 2)
         times = interleave(sessions, [(1.0, feeds)], estimator=WALL, min_runs=runs, floor_runs=runs,
-                           min_seconds=budget_s / len(batches), max_runs=20 * runs)
-        med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+                           min_seconds=budget_s / len(batches), max_runs=20 * runs, keep_runs=True)
+        med = {k: statistics.median(times.single_runs(k)) * 1e3 for k in times}
         points.append(BatchPoint(b, med, {k: b / (m / 1e3) for k, m in med.items()}))
     return points

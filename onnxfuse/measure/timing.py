@@ -1,7 +1,17 @@
 """The one timing loop: sessions run round by round in rotating order, over the shape profiles, each run timed
 on both clocks (wall and this thread's CPU time, clock.py); at least a floor of rounds, then on while a deadline
 allows until a minimum of rounds and of seconds is reached, and, given `settled`, on until the verdict it
-checks no longer depends on noise (noise is a reason to measure longer within the budget, not to stop)."""
+checks no longer depends on noise (noise is a reason to measure longer within the budget, not to stop).
+
+A round of a short model is several passes over the sessions, one run of each per pass, the order reversed
+every other pass (A B C, C B A, ...), and a session's time in the round is the median of its runs
+(`round_time`). Measured on a 2-core machine (thread CPU time, two sessions of one model, p10-p90 of the
+per-round ratio): one run per session and round spread +-5% (BERT-tiny, 3.4 ms) to +-11-13% (a 0.8 ms CNN);
+the same runs taken as a block of one session after the other spread more than one run did (consecutive runs
+share the machine's slow and fast moments; interleaved ones share them between the sessions). A session's
+runs can be bimodal (silero VAD, 0.1 ms: modes 20% apart whose shares drift from round to round): the fastest
+run or the faster half's mean then spread +-20-28%, the median +-1-2%; with about 10-300 interleaved runs
+per session (40 ms of them) the median spread +-0.2-3% on six models, loaded or not."""
 
 from __future__ import annotations
 
@@ -14,16 +24,18 @@ import numpy as np
 from .clock import CPU, WALL, now
 from .stats import profile_scale
 
-__all__ = ["MAX_RUNS", "MIN_RUNS_FLOOR", "Filtered", "OutOfBudget", "Progress", "Timings", "interleave",
-           "run_times", "warm_up"]
+__all__ = ["MAX_RUNS", "MIN_RUNS_FLOOR", "MODEL_ROUND_S", "Filtered", "OutOfBudget", "Progress", "Timings",
+           "interleave", "round_time", "run_times", "warm_up"]
 
 Progress = Callable[[str, float], None]  # (what, fraction done)
 MIN_RUNS_FLOOR = 8  # never fewer rounds: a verdict on fewer is not one
 MAX_RUNS = 400  # rounds at most
 SETTLE_EVERY = 5  # rounds between checks of `settled` at least (a bootstrap each; then a quarter of the rounds)
 CLOCKS = (WALL, CPU)
-ROUND_S = 2e-3  # a session's share of a round at least, in runs of a short model
-MAX_REPEAT = 20  # runs per session and round at most
+ROUND_S = 2e-3  # a session's share of a round at least, in runs of a short model (a region)
+MODEL_ROUND_S = 40e-3  # the same in comparisons of whole models (optimize's, bench's and profile's): about 10
+# interleaved runs of a 3-4 ms model, whose A/A rounds then spread +-2-3% instead of +-5-7% with one run
+MAX_REPEAT = 400  # runs per session and round at most
 
 
 @dataclass
@@ -31,11 +43,13 @@ class Timings(Mapping):
     """Per-round seconds of each session (labels), on both clocks; reading it as a mapping gives the chosen
     estimator's. With several shape profiles a round's time is the weighted sum over profiles of each
     profile's time relative to the first session's median there (profile_scale); `raw` keeps each profile's
-    own seconds, keyed (clock, label, profile index)."""
+    own seconds per round, keyed (clock, label, profile index), and `runs` the seconds of every single run (a
+    latency's percentiles are of runs, not of rounds)."""
 
     estimator: str
     clocks: dict[str, dict[str, list[float]]]
     raw: dict[tuple[str, str, int], list[float]] = field(default_factory=dict)
+    runs: dict[tuple[str, str, int], list[float]] = field(default_factory=dict)  # every run, not per round
 
     def __getitem__(self, label: str) -> list[float]:
         return self.clocks[self.estimator][label]
@@ -51,16 +65,21 @@ class Timings(Mapping):
 
     def read_on(self, clock: str) -> Timings:
         """The same timings, read on another clock."""
-        return Timings(clock, self.clocks, self.raw)
+        return Timings(clock, self.clocks, self.raw, self.runs)
 
     def profile(self, label: str, p: int, clock: str | None = None) -> list[float]:
         return self.raw[clock or self.estimator, label, p]
+
+    def single_runs(self, label: str, p: int = 0, clock: str | None = None) -> list[float]:
+        """Every run's seconds of one session on one profile (the rounds' own times where none were kept)."""
+        key = (clock or self.estimator, label, p)
+        return self.runs.get(key) or self.raw[key]
 
     @classmethod
     def of(cls, times: dict[str, list[float]], estimator: str = WALL, profiles: int = 1) -> Timings:
         """Timings whose clocks agree (a test's fake timings, one profile's times repeated per profile)."""
         raw = {(c, k, p): list(v) for c in CLOCKS for k, v in times.items() for p in range(profiles)}
-        return cls(estimator, {c: {k: list(v) for k, v in times.items()} for c in CLOCKS}, raw)
+        return cls(estimator, {c: {k: list(v) for k, v in times.items()} for c in CLOCKS}, raw, {})
 
 
 class Filtered:
@@ -82,14 +101,16 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
                min_runs: int, deadline: float = float("inf"), hard_deadline: float | None = None,
                min_seconds: float = 0.0, floor_runs: int = MIN_RUNS_FLOOR, max_runs: int = MAX_RUNS,
                settled: Callable[[Timings], bool] | None = None, progress: Progress | None = None,
-               repeat: int | None = None, round_s: float = ROUND_S) -> Timings:
+               repeat: int | None = None, round_s: float = ROUND_S, keep_runs: bool = False) -> Timings:
     """Time `sessions` (label -> anything with `run(None, feeds)`) interleaved over `profiles` ((weight,
     feeds) each) after one warm-up run of each: at least `floor_runs` rounds, then, while `deadline` allows and
     up to `max_runs`, until `min_runs` rounds and `min_seconds` of rounds are done and `settled(timings so far)`
     (checked every SETTLE_EVERY rounds) says the verdict is clear. Raises OutOfBudget when, after the warm-up,
     `floor_runs` rounds would end past `hard_deadline`. `estimator` (clock.py) is the clock the result reads.
-    In a round each session runs `repeat` times and its fastest run counts; by default as many times as fit
-    in `round_s` (at most MAX_REPEAT), from the warm-up run: once for a model of `round_s` or more."""
+    In a round each session runs `repeat` times, interleaved with the others' runs (passes in alternating
+    order), and their median counts (round_time); by default as many times as fit in `round_s`
+    (at most MAX_REPEAT), from the warm-up run: once for a model of `round_s` or more. With `keep_runs` every
+    run's seconds are kept besides (Timings.runs: a latency's percentiles are of runs)."""
     order = list(sessions)
     t0 = time.perf_counter()
     first = [float("inf")] * len(profiles)
@@ -99,13 +120,14 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
             s.run(None, feeds)
             first[p] = min(first[p], time.perf_counter() - t)
     warm = time.perf_counter()
-    # a round of a short model is several runs, of which the fastest counts (the least disturbed by other
-    # processes: a tenth of a millisecond is shorter than a scheduler's time slice, a few milliseconds are not)
+    # a round of a short model is several interleaved passes (a tenth of a millisecond is shorter than a
+    # scheduler's time slice, a few milliseconds are not)
     reps = [repeat or max(1, min(MAX_REPEAT, int(round_s / max(f, 1e-9)))) for f in first]
     if hard_deadline is not None and warm + (warm - t0) * floor_runs > hard_deadline:
         raise OutOfBudget
     raw: dict[tuple[str, str, int], list[float]] = {(c, k, p): [] for c in CLOCKS for k in order
                                                     for p in range(len(profiles))}
+    singles: dict[tuple[str, str, int], list[float]] = {key: [] for key in raw}
     i = 0
     start = time.perf_counter()
     clear = False
@@ -130,21 +152,32 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
     while more():
         rot = order[i % len(order):] + order[: i % len(order)]
         for p, (_, feeds) in enumerate(profiles):
-            for k in rot:
-                best_w = best_c = float("inf")
-                for _ in range(reps[p]):
+            runs: dict[tuple[str, str], list[float]] = {(c, k): [] for c in CLOCKS for k in order}
+            for j in range(reps[p]):
+                for k in (rot if j % 2 == 0 else rot[::-1]):
                     w, c = now()
                     sessions[k].run(None, feeds)
                     w2, c2 = now()
-                    best_w, best_c = min(best_w, w2 - w), min(best_c, c2 - c)
-                raw[WALL, k, p].append(best_w)
-                raw[CPU, k, p].append(best_c)
+                    runs[WALL, k].append(w2 - w)
+                    runs[CPU, k].append(c2 - c)
+            for (c, k), ts in runs.items():
+                raw[c, k, p].append(round_time(ts))
+                if keep_runs:
+                    singles[c, k, p].extend(ts)
         i += 1
         if progress is not None and i % 10 == 0:
             done = max(i / min_runs if i < min_runs else 0,
                        (time.perf_counter() - start) / min_seconds if min_seconds else 1.0)
             progress("timing", min(done, 1.0))
-    return _totals(estimator, raw, order, profiles, i)
+    out = _totals(estimator, raw, order, profiles, i)
+    if keep_runs:
+        out.runs = singles
+    return out
+
+
+def round_time(runs: list[float]) -> float:
+    """A session's time in a round: the median of its runs (robust to a disturbed run and to two modes)."""
+    return float(np.median(runs))
 
 
 def _totals(estimator: str, raw: dict[tuple[str, str, int], list[float]], order: list[str],

@@ -10,7 +10,13 @@ from dataclasses import dataclass
 from .clock import describe
 from .stats import SIGNIFICANT, UNDECIDED, Ratio, decided, judge, paired_ratio
 
-__all__ = ["Verdict", "reference", "verdict"]
+__all__ = ["MIN_FLOOR", "Verdict", "reference", "verdict"]
+
+# The noise floor at least: one A/A pair is one sample of how much two sessions of one model differ (memory
+# placement), and a small one is luck. In one quiet run of a small CNN the pairs of its ten region classes
+# differed by 0.0% to 2.6%; with a floor of 0.0-0.1% a class whose effect was 0.4-0.6% (Conv + Relu, which
+# onnxruntime fuses itself) counted as faster in one run and not in the next.
+MIN_FLOOR = 0.005
 
 Labels = str | tuple[str, str]  # one session, or an A/A pair (its rounds' mean is the reference)
 
@@ -63,6 +69,6 @@ def verdict(times: Mapping[str, list[float]], variant: Labels, base: Labels, est
     `times` is interleave's Timings (its estimator is used) or a plain mapping (then `estimator` names it)."""
     pair = variant if isinstance(variant, tuple) else base
     assert isinstance(pair, tuple), "one side must be an A/A pair"
-    floor = abs(paired_ratio(times[pair[1]], times[pair[0]]).median - 1)
+    floor = max(MIN_FLOOR, abs(paired_ratio(times[pair[1]], times[pair[0]]).median - 1))
     return Verdict(paired_ratio(reference(times, variant), reference(times, base)), floor,
                    getattr(times, "estimator", estimator))

@@ -21,7 +21,7 @@ from ..ir import Model
 from ..measure.clock import WALL, estimator_for
 from ..measure.sessions import timing_sessions
 from ..measure.stats import NOISE_PREFIX, UNDECIDED, Ratio
-from ..measure.timing import MIN_RUNS_FLOOR, Filtered, OutOfBudget, interleave
+from ..measure.timing import MIN_RUNS_FLOOR, MODEL_ROUND_S, Filtered, OutOfBudget, interleave
 from ..measure.verdicts import Verdict, verdict
 from ..options import OptimizeOptions
 from ..patterns.rules import Rule
@@ -45,7 +45,6 @@ CONFIRM_RUNS = 20  # whole-model confirmation, budget permitting
 ON_MODEL_ROUNDS = 20  # rounds reserved for each group decided on the whole model (the 8 of a confirmation left
 # YOLOv8n's 6% layout gain at [0.89, 0.99]: not significant, dropped in one run of two)
 CONFIRM_GRACE = 0.5  # the whole-model confirmation may end this share of the budget past it
-COMPARE_ROUND_S = 10e-3  # a whole-model comparison's round per session at least (few comparisons: longer rounds)
 COMPARE_MIN_S = 1.0  # and runs on to about this many seconds (a small model's 20 runs are a few milliseconds)
 REGION_BUDGET_S = 10.0  # the automatic budget at most (models up to 1 GiB)
 AUTO_MIN_S = 4.0  # and at least, for timing alone (finding regions, capture and rebuilds come on top)
@@ -357,7 +356,8 @@ class RegionRun:
         rounds of its three sessions (at least COMPARE_MIN_S of runs). The confirmation needs its minimum
         (MIN_RUNS_FLOOR); a group decided on the whole model ON_MODEL_ROUNDS, since its effect is a few percent."""
         latency_s = self.latency_s or self.validator.run_s
-        return self.comparison_s() + max(COMPARE_MIN_S, 3 * rounds * latency_s * len(self.profiles))
+        # a round of a short model is MODEL_ROUND_S of runs per session and profile (measure/timing.py)
+        return self.comparison_s() + max(COMPARE_MIN_S, 3 * rounds * max(latency_s, MODEL_ROUND_S) * len(self.profiles))
 
     def group_s(self) -> float:
         """What deciding one group on the whole model takes: a rebuild and ON_MODEL_ROUNDS rounds of comparison."""
@@ -405,7 +405,7 @@ class RegionRun:
                                        control=("c", "c2"))
             times = interleave(sessions, self.profiles, estimator=self.estimator, min_runs=runs,
                                deadline=deadline or self.deadline, hard_deadline=limit,
-                               min_seconds=COMPARE_MIN_S, round_s=COMPARE_ROUND_S)
+                               min_seconds=COMPARE_MIN_S, round_s=MODEL_ROUND_S)
             del sessions
         except OutOfBudget:
             why = "skipped: its runs would end past the budget"

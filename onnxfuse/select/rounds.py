@@ -27,7 +27,7 @@ from ..errors import OnnxfuseError
 from ..measure.clock import estimator_for
 from ..measure.sessions import timing_sessions
 from ..measure.stats import SIGNIFICANT, Ratio, paired_ratio
-from ..measure.timing import interleave
+from ..measure.timing import MODEL_ROUND_S, interleave
 from ..measure.verdicts import reference, verdict
 from ..options import OptimizeOptions
 from ..patterns.rules import Rule
@@ -316,7 +316,7 @@ def make_time_fn(provider: str, threads: int, budget_s: float, profiles: list[tu
     def time_fn(sources: dict[str, Source], _feeds: dict[str, np.ndarray]) -> dict[str, list[float]]:
         sessions = timing_sessions(sources, provider, threads)
         return interleave(sessions, profiles, estimator=estimator_for(provider, threads), min_runs=min_runs,
-                          floor_runs=min_runs, min_seconds=budget_s, max_runs=20 * min_runs)
+                          floor_runs=min_runs, min_seconds=budget_s, max_runs=20 * min_runs, round_s=MODEL_ROUND_S)
 
     return time_fn
 
