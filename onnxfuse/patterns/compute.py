@@ -33,6 +33,26 @@ class ComputeError(Exception):
 MAX_ELEMENTS = 1 << 28
 
 
+def _matmul_view(rank: int, trans_batch: int, trans: int) -> list[int]:
+    """FusedMatMul's view of an operand (onnxruntime's kernel, checked on every combination at ranks 3 and 4)."""
+    if trans_batch and trans:
+        return [*range(1, rank), 0]
+    if trans_batch:
+        return [*range(1, rank - 1), 0, rank - 1]
+    if trans:
+        return [*range(rank - 2), rank - 1, rank - 2]
+    return list(range(rank))
+
+
+def _matmul_flags(perm) -> list[int]:
+    p = [int(x) for x in np.asarray(perm).reshape(-1)]
+    for tb in (0, 1) if len(p) >= 3 else (0,):
+        for t in (0, 1):
+            if _matmul_view(len(p), tb, t) == p:
+                return [tb, t]
+    return [-1, -1]
+
+
 def _dims(shape) -> list[int]:
     dims = [int(s) for s in np.asarray(shape).reshape(-1)]
     if any(d < 0 for d in dims) or math.prod(dims) > MAX_ELEMENTS:
@@ -121,6 +141,14 @@ FUNCTIONS: Table[Function] = Table("Functions", "Functions of `compute`, `requir
        lambda first, then: [int(np.asarray(first).reshape(-1)[i]) for i in np.asarray(then).reshape(-1)],
        "first, then", "The one permutation of Transpose(Transpose(x, perm=first), perm=then).",
        "compose_perm([0, 2, 1], [1, 0, 2])", [2, 0, 1]),
+    Function("matmul_view", lambda rank, trans_batch, trans: _matmul_view(int(rank), int(trans_batch), int(trans)),
+       "rank, trans_batch, trans",
+       "The permutation com.microsoft.FusedMatMul reads an operand of that rank through, for its transBatch and "
+       "trans flags (as Transpose's perm): trans swaps the last two axes, trans_batch moves the first axis to "
+       "the second-to-last place.", "matmul_view(3, 1, 0)", [1, 0, 2]),
+    Function("matmul_flags", _matmul_flags, "perm",
+       "[trans_batch, trans]: the FusedMatMul flags whose view (matmul_view) is the permutation perm, or "
+       "[-1, -1] where no flags are (trans_batch only at rank 3 or more).", "matmul_flags([0, 2, 1])", [0, 1]),
     Function("broadcasts_into", _broadcasts_into, "small, big",
        "True when broadcasting dims small against dims big leaves big as it is (-1: an unknown dim).",
        "broadcasts_into([1, 4], [2, 3, 4])", True),

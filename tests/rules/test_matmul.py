@@ -150,18 +150,122 @@ GEMM_T = {"a": "gemm-transpose-a", "b": "gemm-transpose-b"}
 @pytest.mark.parametrize("side", ["a", "b"])
 def test_matmul_transpose_fires(side, perm):
     got = check_fires(_transposed_operand(side, perm), MATMUL_T[side], ["com.microsoft.FusedMatMul"])
-    other = "B" if side == "a" else "A"  # (the rewrite writes its alpha and other transpose flag, defaults here)
-    assert _attrs(got.graph.node[0]) == {f"trans{side.upper()}": 1, f"trans{other}": 0, "alpha": 1.0}
+    other = "B" if side == "a" else "A"  # (the rewrite writes its alpha and other flags, defaults here)
+    assert _attrs(got.graph.node[0]) == {f"trans{side.upper()}": 1, f"trans{other}": 0, "alpha": 1.0,
+                                         f"transBatch{side.upper()}": 0, f"transBatch{other}": 0}
     assert list(got.graph.node[0].input) == ["a", "b"]
+
+
+def _view(rank, tb, t):
+    """FusedMatMul's view of an operand (as onnxruntime's kernel reads it), written out independently here."""
+    if tb and t:
+        return [*range(1, rank), 0]
+    if tb:
+        return [*range(1, rank - 1), 0, rank - 1]
+    return [*range(rank - 2), rank - 1, rank - 2] if t else list(range(rank))
+
+
+def _through(logical, perm):
+    """The shape x must have for Transpose(x, perm) to have the shape `logical`."""
+    shape = [0] * len(perm)
+    for i, p in enumerate(perm):
+        shape[p] = logical[i]
+    return shape
+
+
+@pytest.mark.parametrize(("tb", "t"), [(1, 0), (1, 1), (0, 1)], ids=["batch", "batch+last", "last"])
+@pytest.mark.parametrize("rank", [3, 4])
+@pytest.mark.parametrize("side", ["a", "b"])
+def test_a_transpose_the_flags_express_becomes_them_batch_axes_too(side, rank, tb, t):
+    """Every Transpose one of FusedMatMul's views is (transBatch moves the first axis before the last, trans
+    swaps the last two, or both), on either operand: one FusedMatMul with those flags, the same numbers."""
+    la, lb = [2, 3, 4, 8][-rank:], [2, 3, 8, 6][-rank:]
+    perm = _view(rank, tb, t)
+    x = _through(la if side == "a" else lb, perm)
+    nodes = [oh.make_node("Transpose", [side], ["t"], perm=perm),
+             oh.make_node("MatMul", ["t", "b"] if side == "a" else ["a", "t"], ["y"])]
+    m = make_model(nodes, [("a", x if side == "a" else la), ("b", x if side == "b" else lb)],
+                   [("y", la[:-1] + lb[-1:])])
+    got = check_fires(m, MATMUL_T[side], ["com.microsoft.FusedMatMul"])
+    a = _attrs(got.graph.node[0])
+    assert (a[f"transBatch{side.upper()}"], a[f"trans{side.upper()}"]) == (tb, t)
+
+
+def test_a_fused_matmul_already_there_composes_a_transpose_with_its_own_view():
+    """FusedMatMul(Transpose(A, [1, 0, 2]), B, transA=1): its view of the transpose's output moves the first axis
+    after the last two swapped; composed with the Transpose that is transBatchA=1, transA=1 of A itself."""
+    nodes = [oh.make_node("Transpose", ["a"], ["at"], perm=[1, 0, 2]),
+             oh.make_node("FusedMatMul", ["at", "b"], ["y"], domain="com.microsoft", alpha=0.5, transA=1)]
+    m = make_model(nodes, [("a", [8, 2, 4]), ("b", [2, 8, 6])], [("y", [2, 4, 6])])
+    m.opset_import.append(oh.make_opsetid("com.microsoft", 1))
+    got = check_fires(m, "matmul-transpose-a", ["com.microsoft.FusedMatMul"])
+    a = _attrs(got.graph.node[0])
+    assert (a["transBatchA"], a["transA"], a["alpha"]) == (1, 1, 0.5) and list(got.graph.node[0].input) == ["a", "b"]
 
 
 @pytest.mark.parametrize("side", ["a", "b"])
 def test_matmul_transpose_near_misses(side):
-    # a permutation that is not a swap of the last two axes
-    check_misses(_transposed_operand(side, [1, 0, 2]), MATMUL_T[side],
-                 "Transpose perm=[1, 0, 2], rule needs [0, 1, 3, 2]")
+    # a permutation no flags express (the middle two of four axes swapped)
+    a4, b4 = [2, 4, 3, 8], [2, 8, 3, 6]
+    nodes = [oh.make_node("Transpose", [side], ["t"], perm=[0, 2, 1, 3], name="tr"),
+             oh.make_node("MatMul", ["t", "b"] if side == "a" else ["a", "t"], ["y"], name="mm")]
+    m = make_model(nodes, [("a", a4 if side == "a" else [2, 3, 4, 8]), ("b", b4 if side == "b" else [2, 3, 8, 6])],
+                   [("y", [2, 3, 4, 6])])
+    check_misses(m, MATMUL_T[side], "the transpose is not a view FusedMatMul's flags express")
+    # a batch axis moved where the other operand has another rank: the kernel refuses it
+    if side == "a":
+        nodes = [oh.make_node("Transpose", ["a"], ["t"], perm=[1, 0, 2], name="tr"),
+                 oh.make_node("MatMul", ["t", "b"], ["y"], name="mm")]
+        m = make_model(nodes, [("a", [4, 2, 8]), ("b", [8, 6])], [("y", [2, 4, 6])])
+    else:
+        nodes = [oh.make_node("Transpose", ["b"], ["t"], perm=[1, 0, 2], name="tr"),
+                 oh.make_node("MatMul", ["a", "t"], ["y"], name="mm")]
+        m = make_model(nodes, [("a", [4, 8]), ("b", [8, 2, 6])], [("y", [2, 4, 6])])
+    check_misses(m, MATMUL_T[side], "FusedMatMul moves a batch axis only where both operands have the same rank")
     check_misses(_transposed_operand(side, [0, 2, 1], extra_reader=True), MATMUL_T[side],
-                 "Transpose 'tr' has 1 consumer(s) outside the match (Neg 'probe')")
+                 "Transpose 'tr' (line t) has 1 consumer(s) outside the match (Neg 'probe')")
+
+
+def _transposed_product(ra, rb, perm=None, fused=None):
+    """Transpose(MatMul(a, b)) (or of a FusedMatMul with the attributes `fused`), a [.., 4, 8] @ b [.., 8, 6]."""
+    la, lb = [2, 3, 4, 8][-ra:], [2, 3, 8, 6][-rb:]
+    if fused:
+        la = _through(la, _view(ra, 0, fused.get("transA", 0)))
+        lb = _through(lb, _view(rb, 0, fused.get("transB", 0)))
+        mm = oh.make_node("FusedMatMul", ["a", "b"], ["m"], name="mm", domain="com.microsoft", **fused)
+    else:
+        mm = oh.make_node("MatMul", ["a", "b"], ["m"], name="mm")
+    r = max(ra, rb)
+    perm = perm or _view(r, 0, 1)
+    out = ([2, 3][-(r - 2):] if r > 2 else []) + [4, 6]
+    m = make_model([mm, oh.make_node("Transpose", ["m"], ["y"], perm=perm, name="tr")],
+                   [("a", la), ("b", lb)], [("y", [out[p] for p in perm])])
+    if fused:
+        m.opset_import.append(oh.make_opsetid("com.microsoft", 1))
+    return m
+
+
+@pytest.mark.parametrize(("ra", "rb"), [(2, 2), (3, 3), (4, 4), (3, 2), (2, 3)])
+def test_matmul_transpose_output_fires(ra, rb):
+    """(A B)^T over the last two axes is B^T A^T: one FusedMatMul(B, A) reading both transposed."""
+    got = check_fires(_transposed_product(ra, rb), "matmul-transpose-output", ["com.microsoft.FusedMatMul"])
+    assert list(got.graph.node[0].input) == ["b", "a"]
+    a = _attrs(got.graph.node[0])
+    assert (a["transA"], a["transB"], a["alpha"]) == (1, 1, 1.0)
+
+
+def test_matmul_transpose_output_refines_a_fused_matmul_already_there():
+    got = check_fires(_transposed_product(3, 3, fused={"transA": 1, "alpha": 0.25}), "matmul-transpose-output",
+                      ["com.microsoft.FusedMatMul"])
+    a = _attrs(got.graph.node[0])
+    assert (a["transA"], a["transB"], a["alpha"]) == (1, 0, 0.25)  # B's flag toggled, A's swapped and toggled
+
+
+def test_matmul_transpose_output_near_misses():
+    check_misses(_transposed_product(3, 3, perm=[1, 0, 2]), "matmul-transpose-output",
+                 "the Transpose does more than swap the last two axes")
+    check_misses(_transposed_product(3, 3, fused={"transBatchB": 1}), "matmul-transpose-output",
+                 "a vector operand, or a FusedMatMul that moves a batch axis")
 
 
 def _gemm_of_transpose(side, trans=0, alpha=0.5, beta=2.0, perm=(1, 0), extra_reader=False):
@@ -227,9 +331,11 @@ def test_a_fused_matmul_already_there_takes_a_transpose_by_toggling_and_keeps_it
     assert (a.get("transA", 0), a["transB"], a["alpha"]) == (0, 0, 0.5)  # B^T^T: no transpose left
 
 
-def test_a_fused_matmul_that_transposes_its_batch_axes_is_not_refined():
+def test_a_fused_matmul_that_transposes_its_batch_axes_is_refined_where_the_ranks_are_equal():
     nodes = [oh.make_node("Transpose", ["a"], ["at"], perm=[0, 2, 1]),
              oh.make_node("FusedMatMul", ["at", "b"], ["y"], domain="com.microsoft", transBatchB=1)]
     m = make_model(nodes, [("a", [2, 16, 8]), ("b", [16, 2, 4])], [("y", [2, 8, 4])])
     m.opset_import.append(oh.make_opsetid("com.microsoft", 1))
-    check_misses(m, "matmul-transpose-a", "transBatchB=1, rule needs 0")
+    got = check_fires(m, "matmul-transpose-a", ["com.microsoft.FusedMatMul"])
+    a = _attrs(got.graph.node[0])
+    assert (a["transA"], a["transBatchA"], a["transB"], a["transBatchB"]) == (1, 0, 0, 1)
