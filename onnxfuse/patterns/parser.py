@@ -386,7 +386,8 @@ RULE_KEYS: Table[Key] = Table(
             "  B2: (default(B, 0) - MEAN) * s + BIAS\n"),
         Key("rewrite", _parse_rewrite_key, {"type": "object", "additionalProperties": EXPR_SCHEMA},
             "Lines 'OUT[, OUT2]: domain.Op(inputs..., attr=expr, copy_attrs=line)' that replace the match; "
-            "'Y: X' makes readers of Y read X; '_' leaves an input absent or skips an output.",
+            "'Y: X' makes readers of Y read X; '_' leaves an input absent or skips an output; an attribute whose "
+            "expression gives None is left out (its schema default applies).",
             "rewrite:\n"
             "  Y: Conv(X, W2, B2, copy_attrs=c)\n", required=True),
         Key("require", _parse_require_key, CONDITIONS_SCHEMA,

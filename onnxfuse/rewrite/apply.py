@@ -172,7 +172,11 @@ def _attributes(rn: RewriteNode, rule: Rule, graph: Graph, b: Binding,
                 attrs[a.name] = copy
     env = _env(rule, graph, b, computed)
     for k, expr in rn.attrs.items():
-        attrs[k] = _to_attribute(k, evaluate(expr, env), spec.attrs.get(k) if spec else None)
+        value = evaluate(expr, env)
+        if value is None:  # left out: the schema default applies (`x if cond else None`)
+            attrs.pop(k, None)
+            continue
+        attrs[k] = _to_attribute(k, value, spec.attrs.get(k) if spec else None)
     return [attrs[k] for k in sorted(attrs)]
 
 

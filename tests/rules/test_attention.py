@@ -1127,3 +1127,54 @@ def test_gqa_reads_a_packed_qkv_itself():
 def test_gqa_keeps_a_split_that_does_not_cut_its_heads():
     m, feeds = _gqa_split((32, 64, 32))  # the key gets 4 heads' width: not the op's packing
     check_misses(m, "gqa-packed-qkv", "the Split does not cut num_heads, kv_num_heads and kv_num_heads heads")
+
+
+DV = 12  # value heads of another size than the query's and key's (pruned or varied-size Q/K/V)
+WV12, BV12 = _w(E, N * DV), _w(N * DV)
+
+
+def _varied_value_heads(cross=False):
+    """Q and K heads of D, value heads of DV: x [b, s, E] (k, v from x2 when `cross`) -> [b, s, N * DV]."""
+    nodes, inits = [], {"wq": WQ, "bq": BQ, "wk": WK, "bk": BK, "wv": WV12, "bv": BV12, "qs": _i64(0, 0, N, D),
+                        "vs": _i64(0, 0, N, DV), "os": _i64(0, 0, N * DV), "cd": np.float32(np.sqrt(D))}
+    for n in "qkv":
+        src = "x2" if cross and n != "q" else "x"
+        nodes += [oh.make_node("MatMul", [src, f"w{n}"], [f"{n}m"]), oh.make_node("Add", [f"{n}m", f"b{n}"], [n])]
+    nodes += [oh.make_node("Reshape", ["q", "qs"], ["q4"]), oh.make_node("Transpose", ["q4"], ["qh"], perm=[0, 2, 1, 3]),
+              oh.make_node("Reshape", ["k", "qs"], ["k4"]), oh.make_node("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]),
+              oh.make_node("Reshape", ["v", "vs"], ["v4"]), oh.make_node("Transpose", ["v4"], ["vh"], perm=[0, 2, 1, 3]),
+              oh.make_node("MatMul", ["qh", "kt"], ["qk"]), oh.make_node("Div", ["qk", "cd"], ["sc"]),
+              oh.make_node("Softmax", ["sc"], ["p"], axis=-1), oh.make_node("MatMul", ["p", "vh"], ["o"]),
+              oh.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]), oh.make_node("Reshape", ["ot", "os"], ["y"])]
+    inputs = [("x", [B, S, E])] + ([("x2", [B, 6, E])] if cross else [])
+    return make_model(nodes, inputs, [("y", [B, S, N * DV])], inits)
+
+
+def test_self_attention_with_value_heads_of_another_size_gives_attention_the_three_widths():
+    got = check_fires(_varied_value_heads(), "self-attention", FUSED, rtol=1e-4, atol=1e-4)
+    a = _attrs(got.graph.node[0])
+    assert a["qkv_hidden_sizes"] == [H, H, N * DV] and a["num_heads"] == N
+    assert a["scale"] == pytest.approx(1 / np.sqrt(D))  # the query's and key's head size, not the value's
+    # heads of one size keep the attribute out (the op's default)
+    got = check_fires(_self_attention(), "self-attention", FUSED, feeds=_feeds(_self_attention()), rtol=1e-4, atol=1e-4)
+    assert "qkv_hidden_sizes" not in _attrs(got.graph.node[0])
+
+
+def test_cross_attention_with_value_heads_of_another_size():
+    got = check_fires(_varied_value_heads(cross=True), "cross-attention",
+                      ["MatMul", "Add", "MatMul", "Add", "MatMul", "Add", "com.microsoft.MultiHeadAttention", "IsNaN",
+                       "Where", "Reshape"], rtol=1e-4, atol=1e-4)
+    assert _attrs(next(n for n in got.graph.node if n.op_type == "MultiHeadAttention"))["num_heads"] == N
+
+
+def test_attention_heads_split_says_why_value_heads_of_another_size_are_not_taken():
+    inits = {"cd": np.float32(np.sqrt(D))}
+    nodes = [oh.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]), oh.make_node("MatMul", ["q", "kt"], ["qk"]),
+             oh.make_node("Div", ["qk", "cd"], ["sc"]), oh.make_node("Softmax", ["sc"], ["p"], axis=-1),
+             oh.make_node("MatMul", ["p", "v"], ["o"]), oh.make_node("Transpose", ["o"], ["y"], perm=[0, 2, 1, 3])]
+    m = make_model(nodes, [("q", [B, N, S, D]), ("k", [B, N, S, D]), ("v", [B, N, S, DV])], [("y", [B, S, N, DV])], inits)
+    nodes[-1:] = [oh.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+                  oh.make_node("Reshape", ["ot", "os"], ["y"])]
+    m = make_model(nodes, [("q", [B, N, S, D]), ("k", [B, N, S, D]), ("v", [B, N, S, DV])], [("y", [B, S, N * DV])],
+                   {**inits, "os": _i64(0, 0, N * DV)})
+    check_misses(m, "attention-heads-split", "the value heads are not the size of the key heads")
