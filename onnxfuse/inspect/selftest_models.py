@@ -210,13 +210,14 @@ class Builder:
     def _concept(self, c: Concept, out: str | None) -> str:
         """The usual spelling of a concept: Reshape to the source's atoms, Transpose, Reshape to the result's
         groups (steps that change nothing left out), and a Mul by 0.5 where it binds a scale; a mask is an Add
-        of an input of the example's shape (or x's own), or nothing without the optional values."""
+        of an input of the example's shape (or x's own), or nothing without the optional values (a causal mask is
+        not optional: without it nothing is causal)."""
         x = self.emit(c.arg, Call("Identity", "", [c.arg]), 0)  # the chain's first op reads it: a float input
         if c.name == "computes":
             assert c.function is not None
             return self._spell(c.function, x, out)
         if c.name == "masked":
-            if not self.with_optional and out is None:
+            if not self.with_optional and out is None and not c.causal:
                 return x
             assert c.bias is not None
             if c.bias not in self.done:

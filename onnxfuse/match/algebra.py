@@ -59,6 +59,9 @@ class Sizes:
         self.of: dict[str, int] = {}
 
     def __call__(self, symbol: str) -> int:
+        parts = [x.strip() for x in symbol.split("+")]
+        if len(parts) > 1 and all(parts):  # "past_sequence_length + sequence_length": the sum of its parts
+            return sum(self(x) for x in parts)
         if symbol not in self.of:
             i = 2 * len(self.of) + self.variant
             if i >= len(self.free):
@@ -112,8 +115,9 @@ class _Interpreter:
     """Evaluates values of `graph` with numpy at one set of sizes; `memo` may be given values (the chain's
     source); the nodes in `identity` (scalar factors) are evaluated as their data input."""
 
-    def __init__(self, graph: Graph, sizes: Sizes, identity: frozenset[int] = frozenset()):
+    def __init__(self, graph: Graph, sizes: Sizes, identity: frozenset[int] = frozenset(), big_constants: bool = False):
         self.g, self.sizes = graph, sizes
+        self.const_limit = MAX_ELEMENTS if big_constants else 1 << 16  # constants read (a tril buffer: big)
         self.memo: dict[str, np.ndarray | _Opaque] = {}
         self.identity = identity
         self.running: set[str] = set()  # values being evaluated: their shape rule must not evaluate them again
@@ -223,7 +227,7 @@ class _Interpreter:
         c = None
         if self.g.is_constant(name):
             shape = self.shape_of(name)
-            if shape is not None and math.prod(shape) <= 1 << 16:
+            if shape is not None and math.prod(shape) <= self.const_limit:
                 c = self.g.const_value(name, keep=False)
         if c is not None:
             out: np.ndarray | _Opaque = np.asarray(c)
@@ -379,6 +383,52 @@ def _split(node: Node, a: list, spec) -> list[np.ndarray]:
     return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
 
 
+def _range(a: list) -> np.ndarray:
+    start, limit, delta = (np.asarray(x).reshape(()) for x in a[:3])
+    n = max(int(np.ceil((limit - start) / delta)), 0)
+    if n > MAX_ELEMENTS:
+        raise ValueError(f"a Range of {n} elements")
+    return (start + np.arange(n) * delta).astype(np.result_type(start, limit, delta))
+
+
+def _expand(a: list) -> np.ndarray:
+    shape = _ints(a[1])
+    out = np.broadcast_shapes(np.shape(a[0]), tuple(shape))
+    if math.prod(out) > MAX_ELEMENTS:
+        raise ValueError(f"an Expand to {list(out)}")
+    return np.broadcast_to(a[0], out)
+
+
+def _constant_of_shape(node: Node, a: list, spec) -> np.ndarray:
+    from onnx import numpy_helper
+    shape = _ints(a[0])
+    if math.prod(shape) > MAX_ELEMENTS:
+        raise ValueError(f"a ConstantOfShape of {shape}")
+    fill = next((numpy_helper.to_array(at.t).reshape(-1)[0] for at in node.proto.attribute if at.name == "value"),
+                np.float32(0))
+    return np.full(shape, fill)
+
+
+def _gather_nd(node: Node, a: list, spec) -> np.ndarray:
+    """ONNX GatherND: the slices of data the last axis of indices points at, after batch_dims leading axes."""
+    data, idx = np.asarray(a[0]), np.asarray(a[1]).astype(np.int64)
+    bd = int(attr_value(node.proto, "batch_dims", spec) or 0)
+    k = idx.shape[-1]
+    lead = data.shape[:bd]
+    data2 = data.reshape((-1, *data.shape[bd:]))
+    idx2 = idx.reshape((data2.shape[0], -1, k)) if bd else idx.reshape((1, -1, k))
+    if not bd:
+        data2 = data2.reshape((1, *data.shape))
+    out = [d[tuple(np.moveaxis(np.where(i < 0, i + np.asarray(d.shape[:k]), i), -1, 0))] for d, i in zip(data2, idx2, strict=True)]
+    return np.stack(out).reshape((*lead, *idx.shape[bd:-1], *data.shape[bd + k:]))
+
+
+def _trilu(node: Node, a: list, spec) -> np.ndarray:
+    k = int(np.asarray(a[1]).reshape(-1)[0]) if len(a) > 1 and a[1] is not None else 0
+    upper = attr_value(node.proto, "upper", spec)
+    return np.triu(a[0], k) if upper is None or int(upper) else np.tril(a[0], k)
+
+
 # Ops the interpreter runs on a dummy of their data input's shape when only that shape is known.
 _MOVES = LAYOUT_OPS | {"Split", "Slice", "Gather"}
 # Shape rules of the producers whose made-up output dims are worked out (shape_of).
@@ -401,6 +451,14 @@ _OPS: dict[str, _Impl] = {
     "Reciprocal": lambda n, a, s: 1.0 / a[0], "Pow": lambda n, a, s: np.power(a[0], a[1]),
     "Max": lambda n, a, s: np.maximum(a[0], a[1]), "Min": lambda n, a, s: np.minimum(a[0], a[1]),
     "Equal": lambda n, a, s: np.equal(a[0], a[1]), "Where": lambda n, a, s: np.where(a[0], a[1], a[2]),
+    # masks (match/causal.py): positions compared, combined, broadcast, triangles
+    "Less": lambda n, a, s: np.less(a[0], a[1]), "LessOrEqual": lambda n, a, s: np.less_equal(a[0], a[1]),
+    "Greater": lambda n, a, s: np.greater(a[0], a[1]),
+    "GreaterOrEqual": lambda n, a, s: np.greater_equal(a[0], a[1]),
+    "And": lambda n, a, s: np.logical_and(a[0], a[1]), "Or": lambda n, a, s: np.logical_or(a[0], a[1]),
+    "Not": lambda n, a, s: np.logical_not(a[0]), "Abs": lambda n, a, s: np.abs(a[0]),
+    "Range": lambda n, a, s: _range(a), "Expand": lambda n, a, s: _expand(a),
+    "ConstantOfShape": _constant_of_shape, "Trilu": _trilu, "GatherND": _gather_nd,
 }
 
 

@@ -18,6 +18,7 @@ from ..patterns.rules import Constraint, Rule
 from ..patterns.syntax import Alt, Call, Concept, Expr, Ref
 from ..tensors import dtype_name
 from .algebra import RankMismatch, Unprovable, prove_layout, scalar_factor
+from .causal import prove_causal
 from .functions import FUNCTIONS, Region, regions
 
 ABSENT = ""
@@ -367,6 +368,12 @@ class Matcher:
             if c.bias in b2.values:
                 self._fail(b2, value, f"mask {c.bias} is bound twice")
                 continue
+            if c.causal:
+                try:
+                    prove_causal(self.graph, [(t.value, t.where, t.fill_first) for t in terms], value)
+                except Unprovable as e:
+                    self._fail(b2, value, f"masked: {e}")
+                    continue
             rows, lead = None, 0
             if c.rows and terms:
                 rank, full = self._mask_rows(terms, value)
@@ -624,7 +631,10 @@ class Matcher:
     # ----- whole-match checks ----------------------------------------------------------------------------
     def _final(self, b: Binding) -> Binding | None:
         g = self.graph
-        b = self._keep_read_chains(b)
+        kept = self._keep_read_chains(b)
+        if kept is None:
+            return None
+        b = kept
         line_of = {id(n): self.rule.head(name) for name, n in b.nodes.items()}
         exposed = {b.values[n] for n in self.exposed if n in b.values}  # outputs the rewrite re-creates
         taken = {id(n) for n in b.matched}
@@ -639,17 +649,19 @@ class Matcher:
                     self._fail(b, node.name, f"{label}: its output {out!r} is a graph output", complete=True)
                     return None
                 outside = [c for c in g.consumers.get(out, ()) if id(c) not in taken]
-                if outside and not self._feeds_only_match(outside, taken, side, {v for k, v in b.values.items() if k in self.read}):
+                if outside and not self._feeds_only_match(outside, taken, side, self._read_values(b)):
                     names = ", ".join(sorted({f"{c.op_type} {c.name!r}" for c in outside})[:3])
                     self._fail(b, node.name, f"{label} has {len(outside)} consumer(s) outside the match ({names})",
                                complete=True)
                     return None
         return b.with_side(tuple(side.values())) if side else b
 
-    def _keep_read_chains(self, b: Binding) -> Binding:
+    def _keep_read_chains(self, b: Binding) -> Binding | None:
         """A concept's data movement whose value is also read outside the match (T5 reads the key heads'
         length for its position bias) is kept for that reader, with every matched node it is computed from
-        (the key projection): checked, not removed, like a shared line's nodes."""
+        (the key projection): checked, not removed, like a shared line's nodes. None (the match fails) where that
+        would keep a node whose value the rewrite re-creates: its reader would then depend on the rewrite's
+        own output (a mask that reads the length of repeated keys that a GroupQueryAttention's present feeds)."""
         if not b.chained:
             return b
         taken = {id(n) for n in b.matched}
@@ -662,7 +674,7 @@ class Matcher:
             outs = [o for o in node.outputs if o and o not in exposed]
             outside = [c for o in outs for c in self.graph.consumers.get(o, ()) if id(c) not in taken]
             read = any(self.graph.is_graph_output(o) for o in outs) or bool(outside) and not self._feeds_only_match(
-                outside, taken, {}, {v for k, v in b.values.items() if k in self.read})
+                outside, taken, {}, self._read_values(b))
             stack = [node] if read else []
             while stack:
                 n = stack.pop()
@@ -672,8 +684,21 @@ class Matcher:
                 stack.extend(by_out[i] for i in n.inputs if i in by_out)
         if not keep:
             return b
+        again = next((n for n in keep.values() if any(o in exposed for o in n.outputs)), None)
+        if again is not None:
+            self._fail(b, again.name, f"{again.op_type} {again.name!r} is re-created by the rewrite, but a chain "
+                       "read outside the match is computed from it (its reader would read the rewrite's own output)",
+                       complete=True)
+            return None
         return dataclasses.replace(b, matched=tuple(n for n in b.matched if id(n) not in keep),
                                    kept=b.kept + tuple(keep.values()))
+
+    def _read_values(self, b: Binding) -> set[str]:
+        """The graph values the rewrite reads: bound names it reads, and the terms of a mask it builds."""
+        out = {v for k, v in b.values.items() if k in self.read}
+        for m in b.derived.values():
+            out.update(v for t in m.terms for v in (t.value, t.where) if v)
+        return out
 
     def _feeds_only_match(self, readers: list[Node], taken: set[int], side: dict[int, Node],
                           bound: set[str]) -> bool:

@@ -69,6 +69,7 @@ class Concept:
     parsed: object = None  # the parsed Layout (patterns/layouts.py), set by the pattern checker
     bias: str | None = None
     rows: str | None = None  # masked(..., rows=X): M gets every query row, X's dim -2 of them
+    causal: bool = False  # masked(..., causal=True): M must mask every later key (match/causal.py proves it)
     function: str | None = None  # computes(x, "gelu"): the function's name (patterns/functions.py FUNCTIONS)
 
 
@@ -183,21 +184,26 @@ def _concept(node: ast.Call, text: str, off: int) -> Concept:
 
 
 def _masked(node: ast.Call, text: str, off: int) -> Concept:
-    usage = ("masked(x, M, rows=X): x plus the additive mask M it binds, with every query row (X's dim -2 is "
-             "their number), e.g. Softmax(masked(scores, M, rows=X), axis=-1)")
+    usage = ("masked(x, M, rows=X, causal=True): x plus the additive mask M it binds, with every query row (X's "
+             "dim -2 is their number), proved to mask every later key where causal=True, e.g. "
+             "Softmax(masked(scores, M, rows=X), axis=-1)")
     if len(node.args) != 2 or any(isinstance(a, ast.Starred) for a in node.args):
         raise SyntaxProblem(f"masked takes 2 arguments: {usage}", off)
+    for kw in node.keywords:
+        if kw.arg not in ("rows", "causal"):
+            raise SyntaxProblem(f"masked has no parameter {kw.arg!r} (it has: rows, causal)", offset_of(kw.value, text))
+    causal = next((kw.value for kw in node.keywords if kw.arg == "causal"), None)
+    if causal is not None and not (isinstance(causal, ast.Constant) and isinstance(causal.value, bool)):
+        raise SyntaxProblem(f"masked: causal= is True or False ({usage})", offset_of(causal, text))
     names = []
     for arg, what in ((node.args[1], "its second argument names the mask it binds"),
-                      *((kw.value, "rows= names the value whose dim -2 is the query length") for kw in node.keywords)):
+                      *((kw.value, "rows= names the value whose dim -2 is the query length")
+                        for kw in node.keywords if kw.arg == "rows")):
         if not isinstance(arg, ast.Name) or OPT_MARK in arg.id or not arg.id[:1].isupper():
             raise SyntaxProblem(f"masked: {what}, an UPPERCASE name ({usage})", offset_of(arg, text))
         names.append(arg.id)
-    for kw in node.keywords:
-        if kw.arg != "rows":
-            raise SyntaxProblem(f"masked has no parameter {kw.arg!r} (it has: rows)", offset_of(kw.value, text))
     return Concept("masked", _convert(node.args[0], text), None, {}, off, bias=names[0],
-                   rows=names[1] if len(names) > 1 else None)
+                   rows=names[1] if len(names) > 1 else None, causal=bool(causal is not None and causal.value))
 
 
 def _computes(node: ast.Call, text: str, off: int) -> Concept:

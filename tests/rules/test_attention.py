@@ -12,7 +12,7 @@ import onnx.helper as oh
 import pytest
 from onnx import TensorProto, numpy_helper
 
-from .conftest import check_fires, check_misses, fuse, make_model, ort_run, rand_feeds
+from .conftest import check_fires, check_misses, fuse, make_model, op_types, ort_run, rand_feeds
 
 B, S, E, N, D = 2, 8, 16, 2, 8
 H = N * D
@@ -636,8 +636,10 @@ EXPORTS = {
     "segformer_ts17": ({"cross-attention": 1, "self-attention": 1}, None),
     "segformer_dynamo18": ({"cross-attention": 1, "self-attention": 1}, None),
     # decoders with a KV cache (past ++ new keys, grouped KV heads repeated, rotary on per-row position ids;
-    # Phi: rotary on half of each head): MultiHeadAttention on the heads, RotaryEmbedding on q and k
-    "llama_kv_ts17": ({"attention-heads-split": 2}, "MultiHeadAttention"),
+    # Phi: rotary on half of each head, one KV head per query head): GroupQueryAttention where the causal mask
+    # is proved (TorchScript's Llama), else MultiHeadAttention on the heads (dynamo's mask reads the attention
+    # mask's length, a dim of its own the proof cannot tie to past + new); RotaryEmbedding on q and k
+    "llama_kv_ts17": ({"grouped-query-attention": 2}, "GroupQueryAttention"),
     "llama_kv_dynamo18": ({"attention-heads-split": 2}, "MultiHeadAttention"),
     "phi_kv_ts17": ({"attention-heads-split": 2}, "MultiHeadAttention"),
     "phi_kv_dynamo18": ({"attention-heads-split": 2}, "MultiHeadAttention"),
@@ -1178,3 +1180,125 @@ def test_attention_heads_split_says_why_value_heads_of_another_size_are_not_take
     m = make_model(nodes, [("q", [B, N, S, D]), ("k", [B, N, S, D]), ("v", [B, N, S, DV])], [("y", [B, S, N * DV])],
                    {**inits, "os": _i64(0, 0, N * DV)})
     check_misses(m, "attention-heads-split", "the value heads are not the size of the key heads")
+
+
+
+GQ, GKV, GD = 4, 2, 8  # query heads, key/value heads, head size
+
+
+def _gqa_block(mask="range", scale="div", batch=B):
+    """Grouped-query attention with a KV cache as Llama-style exports write it: q [b, 4, s, 8] and the new k, v
+    [b, 2, s, 8] (graph inputs: projections and rotary are not the rule's business), the cache concatenated on
+    the time axis (the present outputs), repeat_kv (Unsqueeze, Expand to 2 copies, Reshape to 4 heads), K
+    transposed, scaled scores, the mask, Softmax, .V and the head merge. Masks: "range" causal from positions (a
+    Range of the keys compared with the query's positions, offset by the past length) with the attention mask's
+    padding; "tril" a Trilu of ones sliced to the last s rows; "bidirectional" the padding alone; "input" an
+    additive mask the caller feeds."""
+    r = GQ // GKV
+    i64 = _i64
+    nodes = []
+    inits = {"u2": i64(2), "cd": np.float32(np.sqrt(GD)), "os": i64(0, 0, GQ * GD), "zero": np.float32(0),
+             "neg": np.float32(np.finfo(np.float32).min), "two": i64(2), "three": i64(3), "minus1": i64(-1),
+             "cb": i64(batch), "cg": i64(GKV), "cr": i64(r), "cn": i64(GQ), "cdd": i64(GD),
+             "z": np.int64(0), "o": np.int64(1), "one1": i64(1), "big": i64(1 << 30)}
+    for x in "kv":
+        nodes += [oh.make_node("Concat", [f"p{x}", f"{x}n"], [f"present_{x}"], axis=2),
+                  oh.make_node("Unsqueeze", [f"present_{x}", "u2"], [f"{x}u"]),
+                  oh.make_node("Shape", [f"present_{x}"], [f"{x}shape"]),
+                  oh.make_node("Slice", [f"{x}shape", "two", "three"], [f"{x}len"]),
+                  oh.make_node("Concat", ["cb", "cg", "cr", f"{x}len", "cdd"], [f"{x}es"], axis=0),
+                  oh.make_node("Expand", [f"{x}u", f"{x}es"], [f"{x}e"]),
+                  oh.make_node("Concat", ["cb", "cn", f"{x}len", "cdd"], [f"{x}rs"], axis=0),
+                  oh.make_node("Reshape", [f"{x}e", f"{x}rs"], [f"{x}rep"])]
+    nodes += [oh.make_node("Transpose", ["krep"], ["kt"], perm=[0, 1, 3, 2]), oh.make_node("MatMul", ["q", "kt"], ["qk"])]
+    if scale == "div":
+        nodes.append(oh.make_node("Div", ["qk", "cd"], ["sc"]))
+    else:  # the factor first: Mul(c, scores)
+        inits["cq"] = np.float32(1 / np.sqrt(GD))
+        nodes.append(oh.make_node("Mul", ["cq", "qk"], ["sc"]))
+    inputs = [("q", [batch, GQ, "s", GD]), ("kn", [batch, GKV, "s", GD]), ("vn", [batch, GKV, "s", GD]),
+              ("pk", [batch, GKV, "p", GD]), ("pv", [batch, GKV, "p", GD])]
+    if mask == "input":
+        inputs.append(("m", [batch, 1, "s", "p + s"]))
+        nodes.append(oh.make_node("Add", ["sc", "m"], ["scm"]))
+    else:
+        inputs.append(("attention_mask", [batch, "p + s"], TensorProto.INT64))
+        # s from the query, t = past + s from the cache and the new keys, their positions
+        nodes += [oh.make_node("Shape", ["q"], ["qshape"]), oh.make_node("Slice", ["qshape", "two", "three"], ["s1"]),
+                  oh.make_node("Shape", ["pk"], ["pkshape"]), oh.make_node("Slice", ["pkshape", "two", "three"], ["plen"]),
+                  oh.make_node("Add", ["plen", "s1"], ["t1"]), oh.make_node("Squeeze", ["t1"], ["t0"]),
+                  oh.make_node("Squeeze", ["plen"], ["past"])]
+        # padding: attention_mask [b, t] -> [b, 1, 1, t], 0 where it is 0
+        nodes += [oh.make_node("Unsqueeze", ["attention_mask", "one1"], ["am3"]),
+                  oh.make_node("Unsqueeze", ["am3", "one1"], ["am4"]),
+                  oh.make_node("Cast", ["am4"], ["amb"], to=TensorProto.BOOL)]
+        keep = "amb"
+        if mask == "range":  # key j visible from query i where j <= past + i
+            nodes += [oh.make_node("Range", ["z", "t0", "o"], ["cols"]), oh.make_node("Range", ["past", "t0", "o"], ["rows"]),
+                      oh.make_node("Unsqueeze", ["rows", "one1"], ["rows2"]),
+                      oh.make_node("LessOrEqual", ["cols", "rows2"], ["causal"]),
+                      oh.make_node("And", ["causal", "amb"], ["keep"])]
+            keep = "keep"
+        elif mask == "tril":  # a [t, t] triangle of ones, its last s rows
+            nodes += [oh.make_node("Concat", ["t1", "t1"], ["tt"], axis=0),
+                      oh.make_node("ConstantOfShape", ["tt"], ["ones"],
+                                   value=numpy_helper.from_array(np.array([1], np.int64))),
+                      oh.make_node("Trilu", ["ones"], ["tri"], upper=0),
+                      oh.make_node("Slice", ["tri", "plen", "big"], ["trirows"]),
+                      oh.make_node("Cast", ["trirows"], ["trib"], to=TensorProto.BOOL),
+                      oh.make_node("And", ["trib", "amb"], ["keep"])]
+            keep = "keep"
+        nodes.append(oh.make_node("Where", [keep, "sc", "neg"], ["scm"]))
+    nodes += [oh.make_node("Softmax", ["scm"], ["pr"], axis=-1), oh.make_node("MatMul", ["pr", "vrep"], ["o4"]),
+              oh.make_node("Transpose", ["o4"], ["ot"], perm=[0, 2, 1, 3]), oh.make_node("Reshape", ["ot", "os"], ["y"])]
+    outputs = [("y", [batch, "s", GQ * GD]), ("present_k", [batch, GKV, "p + s", GD]),
+               ("present_v", [batch, GKV, "p + s", GD])]
+    return make_model(nodes, inputs, outputs, inits)
+
+
+def _gqa_feeds(m, s, p, batch=B, pad=0):
+    feeds = rand_feeds(m, dims={"s": s, "p": p, "p + s": p + s})
+    if "attention_mask" in feeds:
+        am = np.ones((batch, p + s), np.int64)
+        am[0, :pad] = 0  # left padding in the first row
+        feeds["attention_mask"] = am
+    if "m" in feeds:
+        feeds["m"] = np.where(np.arange(p + s)[None, :] > p + np.arange(s)[:, None], np.float32(-np.inf),
+                              np.float32(0))[None, None].repeat(batch, 0)
+    return feeds
+
+
+GQA_OPS = ["com.microsoft.GroupQueryAttention", "IsNaN", "Where", "Reshape"]
+
+
+@pytest.mark.parametrize("mask", ["range", "tril"])
+@pytest.mark.parametrize("scale", ["div", "mul_first"])
+def test_grouped_query_attention_fires_on_a_causal_cache(mask, scale):
+    """GroupQueryAttention on the new tokens, its own present key and value, the model's mask as its
+    attention_bias: the same numbers at prefill (no past), at decode (one token) and for several new tokens on
+    a past in a batch of 2 (a shape its kernel takes only with query_seqlens), with left padding too."""
+    m = _gqa_block(mask, scale)
+    r, got = fuse(m, "grouped-query-attention")
+    assert r.fired == {"grouped-query-attention": 1}, r.fired
+    ops = op_types(got)
+    assert ops.count("com.microsoft.GroupQueryAttention") == 1 and "Softmax" not in ops
+    assert not [n for n in got.graph.node if {"present_k", "present_v"} & set(n.input)]  # no copy per query head
+    gqa = next(n for n in got.graph.node if n.op_type == "GroupQueryAttention")
+    a = _attrs(gqa)
+    assert (a["num_heads"], a["kv_num_heads"], a["causal"]) == (GQ, GKV, 1)
+    assert a["scale"] == pytest.approx(1 / np.sqrt(GD))
+    assert list(gqa.output)[1:] == ["present_k", "present_v"]  # the cache it writes is the model's present
+    for s, p, pad in ((5, 0, 0), (1, 6, 0), (3, 4, 0), (3, 4, 2)):
+        feeds = _gqa_feeds(m, s, p, pad=pad)
+        for w, h in zip(ort_run(m, feeds), ort_run(got, feeds), strict=True):
+            np.testing.assert_allclose(h, w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("mask", "reason"), [
+    ("bidirectional", "sees key"),
+    ("input", "the mask reads the floating input 'm'"),
+])
+def test_grouped_query_attention_needs_a_mask_proved_causal(mask, reason):
+    """GroupQueryAttention applies its own causal mask: a mask that lets a query see later keys (padding alone),
+    or one the caller feeds (it may be anything), is not taken, and explain says which."""
+    check_misses(_gqa_block(mask), "grouped-query-attention", reason)
