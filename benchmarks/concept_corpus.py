@@ -27,6 +27,17 @@ a time so that a miss is attributed to the axis that causes it. Axes:
 * GELU (``gelu_*``): erf in three operand orders, Div by sqrt(2) or Mul by 1/sqrt(2), the tanh approximation
   (Pow or products for the cube, constants multiplied out or not), ONNX Gelu-20 (none / tanh), with or
   without a bias Add before.
+* attention, further concepts: value heads of another size than the query's and key's (``attn_dv_*``: 4-D or
+  3-D heads, self- or cross-attention, masks on self-attention); grouped KV heads with a KV cache
+  (``attn_gqa_*``: causal masks spelled by positions compared, a sliced constant triangle, Trilu or an added
+  term, with the attention mask's padding, times the scale spellings, repeat_kv with a Shape-read or dynamo's
+  Where(-1) target, K^T by one Transpose or through 3-D, the cache concatenated on axis 2 or -2;
+  GroupQueryAttention must appear exactly on the causal ones: a mask of padding alone or one the caller feeds
+  gets MultiHeadAttention, as does a mask that reads the concatenated cache's length, which
+  GroupQueryAttention re-creates).
+* MatMul with transposed operands (``mm_*``): either operand read through the last two axes swapped, the first
+  axis moved before the last, or both (ranks 3 and 4), and the product transposed (ranks 2-4): FusedMatMul's
+  views; a swap of two middle axes is a negative control.
 * concept spellings (``ln_c_*``, ``rms_c_*``, ``gelu_c_*``), the ones no rule names op by op: the mean by
   ReduceSum / D, ReduceSum * (1/D) or ReduceSumSquare / D, the last axis as a positive index, the reciprocal
   square root as Pow(-0.5) or Reciprocal(Sqrt), the variance as E[x^2] - E[x]^2, float16 hidden states
@@ -73,6 +84,9 @@ from forms_table import (  # noqa: E402
     session_run,
 )
 from make_form_models import BOOL, I64, F, G, feeds_for  # noqa: E402
+from onnx import numpy_helper  # noqa: E402
+
+KINDS = {**KINDS, "matmul": {"FusedMatMul"}}  # the kinds this corpus counts (FusedMatMul's views besides)
 
 N, D = 4, 64  # heads, hidden size
 H = D // N  # head size
@@ -396,6 +410,178 @@ def gelu(name: str, form: str, variant: str, bias: bool, opset: int) -> onnx.Mod
 
 
 # --------------------------------------------------------------------------- #
+# value heads of another size (pruned or varied-size Q/K/V)
+# --------------------------------------------------------------------------- #
+HV = 24  # the value heads' size (H is the query's and key's)
+
+
+def attention_dv(name: str, layout: str, mask: str, cross: bool, opset: int) -> onnx.ModelProto:
+    """Q and K heads of H, value heads of HV: x [b, s, D] -> [b, s, N*HV]; ``cross`` reads K and V from an
+    encoder's output of another length; 4-D or 3-D heads; a mask as in `attention`."""
+    g = G(name, opset)
+    x = g.inp("hidden_states", F, ["batch", "seq", D])
+    kv = g.inp("encoder_hidden_states", F, ["batch", "enc", D]) if cross else x
+    q, k, v = _linear(g, x, D, N * H, True), _linear(g, kv, D, N * H, True), _linear(g, kv, D, N * HV, True)
+
+    def heads(t: str, hs: int, kt: bool) -> str:
+        h = g.op("Transpose", [g.op("Reshape", [t, g.i64(0, 0, N, hs)])], perm=[0, 2, 3, 1] if kt else [0, 2, 1, 3])
+        if layout == "3d":  # [b*N, s, hs] (K: [b*N, hs, s])
+            tail = g.op("Slice", [g.op("Shape", [h]), g.i64(2), g.i64(4)])
+            h = g.op("Reshape", [h, g.op("Concat", [g.i64(-1), tail], axis=0)])
+        return h
+    qh, kt, vh = heads(q, H, False), heads(k, H, True), heads(v, HV, False)
+    sc = g.op("Div", [g.op("MatMul", [qh, kt]), g.const(math.sqrt(H))])
+    if mask != "none":
+        if layout == "3d":  # [b*N, s, t] -> [b, N, s, t], masked, and back (s and t read from the inputs)
+            sq, sk = _seq(g, x), _seq(g, kv)
+            s4 = g.op("Reshape", [sc, g.op("Concat", [g.i64(-1, N), sq, sk], axis=0)])
+            sc = g.op("Reshape", [_mask_bias(g, mask, s4, x), g.op("Concat", [g.i64(-1), sq, sk], axis=0)])
+        else:
+            sc = _mask_bias(g, mask, sc, x)
+    ctx = g.op("MatMul", [g.op("Softmax", [sc], axis=-1), vh])
+    if layout == "3d":
+        ctx = g.op("Reshape", [ctx, g.op("Concat", [g.i64(-1, N), g.op("Slice", [g.op("Shape", [ctx]), g.i64(1),
+                                                                                   g.i64(3)])], axis=0)])
+    y = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 2, 1, 3]), g.i64(0, 0, N * HV)])
+    g.out(y, "output", F, ["batch", "seq", N * HV])
+    return g.model()
+
+
+# --------------------------------------------------------------------------- #
+# grouped-query attention with a KV cache
+# --------------------------------------------------------------------------- #
+GN, GG, GH = 4, 2, 16  # query heads, key/value heads, head size
+NEG = float(np.finfo(np.float32).min)
+
+
+def gqa(name: str, mask: str, scale: str, repeat: str, kt: str, axis: int, opset: int,
+        length: str = "sum") -> onnx.ModelProto:
+    """Heads as a decoder with a KV cache has them after rotary: q [b, GN, s, GH], the new k, v [b, GG, s, GH]
+    and the cache [b, GG, past, GH]; the cache concatenated with the new keys and values on the time axis
+    (``axis`` 2 or -2), repeat_kv (``repeat``: ``shape`` Unsqueeze + Expand to a target read from Shape, then
+    Reshape, as TorchScript traces it; ``where`` the Expand target through Where(Equal(t, -1), 1, t), as dynamo
+    writes expand(-1)), K transposed (``kt``: ``t`` one Transpose, ``3d`` through [b*n, t, d]), the scale
+    (``div`` / ``mul`` on the scores, ``q`` on the query, ``qk`` its root on both, ``rt`` 1/Sqrt(Cast(Shape(q)[-1]))
+    computed at run time). Masks, causal with the attention mask's padding: ``range`` key positions
+    compared with the query's (a Range from the past length), ``tril`` a constant lower triangle sliced to
+    the query's rows, ``trilu`` Trilu of ones, ``additive`` the causal term added as Where(keep, 0, MIN) with a
+    padding term; negative controls: ``padding`` the padding alone (not causal), ``input`` an additive mask the
+    caller feeds (whatever it is). The keys' length (``length``): ``sum`` the past's plus the new tokens', read
+    from the inputs; ``present`` read from the concatenation itself (which GroupQueryAttention re-creates: a
+    mask read from it would make the rewrite read its own output, so MultiHeadAttention takes those)."""
+    g = G(name, opset)
+    q = g.inp("query", F, ["batch", GN, "seq", GH])
+    kn, vn = (g.inp(n, F, ["batch", GG, "seq", GH]) for n in ("key", "value"))
+    pk, pv = (g.inp(n, F, ["batch", GG, "past", GH]) for n in ("past_key", "past_value"))
+    kc, vc = g.op("Concat", [pk, kn], axis=axis), g.op("Concat", [pv, vn], axis=axis)
+    g.out(kc, "present_key", F, ["batch", GG, "past + seq", GH])
+    g.out(vc, "present_value", F, ["batch", GG, "past + seq", GH])
+    kc, vc = "present_key", "present_value"
+    if length == "present":  # the cache's length read from the concatenation
+        t1 = g.op("Slice", [g.op("Shape", [kc]), g.i64(2), g.i64(3)])
+    else:  # past + new
+        t1 = g.op("Add", [g.op("Slice", [g.op("Shape", [pk]), g.i64(2), g.i64(3)]),
+                          g.op("Slice", [g.op("Shape", [kn]), g.i64(2), g.i64(3)])])
+    b1 = g.op("Slice", [g.op("Shape", [q]), g.i64(0), g.i64(1)])
+
+    def rep(x: str) -> str:
+        u = g.unsqueeze(x, [2])
+        target = g.op("Concat", [b1, g.i64(GG, GN // GG), t1, g.i64(GH)], axis=0)
+        if repeat == "where":  # expand(b, g, r, -1, d) as dynamo writes it
+            target = g.op("Concat", [b1, g.i64(GG, GN // GG, -1, GH)], axis=0)
+            target = g.op("Where", [g.op("Equal", [target, g.i64(-1)]), g.i64(1), target])
+        e = g.op("Expand", [u, target])
+        return g.op("Reshape", [e, g.op("Concat", [b1, g.i64(GN), t1, g.i64(GH)], axis=0)])
+    kr, vr = rep(kc), rep(vc)
+    if kt == "t":
+        ktr = g.op("Transpose", [kr], perm=[0, 1, 3, 2])
+    else:  # [b*n, t, d] -> [b*n, d, t] -> [b, n, d, t]
+        k3 = g.op("Reshape", [kr, g.op("Concat", [g.i64(-1), t1, g.i64(GH)], axis=0)])
+        ktr = g.op("Reshape", [g.op("Transpose", [k3], perm=[0, 2, 1]),
+                               g.op("Concat", [b1, g.i64(GN, GH), t1], axis=0)])
+    if scale == "q":
+        q = g.op("Mul", [q, g.const(GH ** -0.5)])
+    elif scale == "qk":
+        q, ktr = g.op("Mul", [q, g.const(GH ** -0.25)]), g.op("Mul", [ktr, g.const(GH ** -0.25)])
+    sc = g.op("MatMul", [q, ktr])
+    if scale == "div":
+        sc = g.op("Div", [sc, g.const(math.sqrt(GH))])
+    elif scale == "mul":
+        sc = g.op("Mul", [sc, g.const(GH ** -0.5)])
+    elif scale == "rt":
+        sc = g.op("Mul", [sc, _runtime_scale(g, q, 4, sqrt=False)])
+    if mask == "input":
+        sc = g.op("Add", [sc, g.inp("attn_bias", F, ["batch", 1, "seq", "past + seq"])])
+    else:
+        am = g.inp("attention_mask", I64, ["batch", "past + seq"])
+        pad = g.op("Cast", [g.unsqueeze(g.unsqueeze(am, [1]), [2])], to=BOOL)  # [b, 1, 1, t]
+        s1 = g.op("Slice", [g.op("Shape", [q]), g.i64(2), g.i64(3)])
+        p1 = g.op("Sub", [t1, s1])
+        keep = pad
+        if mask == "range":
+            cols = g.op("Range", [g.const(0, np.int64), g.squeeze(t1, [0]), g.const(1, np.int64)])
+            rows = g.op("Range", [g.squeeze(p1, [0]), g.squeeze(t1, [0]), g.const(1, np.int64)])
+            keep = g.op("And", [g.op("LessOrEqual", [cols, g.unsqueeze(rows, [1])]), pad])
+        elif mask == "tril":
+            tri = g.const(np.tril(np.ones((1, 1, MAXPOS, MAXPOS))).astype(bool), bool)
+            keep = g.op("And", [g.slice(g.slice(tri, p1, t1, [2]), [0], t1, [3]), pad])
+        elif mask == "trilu":
+            ones = g.op("ConstantOfShape", [g.op("Concat", [t1, t1], axis=0)],
+                        value=numpy_helper.from_array(np.array([1], np.int64)))
+            tri = g.op("Cast", [g.slice(g.op("Trilu", [ones], upper=0), p1, t1, [0])], to=BOOL)
+            keep = g.op("And", [tri, pad])
+        if mask == "additive":  # the causal term and the padding term added to the scores
+            cols = g.op("Range", [g.const(0, np.int64), g.squeeze(t1, [0]), g.const(1, np.int64)])
+            rows = g.op("Range", [g.squeeze(p1, [0]), g.squeeze(t1, [0]), g.const(1, np.int64)])
+            causal = g.op("LessOrEqual", [cols, g.unsqueeze(rows, [1])])
+            sc = g.op("Add", [g.op("Add", [sc, g.op("Where", [causal, g.const(0.0), g.const(NEG)])]),
+                              g.op("Where", [pad, g.const(0.0), g.const(NEG)])])
+        else:
+            sc = g.op("Where", [keep, sc, g.const(NEG)])
+    ctx = g.op("MatMul", [g.op("Softmax", [sc], axis=-1), vr])
+    y = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 2, 1, 3]), g.i64(0, 0, GN * GH)])
+    g.out(y, "output", F, ["batch", "seq", GN * GH])
+    return g.model()
+
+
+# --------------------------------------------------------------------------- #
+# MatMul with transposed operands or result (FusedMatMul's views)
+# --------------------------------------------------------------------------- #
+def _view(rank: int, tb: int, t: int) -> list[int]:
+    if tb and t:
+        return [*range(1, rank), 0]
+    if tb:
+        return [*range(1, rank - 1), 0, rank - 1]
+    return [*range(rank - 2), rank - 1, rank - 2] if t else list(range(rank))
+
+
+def matmul_view(name: str, side: str, view: str, rank: int, opset: int) -> onnx.ModelProto:
+    """A [.., 4, 8] @ B [.., 8, 6] with one operand read through a Transpose (``view``: ``last`` the last two axes
+    swapped, ``batch`` the first axis moved before the last, ``both``; ``out`` the product transposed over the
+    last two axes), as attention's K^T, a transposed weight or a batch-first layout spell them; ``mid`` swaps
+    two middle axes, which no FusedMatMul flags express (a negative control)."""
+    g = G(name, opset)
+    la, lb = [2, 3, 4, 8][-rank:], [2, 3, 8, 6][-rank:]
+    if view == "out":
+        a, b = g.inp("a", F, la), g.inp("b", F, lb)
+        y = g.op("Transpose", [g.op("MatMul", [a, b])], perm=_view(rank, 0, 1))
+        g.out(y, "y", F, la[:-2] + [6, 4])
+        return g.model()
+    perm = {"last": _view(rank, 0, 1), "batch": _view(rank, 1, 0), "both": _view(rank, 1, 1),
+            "mid": [0, 2, 1, 3]}[view]
+    logical = la if side == "a" else lb
+    physical = [0] * rank
+    for i, p_ in enumerate(perm):
+        physical[p_] = logical[i]
+    x = g.inp(side, F, physical)
+    t = g.op("Transpose", [x], perm=perm)
+    other = g.inp("b" if side == "a" else "a", F, lb if side == "a" else la)
+    y = g.op("MatMul", [t, other] if side == "a" else [other, t])
+    g.out(y, "y", F, la[:-1] + lb[-1:])
+    return g.model()
+
+
+# --------------------------------------------------------------------------- #
 # the corpus: name -> (builder, kwargs, axes)
 # --------------------------------------------------------------------------- #
 def corpus() -> dict[str, tuple]:
@@ -497,6 +683,44 @@ def corpus() -> dict[str, tuple]:
         axes = {"gelu": form, "variant": "concept", "bias": True, "opset": opset, "dtype": "fp32"}
         out[f"gelu_c_{form}"] = (gelu_concept, dict(form=form, opset=opset), axes,
                                  None if form == "wrong_const" else "gelu", "bert")
+    for layout, mask, cross in itertools.product(("4d", "3d"), ("none", "bert", "where"), (False, True)):
+        if cross and mask != "none":
+            continue  # (`_mask_bias` masks the query's own tokens: a self-attention mask)
+        opset = OPSETS[c % 4]
+        c += 1
+        axes = {"layout": layout, "mask": mask, "qkv": "cross" if cross else "separate", "heads": "dv",
+                "opset": opset, "dtype": "fp32"}
+        out[f"attn_dv_{layout}_{mask}_{'cross' if cross else 'self'}"] = (
+            attention_dv, dict(layout=layout, mask=mask, cross=cross, opset=opset), axes, "attention", "bert")
+    for mask, scale in itertools.product(("range", "tril", "trilu", "additive"), ("div", "mul", "q", "qk", "rt")):
+        repeat, kt, axis = ("shape", "where")[c % 2], ("t", "3d")[c % 3 == 2], (2, -2)[c % 4 == 3]
+        opset = (14, 17, 18, 20)[c % 4]
+        c += 1
+        axes = {"mask": mask, "scale": scale, "repeat": repeat, "k": kt, "axis": axis, "heads": "grouped",
+                "opset": opset, "dtype": "fp32"}
+        out[f"attn_gqa_{mask}_{scale}"] = (gqa, dict(mask=mask, scale=scale, repeat=repeat, kt=kt, axis=axis,
+                                                     opset=opset), axes, "attention", "gpt2")
+    for mask in ("range", "tril"):  # the keys' length read from the concatenated cache: MultiHeadAttention
+        axes = {"mask": mask, "scale": "div", "repeat": "shape", "k": "t", "axis": 2, "heads": "grouped-present",
+                "opset": 17, "dtype": "fp32"}
+        out[f"attn_gqa_{mask}_present"] = (gqa, dict(mask=mask, scale="div", repeat="shape", kt="t", axis=2,
+                                                     opset=17, length="present"), axes, "attention", "gpt2")
+    for mask in ("padding", "input"):  # negative controls: no causal mask GroupQueryAttention could take as its own
+        axes = {"mask": mask, "scale": "div", "repeat": "shape", "k": "t", "axis": 2, "heads": "grouped",
+                "opset": 17, "dtype": "fp32"}
+        out[f"attn_gqa_{mask}_div"] = (gqa, dict(mask=mask, scale="div", repeat="shape", kt="t", axis=2, opset=17),
+                                       axes, "attention", "gpt2")
+    for side, view, rank in itertools.product("ab", ("last", "batch", "both"), (3, 4)):
+        opset = (13, 17, 18)[c % 3]
+        c += 1
+        axes = {"side": side, "view": view, "rank": rank, "opset": opset, "dtype": "fp32"}
+        out[f"mm_{side}_{view}_r{rank}"] = (matmul_view, dict(side=side, view=view, rank=rank, opset=opset), axes,
+                                            "matmul", "bert")
+    for rank in (2, 3, 4):
+        axes = {"side": "-", "view": "out", "rank": rank, "opset": 17, "dtype": "fp32"}
+        out[f"mm_out_r{rank}"] = (matmul_view, dict(side="a", view="out", rank=rank, opset=17), axes, "matmul", "bert")
+    axes = {"side": "a", "view": "mid", "rank": 4, "opset": 17, "dtype": "fp32"}
+    out["mm_a_mid_r4"] = (matmul_view, dict(side="a", view="mid", rank=4, opset=17), axes, None, "bert")
     return out
 
 
@@ -506,9 +730,9 @@ def feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     f = feeds_for(model)
     rng = np.random.default_rng(1)
     for k, v in f.items():
-        if k == "attn_bias":
-            s = v.shape[-1]
-            f[k] = (np.where(np.tril(np.ones((s, s))) > 0, 0.0, -1e4) + 0.1 * rng.standard_normal(v.shape)
+        if k == "attn_bias":  # causal for the last rows (a cache's new tokens), plus noise
+            rows, t = v.shape[-2], v.shape[-1]
+            f[k] = (np.where(np.tril(np.ones((t, t)))[t - rows:] > 0, 0.0, -1e4) + 0.1 * rng.standard_normal(v.shape)
                     ).astype(np.float32)
         elif k == "hidden_states" and v.dtype != np.float32:
             f[k] = v.astype(np.float16)
@@ -607,7 +831,7 @@ def ok(row: dict) -> bool:
 
 
 def report(rows: list[dict]) -> None:
-    for family, prefix in (("attention", "attn_"), ("norm", ("ln_", "rms_")), ("gelu", "gelu_")):
+    for family, prefix in (("attention", "attn_"), ("norm", ("ln_", "rms_")), ("gelu", "gelu_"), ("matmul", "mm_")):
         fam = [r for r in rows if r["model"].startswith(prefix)]
         if not fam:
             continue
@@ -634,6 +858,13 @@ def report(rows: list[dict]) -> None:
         print(f"- onnxfuse outputs further than {FAR:g} (fp16 and upcast: {FAR16:g}) from the original: {far}")
         ort_far = {r["model"]: r["ortopt_wrong"] for r in fam if r.get("ortopt_wrong")}
         print(f"- ORT-opt outputs further than {FAR:g} (fp16: {FAR16:g}) from the original (not counted as fused): {ort_far}")
+        grouped = [r for r in fam if r["axes"].get("heads") == "grouped"]
+        if grouped:  # GroupQueryAttention exactly where the mask is causal (the others: MultiHeadAttention)
+            causal = [r for r in grouped if r["axes"]["mask"] not in ("padding", "input")]
+            gqa = [r["model"] for r in causal if r["onnxfuse"].get("GroupQueryAttention")]
+            wrong = [r["model"] for r in grouped if r not in causal and r["onnxfuse"].get("GroupQueryAttention")]
+            print(f"- grouped KV heads with a cache: GroupQueryAttention on {len(gqa)}/{len(causal)} causal graphs; "
+                  f"on the {len(grouped) - len(causal)} whose mask is not causal (must be none): {wrong}")
     misses = [r for r in rows if r["reason"]]
     print(f"\n## onnxfuse misses ({len(misses)}), explain's reason\n")
     causes: dict[str, list[str]] = collections.defaultdict(list)

@@ -806,6 +806,8 @@ OPTIMUM_DIMS = {"batch_size": "batch", "text_batch_size": "batch", "sequence_len
 
 
 def sym_dim(name: str) -> int:
+    if "+" in name:  # "past + seq": the sum of its parts (a mask over the cache and the new tokens)
+        return sum(sym_dim(p.strip()) for p in name.split("+"))
     name = OPTIMUM_DIMS.get(name, name)
     if isinstance(name, int):
         return name

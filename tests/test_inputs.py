@@ -548,3 +548,20 @@ def test_find_inputs_is_the_first_profile_optimize_runs(tmp_path):
     profiles = onnxfuse.find_profiles(src)
     assert [(n, w) for n, w, _ in profiles] == [("prefill", 1.0), ("decode", 1.0)]
     assert onnxfuse.find_inputs(src).shapes == profiles[0][2].shapes
+
+
+@pytest.mark.parametrize(("op", "index"), [("GroupQueryAttention", 3), ("MultiHeadAttention", 6)])
+def test_a_cache_a_fused_attention_appends_to_is_a_self_attention_cache(op, index):
+    """An optimized decoder's past key goes into GroupQueryAttention (or MultiHeadAttention's past input), which
+    appends the new keys itself: it is the self-attention cache a Concat made of it before (0 at prefill), not an
+    encoder's memory (profiling the optimized Llama found no shapes that ran)."""
+    from onnxfuse.inputs.roles import memory_caches
+    from onnxfuse.inputs.shapes import model_inputs
+
+    ins = [""] * (index + 2)
+    ins[0], ins[index], ins[index + 1] = "q", "past_key", "past_value"
+    node = oh.make_node(op, ins, ["y", "present_key", "present_value"], domain="com.microsoft", num_heads=2)
+    model = make_model([node], [("q", [1, 3, 16]), ("past_key", [1, 2, "past_sequence", 8]),
+                                ("past_value", [1, 2, "past_sequence", 8])],
+                       [("y", None), ("present_key", None), ("present_value", None)])
+    assert memory_caches(model, model_inputs(model)) == frozenset()

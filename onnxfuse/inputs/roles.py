@@ -81,11 +81,17 @@ def guess_model_kind(inputs: list[InputInfo]) -> str:
     return "text" if any(not is_inexact(np_dtype(i)) for i in inputs if i.elem_type) else "other"
 
 
+# fused ops that append the new keys and values to a past cache input (its input indices): a cache they read is a
+# self-attention cache, as one a Concat appends to
+_APPENDS = {"GroupQueryAttention": (3, 4), "MultiHeadAttention": (6, 7), "Attention": (4,)}
+
+
 def memory_caches(model: onnx.ModelProto, inputs: list[InputInfo]) -> frozenset[str]:
     """Cache inputs that no Concat appends to (through reshapes, transposes, casts and splits): the keys and
     values a cross-attention reads from an encoder's sequence, whose length is the same at prefill and decode.
-    A self-attention cache (past_key -> Concat with the new keys -> present) is not one; neither is a cache input
-    whose name says it is a self-attention cache while the graph says nothing."""
+    A self-attention cache (past_key -> Concat with the new keys -> present, or the past input of a fused attention
+    that appends to it) is not one; neither is a cache input whose name says it is a self-attention cache while
+    the graph says nothing."""
     index = GraphIndex.build(model)
     walk = PASS_THROUGH | {"Split", "Gather", "Slice"}
     out = set()
@@ -97,7 +103,8 @@ def memory_caches(model: onnx.ModelProto, inputs: list[InputInfo]) -> frozenset[
             nxt = []
             for v in frontier:
                 for node in index.consumers.get(v, []):
-                    if node.op_type == "Concat":
+                    if node.op_type == "Concat" or (node.domain == "com.microsoft" and any(
+                            i < len(node.input) and node.input[i] == v for i in _APPENDS.get(node.op_type, ()))):
                         appended = True
                     elif node.op_type in walk:
                         nxt += [o for o in node.output if o and o not in seen]

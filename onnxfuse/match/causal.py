@@ -27,7 +27,20 @@ MASKED = -1e30  # an additive mask value at most this (or -inf) masks its key
 
 
 class _Fed(Interpreter):
-    """The interpreter with the graph's inputs fed: int and bool ones; a float input refuses the proof."""
+    """The interpreter with the graph's inputs fed: int and bool ones, as many columns as the scores have keys
+    where the last dim is a symbol no other input has (an attention mask covers every key, past and new: its own
+    dim name, "total_sequence", says nothing of that); a float input's values are not known."""
+
+    keys = 0  # the scores' key count at these sizes
+
+    def _own(self, name: str, symbol: str) -> bool:
+        """Whether `symbol` is a dim of no other graph input (nothing but this mask ties it to a length)."""
+        for i in self.g.proto.input:
+            if i.name != name:
+                t = self.g.type_of(i.name)
+                if t is not None and t.shape is not None and symbol in t.shape:
+                    return False
+        return True
 
     def value(self, name: str, depth: int = 0):
         if name not in self.memo and name not in self.g.producer and not self.g.is_constant(name) \
@@ -36,6 +49,9 @@ class _Fed(Interpreter):
             shape = self.shape_of(name)
             if t is None or shape is None:
                 raise Unprovable(f"the mask reads {name!r}, whose shape is not known")
+            if t.shape and isinstance(t.shape[-1], str) and self.keys and self._own(name, t.shape[-1]):
+                shape = (*shape[:-1], self.keys)
+                self.shapes[name] = shape
             dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type))
             # a floating input's shape may be read (Shape of the cache), its values are whatever the caller feeds
             self.memo[name] = Opaque(shape) if dtype.kind == "f" else np.ones(shape, dtype=dtype)
@@ -53,6 +69,7 @@ def prove_causal(graph: Graph, terms: list[tuple[str, str | None, bool]], scores
         if shape is None or len(shape) < 2:
             raise Unprovable("the scores' shape is not known")
         s, t = shape[-2], shape[-1]
+        interp.keys = t
         if s * t > MAX_ELEMENTS:
             raise Unprovable("the scores are too large to compute the mask at the proof's sizes")
         total = np.zeros((s, t), dtype=np.float64)

@@ -638,6 +638,13 @@ class Matcher:
         line_of = {id(n): self.rule.head(name) for name, n in b.nodes.items()}
         exposed = {b.values[n] for n in self.exposed if n in b.values}  # outputs the rewrite re-creates
         taken = {id(n) for n in b.matched}
+        if exposed:
+            loop = self._reads_its_own_output(b, exposed, taken)
+            if loop is not None:
+                self._fail(b, loop, f"{loop!r}, which the rewrite reads, is computed from a value the rewrite "
+                           "re-creates: the rewrite would read its own output (the mask or a shape reads the "
+                           "present key or value)", complete=True)
+                return None
         side: dict[int, Node] = {}
         for node in b.matched:
             line = line_of.get(id(node))
@@ -692,6 +699,25 @@ class Matcher:
             return None
         return dataclasses.replace(b, matched=tuple(n for n in b.matched if id(n) not in keep),
                                    kept=b.kept + tuple(keep.values()))
+
+    def _reads_its_own_output(self, b: Binding, exposed: set[str], taken: set[int]) -> str | None:
+        """A value the rewrite reads that is computed (outside the match) from a value the rewrite re-creates:
+        the rewrite would then depend on its own output (a cycle). The read value, or None."""
+        g = self.graph
+        for start in sorted(self._read_values(b)):
+            stack, seen = [start], set()
+            while stack and len(seen) < 4096:
+                v = stack.pop()
+                if v in seen:
+                    continue
+                seen.add(v)
+                if v in exposed and v != start:
+                    return start
+                node = g.producer.get(v)
+                if node is None or id(node) in taken:
+                    continue
+                stack.extend(i for i in node.inputs if i)
+        return None
 
     def _read_values(self, b: Binding) -> set[str]:
         """The graph values the rewrite reads: bound names it reads, and the terms of a mask it builds."""

@@ -635,12 +635,11 @@ EXPORTS = {
     # stage 1: key / value from a sequence reduced by a strided conv; stage 2 (sr 1): from the input itself
     "segformer_ts17": ({"cross-attention": 1, "self-attention": 1}, None),
     "segformer_dynamo18": ({"cross-attention": 1, "self-attention": 1}, None),
-    # decoders with a KV cache (past ++ new keys, grouped KV heads repeated, rotary on per-row position ids;
-    # Phi: rotary on half of each head, one KV head per query head): GroupQueryAttention where the causal mask
-    # is proved (TorchScript's Llama), else MultiHeadAttention on the heads (dynamo's mask reads the attention
-    # mask's length, a dim of its own the proof cannot tie to past + new); RotaryEmbedding on q and k
+    # decoders with a KV cache (past ++ new keys, rotary on per-row position ids): Llama's grouped KV heads
+    # repeated, its causal mask proved -> GroupQueryAttention; Phi (rotary on half of each head, a KV head per
+    # query head) -> MultiHeadAttention on the heads; RotaryEmbedding on q and k
     "llama_kv_ts17": ({"grouped-query-attention": 2}, "GroupQueryAttention"),
-    "llama_kv_dynamo18": ({"attention-heads-split": 2}, "MultiHeadAttention"),
+    "llama_kv_dynamo18": ({"grouped-query-attention": 2}, "GroupQueryAttention"),
     "phi_kv_ts17": ({"attention-heads-split": 2}, "MultiHeadAttention"),
     "phi_kv_dynamo18": ({"attention-heads-split": 2}, "MultiHeadAttention"),
     # a decoder step: self-attention over past ++ new, cross-attention on the cached cross key / values
