@@ -29,7 +29,34 @@ def test_builtin_rule_with_an_unknown_op_is_unavailable_with_a_reason(old_onnx):
     assert rules["rmsnorm"].unavailable == (
         f"RMSNormalization unknown to the installed onnx {onnx.__version__} and onnxruntime "
         f"{__import__('onnxruntime').__version__}: needs newer versions")
-    assert [r.id for r in rules.values() if r.unavailable] == ["rmsnorm"]
+    # (and grouped-query-attention where the installed onnxruntime's GroupQueryAttention has no query_seqlens)
+    newer_gqa = real_spec("com.microsoft", "GroupQueryAttention").max_inputs < 17
+    assert [r.id for r in rules.values() if r.unavailable] == ["rmsnorm"] + (
+        ["grouped-query-attention"] if newer_gqa else [])
+
+
+def real_spec(domain: str, op: str):
+    from onnxfuse.opschema import op_spec
+
+    return op_spec(domain, op)
+
+
+def test_a_builtin_rule_naming_a_newer_input_or_attribute_is_unavailable(monkeypatch):
+    """An op the installed onnxruntime defines with fewer inputs or attributes than a built-in rule writes (its
+    GroupQueryAttention before query_seqlens) makes the rule unavailable with the reason, not a load error."""
+    import dataclasses
+
+    real = parse_match.op_spec
+
+    def older(d, op, *a):
+        spec = real(d, op, *a)
+        return dataclasses.replace(spec, max_inputs=12) if op == "GroupQueryAttention" and spec else spec
+    monkeypatch.setattr(parse_match, "op_spec", older)
+    rules = {r.id: r for r in onnxfuse.load_rules()}
+    assert rules["grouped-query-attention"].unavailable.startswith(
+        "com.microsoft.GroupQueryAttention with 17 inputs unknown to the installed onnx")
+    assert rules["grouped-query-attention"].unavailable.endswith("needs newer versions")
+    assert not rules["gqa-packed-qkv"].unavailable  # (its 9 inputs are there)
 
 
 def test_patterns_list_and_test_say_why(old_onnx, cli):
