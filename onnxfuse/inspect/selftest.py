@@ -321,7 +321,10 @@ def _check_dtype(rule: Rule, elem: int, tagged: bool, rep: RuleReport) -> dict[s
     tag = f"[{res.dtype}] " if tagged else ""
     first_ok: dict[str, Expr] | None = None
     covered: set[tuple[int, int]] = set()
-    for k, (inst, choice) in enumerate(instances(rule)):
+    picked = instances(rule)
+    for k, (inst, choice) in enumerate(itertools.chain(picked, _covering(rule, covered))):
+        if k >= len(picked) and all(pair in covered for pair in enumerate(choice)):
+            continue  # a further combination only for an alternative still uncovered
         for swap, with_opt in ((False, True), (True, False)):
             concrete = {n: swap_operands(e) for n, e in inst.items()} if swap else inst
             built = _valid_build(rule, concrete, with_opt, Mutation(dtype=elem), keep_unrunnable=tagged)
@@ -347,6 +350,24 @@ def _check_dtype(rule: Rule, elem: int, tagged: bool, rep: RuleReport) -> dict[s
                 rep.problems.append(f"{tag}line {name!r} alternative #{oi + 1}: no valid model could be built at "
                                     f"opsets {rule_opsets(rule)} (add an 'example' with input shapes)")
     return first_ok
+
+
+def _covering(rule: Rule, covered: set[tuple[int, int]]):
+    """Further combinations for the alternatives no valid model covers yet (`covered`, read as it grows: the
+    thinned set can miss the one valid combination of an alternative): for each, the combinations holding it
+    whose other lines take one same alternative number as far as they have it (a 3-D softmax goes with 3-D heads
+    and a 3-D merge: all second alternatives), one per number. The caller skips one whose alternatives are all
+    covered by then."""
+    names = rule.line_names()
+    options = [list(enumerate(expand(rule.lines[n]))) for n in names]
+    widest = max(len(o) for o in options)
+    for li, opts in enumerate(options):
+        for oi, _ in opts:
+            for j in range(widest):
+                if (li, oi) in covered:
+                    break
+                c = [o[oi] if k == li else o[min(j, len(o) - 1)] for k, o in enumerate(options)]
+                yield dict(zip(names, (e for _, e in c), strict=True)), tuple(i for i, _ in c)
 
 
 def _test_mutants(rule: Rule, inst: dict[str, Expr], rep: RuleReport) -> None:

@@ -1301,3 +1301,32 @@ def test_grouped_query_attention_needs_a_mask_proved_causal(mask, reason):
     """GroupQueryAttention applies its own causal mask: a mask that lets a query see later keys (padding alone),
     or one the caller feeds (it may be anything), is not taken, and explain says which."""
     check_misses(_gqa_block(mask), "grouped-query-attention", reason)
+
+
+def test_self_attention_softmax_on_a_4d_view_of_3d_scores():
+    """DeBERTa's spelling: 3-D heads [b*N, s, D], the scores viewed as [b, N, s, t] for the mask and the Softmax,
+    the weights viewed back as [b*N, s, t] for the values: one Attention, the same numbers."""
+    nodes, inits = [], {"wq": WQ, "bq": BQ, "wk": WK, "bk": BK, "wv": WV, "bv": BV, "hs": _i64(0, 0, N, D),
+                        "h3": _i64(B * N, S, D), "s4": _i64(B, N, S, S), "s3": _i64(B * N, S, S),
+                        "o4": _i64(B, N, S, D), "os": _i64(0, 0, H), "cd": np.float32(np.sqrt(D)),
+                        "neg": np.float32(np.finfo(np.float32).min)}
+    for n in "qkv":
+        nodes += [oh.make_node("MatMul", ["x", f"w{n}"], [f"{n}m"]), oh.make_node("Add", [f"{n}m", f"b{n}"], [n]),
+                  oh.make_node("Reshape", [n, "hs"], [f"{n}4"]),
+                  oh.make_node("Transpose", [f"{n}4"], [f"{n}h"], perm=[0, 2, 1, 3]),
+                  oh.make_node("Reshape", [f"{n}h", "h3"], [f"{n}3"])]
+    nodes += [oh.make_node("Transpose", ["k3"], ["k3t"], perm=[0, 2, 1]), oh.make_node("Div", ["k3t", "cd"], ["ks"]),
+              oh.make_node("MatMul", ["q3", "ks"], ["sc3"]), oh.make_node("Reshape", ["sc3", "s4"], ["sc4"]),
+              oh.make_node("Where", ["keep", "sc4", "neg"], ["scm"]), oh.make_node("Softmax", ["scm"], ["p4"], axis=-1),
+              oh.make_node("Reshape", ["p4", "s3"], ["p3"]), oh.make_node("MatMul", ["p3", "v3"], ["o3"]),
+              oh.make_node("Reshape", ["o3", "o4"], ["o"]), oh.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+              oh.make_node("Reshape", ["ot", "os"], ["y"])]
+    m = make_model(nodes, [("x", [B, S, E]), ("keep", [B, 1, 1, S], TensorProto.BOOL)], [("y", [B, S, H])], inits)
+    feeds = rand_feeds(m)
+    feeds["keep"] = np.ones((B, 1, 1, S), bool)
+    feeds["keep"][1, ..., -3:] = False
+    r, got = fuse(m, "self-attention")
+    assert r.fired == {"self-attention": 1}, r.fired
+    assert "Softmax" not in op_types(got) and op_types(got).count("com.microsoft.Attention") == 1
+    for w, h in zip(ort_run(m, feeds), ort_run(got, feeds), strict=True):
+        np.testing.assert_allclose(h, w, rtol=1e-4, atol=1e-4)
