@@ -145,6 +145,26 @@ def _runtime_scale(g: G, q: str, rank: int, sqrt: bool) -> str:
     return g.op("Sqrt", [s]) if sqrt else s
 
 
+def _scores(g: G, q: str, kt: str, scale: str, head: int, rank: int) -> str:
+    """q @ kt with the 1/sqrt(head) scale spelled as `scale` (see ATT_SCALES): on the query (``q``), its root on
+    both (``qk``; ``rt_qk`` read at run time), or on the scores (``div``, ``mul``; ``rt`` read at run time)."""
+    if scale == "q":
+        q = g.op("Mul", [q, g.const(head ** -0.5)])
+    elif scale == "qk":
+        q, kt = g.op("Mul", [q, g.const(head ** -0.25)]), g.op("Mul", [kt, g.const(head ** -0.25)])
+    elif scale == "rt_qk":
+        c = _runtime_scale(g, q, rank, sqrt=True)
+        q, kt = g.op("Mul", [q, c]), g.op("Mul", [kt, c])
+    s = g.op("MatMul", [q, kt])
+    if scale == "div":
+        s = g.op("Div", [s, g.const(math.sqrt(head))])
+    elif scale == "mul":
+        s = g.op("Mul", [s, g.const(head ** -0.5)])
+    elif scale == "rt":
+        s = g.op("Mul", [s, _runtime_scale(g, q, rank, sqrt=False)])
+    return s
+
+
 def _mask_bias(g: G, mask: str, scores4: str, x: str) -> str:
     """Apply the mask to rank-4 scores [b, N, s, s]; returns the masked scores."""
     if mask == "bert":
@@ -182,20 +202,7 @@ def attention(name: str, layout: str, kform: str, qkv: str, scale: str, mask: st
         q, kt, v = _split(g, qs, layout, False, kform), _split(g, ks, layout, True, kform), \
             _split(g, vs, layout, False, kform)
     rank = 3 if layout == "3d" and qkv != "heads" else 4
-    if scale == "q":
-        q = g.op("Mul", [q, g.const(H ** -0.5)])
-    elif scale == "qk":
-        q, kt = g.op("Mul", [q, g.const(H ** -0.25)]), g.op("Mul", [kt, g.const(H ** -0.25)])
-    elif scale == "rt_qk":
-        c = _runtime_scale(g, q, rank, sqrt=True)
-        q, kt = g.op("Mul", [q, c]), g.op("Mul", [kt, c])
-    s = g.op("MatMul", [q, kt])
-    if scale == "div":
-        s = g.op("Div", [s, g.const(math.sqrt(H))])
-    elif scale == "mul":
-        s = g.op("Mul", [s, g.const(H ** -0.5)])
-    elif scale == "rt":
-        s = g.op("Mul", [s, _runtime_scale(g, q, rank, sqrt=False)])
+    s = _scores(g, q, kt, scale, H, rank)
     if mask != "none":
         if rank == 3:  # [b*N, s, s] -> [b, N, s, s], masked, and back
             sq = _seq(g, x)
@@ -499,17 +506,7 @@ def gqa(name: str, mask: str, scale: str, repeat: str, kt: str, axis: int, opset
         k3 = g.op("Reshape", [kr, g.op("Concat", [g.i64(-1), t1, g.i64(GH)], axis=0)])
         ktr = g.op("Reshape", [g.op("Transpose", [k3], perm=[0, 2, 1]),
                                g.op("Concat", [b1, g.i64(GN, GH), t1], axis=0)])
-    if scale == "q":
-        q = g.op("Mul", [q, g.const(GH ** -0.5)])
-    elif scale == "qk":
-        q, ktr = g.op("Mul", [q, g.const(GH ** -0.25)]), g.op("Mul", [ktr, g.const(GH ** -0.25)])
-    sc = g.op("MatMul", [q, ktr])
-    if scale == "div":
-        sc = g.op("Div", [sc, g.const(math.sqrt(GH))])
-    elif scale == "mul":
-        sc = g.op("Mul", [sc, g.const(GH ** -0.5)])
-    elif scale == "rt":
-        sc = g.op("Mul", [sc, _runtime_scale(g, q, 4, sqrt=False)])
+    sc = _scores(g, q, ktr, scale, GH, 4)
     if mask == "input":
         sc = g.op("Add", [sc, g.inp("attn_bias", F, ["batch", 1, "seq", "past + seq"])])
     else:

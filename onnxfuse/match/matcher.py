@@ -157,6 +157,9 @@ class Matcher:
         self.read = rule.read_names
         # computes(...): the regions found at a value, and why each other candidate was not one
         self._regions: dict[tuple[str, str, bool], tuple[list[Region], list[tuple[str, str, tuple[Node, ...]]]]] = {}
+        # masked(..., causal=True): per (terms, scores), '' where proved, else why not (a split is tried once per
+        # alternative of the lines around it)
+        self._causal: dict[tuple, str] = {}
 
     # ----- entry -----------------------------------------------------------------------------------------
     def match(self, root: Node) -> Binding | None:
@@ -369,10 +372,9 @@ class Matcher:
                 self._fail(b2, value, f"mask {c.bias} is bound twice")
                 continue
             if c.causal:
-                try:
-                    prove_causal(self.graph, [(t.value, t.where, t.fill_first) for t in terms], value)
-                except Unprovable as e:
-                    self._fail(b2, value, f"masked: {e}")
+                why = self._causal_proof(terms, value)
+                if why:
+                    self._fail(b2, value, f"masked: {why}")
                     continue
             rows, lead = None, 0
             if c.rows and terms:
@@ -392,6 +394,17 @@ class Matcher:
         for where, why, out in refused:  # the telling reason ("found Where, expected MatMul" says less), as far
             at = reached.get(out, b)  # along as the split that reached the Where
             self._fail(at.bind(c.bias, ABSENT) if c.bias not in at.values else at, where, why)
+
+    def _causal_proof(self, terms: list[MaskTerm], scores: str) -> str:
+        """'' where the mask of `terms` is proved causal on `scores` (match/causal.py), else why not."""
+        key = (tuple(terms), scores)
+        if key not in self._causal:
+            try:
+                prove_causal(self.graph, [(t.value, t.where, t.fill_first) for t in terms], scores)
+                self._causal[key] = ""
+            except Unprovable as e:
+                self._causal[key] = str(e)
+        return self._causal[key]
 
     def _mask_terms(self, value: str, b: Binding, depth: int,
                     refused: list[tuple[str, str, str]]) -> Iterator[tuple[str, list[MaskTerm], list[Node]]]:
@@ -702,21 +715,21 @@ class Matcher:
 
     def _reads_its_own_output(self, b: Binding, exposed: set[str], taken: set[int]) -> str | None:
         """A value the rewrite reads that is computed (outside the match) from a value the rewrite re-creates:
-        the rewrite would then depend on its own output (a cycle). The read value, or None."""
+        the rewrite would then depend on its own output (a cycle). The read value, or None. Walked forward from
+        the re-created values (a cache's present: a few shape readers), not back through the reads' cones."""
         g = self.graph
-        for start in sorted(self._read_values(b)):
-            stack, seen = [start], set()
-            while stack and len(seen) < 4096:
-                v = stack.pop()
-                if v in seen:
+        reads = self._read_values(b)
+        stack, seen = [v for v in exposed], set(exposed)
+        while stack and len(seen) < 4096:
+            for node in g.consumers.get(stack.pop(), ()):
+                if id(node) in taken:
                     continue
-                seen.add(v)
-                if v in exposed and v != start:
-                    return start
-                node = g.producer.get(v)
-                if node is None or id(node) in taken:
-                    continue
-                stack.extend(i for i in node.inputs if i)
+                for out in node.outputs:
+                    if out in reads:
+                        return out
+                    if out and out not in seen:
+                        seen.add(out)
+                        stack.append(out)
         return None
 
     def _read_values(self, b: Binding) -> set[str]:

@@ -141,16 +141,16 @@ def check_op(call: Call, c: Collector, span: Span, match_side: bool) -> None:
         return
     n_args = len(call.args)
     n_required = sum(1 for a in call.args if not (isinstance(a, Ref) and a.optional))
+    attr_names = all_attr_names(call.domain, call.op)  # a rule's opset range picks the version
     newer = [f"{call.qualified} with {n_args} inputs"] if n_args > s.max_inputs else []
     newer += [f"{call.qualified}'s attribute {k!r}" for k in call.kwargs
-              if not (k == "copy_attrs" and not match_side) and k not in all_attr_names(call.domain, call.op)]
+              if not (k == "copy_attrs" and not match_side) and k not in attr_names]
     if newer and c.builtin:  # an input or attribute a newer onnx or onnxruntime added: unavailable here
         c.missing_ops.extend(newer)
         return
     if n_args > s.max_inputs or n_required < s.min_inputs and n_args < s.min_inputs:
         expected = f"{s.min_inputs}" if s.min_inputs == s.max_inputs else f"{s.min_inputs} to {s.max_inputs}"
         c.error(where, f"{call.qualified} takes {expected} inputs, got {n_args}")
-    attr_names = all_attr_names(call.domain, call.op)  # a rule's opset range picks the version
     for k, v in call.kwargs.items():
         if k == "copy_attrs" and not match_side:
             continue
