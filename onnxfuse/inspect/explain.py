@@ -58,7 +58,9 @@ def explain(model: str | os.PathLike, patterns: list[str] | None = None, target:
     # A second look before the fusion rules ran (folding and early canonicalisations only): a smaller rule
     # that fired first (a score MatMul made a FusedMatMul) hides how far a bigger one got, and why it stopped.
     before = rebuild(os.fspath(model), [r for r in rules if r.early], base, set())
-    fused = {a.root for a in state.eng.applications}  # candidates some rule took in the end: not misses
+    # candidates some rule took in the end are not misses; asked about one rule, a candidate another rule took is
+    # still that rule's miss (why GroupQueryAttention did not take what MultiHeadAttention did)
+    fused = {a.root for a in state.eng.applications if rule is None or a.rule == rule}
     misses = _deepest(misses, [replace(m, graph="before fusions") for m in near_misses(
         before.model, asked, target, min_progress=least) if m.value not in fused])
     cannot = {s.rule: s.reason for s in state.eng.skipped}  # outside the opset range, not for the target, no kernel

@@ -1185,7 +1185,7 @@ def test_attention_heads_split_says_why_value_heads_of_another_size_are_not_take
 GQ, GKV, GD = 4, 2, 8  # query heads, key/value heads, head size
 
 
-def _gqa_block(mask="range", scale="div", batch=B):
+def _gqa_block(mask="range", scale="div", batch=B, length="inputs"):
     """Grouped-query attention with a KV cache as Llama-style exports write it: q [b, 4, s, 8] and the new k, v
     [b, 2, s, 8] (graph inputs: projections and rotary are not the rule's business), the cache concatenated on
     the time axis (the present outputs), repeat_kv (Unsqueeze, Expand to 2 copies, Reshape to 4 heads), K
@@ -1224,9 +1224,12 @@ def _gqa_block(mask="range", scale="div", batch=B):
         inputs.append(("attention_mask", [batch, "p + s"], TensorProto.INT64))
         # s from the query, t = past + s from the cache and the new keys, their positions
         nodes += [oh.make_node("Shape", ["q"], ["qshape"]), oh.make_node("Slice", ["qshape", "two", "three"], ["s1"]),
-                  oh.make_node("Shape", ["pk"], ["pkshape"]), oh.make_node("Slice", ["pkshape", "two", "three"], ["plen"]),
-                  oh.make_node("Add", ["plen", "s1"], ["t1"]), oh.make_node("Squeeze", ["t1"], ["t0"]),
-                  oh.make_node("Squeeze", ["plen"], ["past"])]
+                  oh.make_node("Shape", ["pk"], ["pkshape"]), oh.make_node("Slice", ["pkshape", "two", "three"], ["plen"])]
+        if length == "present":  # the keys' count read from the concatenated cache (Optimum's exports do)
+            nodes.append(oh.make_node("Identity", ["klen"], ["t1"]))
+        else:
+            nodes.append(oh.make_node("Add", ["plen", "s1"], ["t1"]))
+        nodes += [oh.make_node("Squeeze", ["t1"], ["t0"]), oh.make_node("Squeeze", ["plen"], ["past"])]
         # padding: attention_mask [b, t] -> [b, 1, 1, t], 0 where it is 0
         nodes += [oh.make_node("Unsqueeze", ["attention_mask", "one1"], ["am3"]),
                   oh.make_node("Unsqueeze", ["am3", "one1"], ["am4"]),
@@ -1330,3 +1333,23 @@ def test_self_attention_softmax_on_a_4d_view_of_3d_scores():
     assert "Softmax" not in op_types(got) and op_types(got).count("com.microsoft.Attention") == 1
     for w, h in zip(ort_run(m, feeds), ort_run(got, feeds), strict=True):
         np.testing.assert_allclose(h, w, rtol=1e-4, atol=1e-4)
+
+
+def test_explain_says_why_grouped_query_attention_left_a_block_to_multi_head_attention():
+    """A mask that reads the keys' count from the concatenated cache (which GroupQueryAttention re-creates) keeps
+    the block from it: attention-heads-split takes it as MultiHeadAttention, and `explain -r` still says why the
+    bigger rule did not, in its own terms (asked about one rule, a candidate another rule took is its miss)."""
+    import tempfile
+
+    import onnxfuse
+
+    from .conftest import save
+
+    m = _gqa_block("range", length="present")
+    r, got = fuse(m, "grouped-query-attention", "attention-heads-split")
+    assert r.fired == {"attention-heads-split": 1}, r.fired
+    with tempfile.TemporaryDirectory() as d:
+        path = save(m, f"{d}/m.onnx")
+        misses = onnxfuse.explain(path, rule="grouped-query-attention").near_misses
+    assert any("re-creates" in x.reason or "re-created by the rewrite" in x.reason for x in misses), \
+        [x.reason for x in misses]
