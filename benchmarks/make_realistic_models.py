@@ -61,6 +61,12 @@ swin_tiny      SwinModel: 64x64 images, patch 4, embed 64, depths [2, 2], heads 
                (torch 2.13: "Cannot view a tensor ... as a tensor with shape", static shapes too)
 segformer      SegformerModel: 64x64 images, 2 blocks, hidden [64, 128], heads [1, 2], sr ratios [4, 2]
                (efficient attention: K/V from a strided-conv-reduced sequence)
+gpt2_lm        GPT2LMHeadModel (small-like): n_embd 768, 6 layers, 12 heads, n_positions 1024, NO KV cache:
+               input_ids, attention_mask -> logits (batch and sequence dynamic); 6 layers make it the largest
+               file (~190 MB dynamo, ~215 MB TorchScript, which stores the tied embedding twice)
+mobilevit      MobileViTModel from the default MobileViTConfig (mobilevit-small-like): 256x256 images, hidden
+               [144, 192, 240], MobileNetV2 blocks with BatchNorm (running statistics perturbed) around
+               unfold-to-patches transformer blocks; last_hidden_state [batch, 640, 8, 8] (dynamic batch only)
 ============== ==========================================================================================
 
 KV-cache exports (TorchScript) name their dims ``batch``, ``sequence``, ``past_sequence`` and
@@ -278,6 +284,17 @@ def _gpt2() -> torch.nn.Module:
     return causal_wrapper(m, 4, with_positions=True)
 
 
+def _gpt2_lm() -> torch.nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(vocab_size=VOCAB, n_embd=768, n_layer=6, n_head=12, n_positions=1024,
+                     bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
+    m = GPT2LMHeadModel(cfg).eval()
+    perturb_vectors(m)
+    cls = _named("CausalLM", ["input_ids", "attention_mask"],
+                 "return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits")
+    return cls(m).eval()
+
+
 def _phi3() -> torch.nn.Module:
     from transformers import Phi3Config, Phi3ForCausalLM
     cfg = Phi3Config(vocab_size=VOCAB, hidden_size=512, num_hidden_layers=4, num_attention_heads=8,
@@ -345,6 +362,19 @@ def _segformer() -> torch.nn.Module:
                           mlp_ratios=[4, 4])
     m = SegformerModel(cfg).eval()
     perturb_vectors(m)
+    return encoder_wrapper(m, ["pixel_values"])
+
+
+def _mobilevit() -> torch.nn.Module:
+    from transformers import MobileViTConfig, MobileViTModel
+    cfg = MobileViTConfig()  # mobilevit-small: 256x256, hidden [144, 192, 240], neck up to 640
+    m = MobileViTModel(cfg).eval()
+    perturb_vectors(m)
+    with torch.no_grad():  # non-trivial BatchNorm statistics
+        for bn in m.modules():
+            if isinstance(bn, torch.nn.BatchNorm2d):
+                bn.running_mean.normal_(0, 0.1)
+                bn.running_var.uniform_(0.5, 1.5)
     return encoder_wrapper(m, ["pixel_values"])
 
 
@@ -506,6 +536,10 @@ def corpus() -> list[Spec]:
              ["last_hidden_state"], {"last_hidden_state": {0: "batch"}}, ts_only=True,
              note="the dynamo export fails in the window view"),
         Spec("segformer", _segformer, [In("pixel_values", "float32", [BATCH, 3, 64, 64], {0: "batch"})],
+             ["last_hidden_state"], {"last_hidden_state": {0: "batch"}}),
+        Spec("gpt2_lm", _gpt2_lm, _text(["input_ids", "attention_mask"]), ["logits"],
+             {"logits": {0: "batch", 1: "sequence"}}, note="no KV cache"),
+        Spec("mobilevit", _mobilevit, [In("pixel_values", "float32", [BATCH, 3, 256, 256], {0: "batch"})],
              ["last_hidden_state"], {"last_hidden_state": {0: "batch"}}),
     ]
 

@@ -15,6 +15,7 @@ from onnxfuse.measure.lock import timing_lock
 from onnxfuse.measure.stats import UNDECIDED, Ratio
 from onnxfuse.measure.verdicts import Verdict, verdict
 from onnxfuse.select import decision_cache as DC
+from onnxfuse.select.op_prior import OpCost
 from onnxfuse.select.region_run import RegionClass, follow_peers, weak_evidence
 from onnxfuse.select.rounds import GroupEffect
 
@@ -104,25 +105,36 @@ def test_the_verdict_says_undecided_only_where_the_interval_crosses_the_line():
     assert "thread CPU time" in line.line() and "±0.0%" in line.line()
 
 
-def _cls(group, rules, kept, source, n=1, size=3):
-    region = type("R", (), {"original": [None] * size})()
+FASTER, SLOWER, FLAT = Ratio(0.9, 0.88, 0.92), Ratio(1.1, 1.08, 1.12), Ratio(1.005, 0.99, 1.02)
+ACROSS = Ratio(0.9, 0.8, 1.0)  # an interval across the line
+
+
+def _cls(group, rules, kept, source, n=1, size=3, effect=ACROSS, cost=None):
+    region = type("R", (), {"original": [None] * size, "cost": cost})()
     c = RegionClass("sig", [region] * n)
-    c.decision = GroupEffect(group, rules, n, kept, Ratio(0.9, 0.8, 1.0), source=source)
+    c.decision = GroupEffect(group, rules, n, kept, effect, source=source)
     return c
 
 
-def test_an_undecided_class_follows_the_decided_classes_of_the_same_rewrite():
-    decided = [_cls("FusedConv", ["conv-relu"], True, "timed", n=3), _cls("FusedConv", ["conv-relu"], False, "timed")]
+def test_an_undecided_class_follows_the_classes_of_the_same_rewrite_measured_either_way():
+    decided = [_cls("FusedConv", ["conv-relu"], True, "timed", n=3, effect=FASTER),
+               _cls("FusedConv", ["conv-relu"], False, "timed", effect=SLOWER)]
     undecided = _cls("FusedConv", ["conv-relu"], False, UNDECIDED)
     alone = _cls("Gelu", ["erf-gelu"], False, UNDECIDED)
     follow_peers([*decided, undecided, alone])
-    assert undecided.decision.kept and undecided.decision.source == UNDECIDED  # 3 of 4 by weight were kept
-    assert "follows the 2 decided classes" in undecided.decision.why
+    assert undecided.decision.kept and undecided.decision.source == UNDECIDED  # 3 of 4 by weight were faster
+    assert "follows the 2 classes of this rewrite measured faster" in undecided.decision.why
     assert not alone.decision.kept and alone.decision.why == "nothing decided to follow"
-    slower = [_cls("FusedConv", ["conv-relu"], False, "cached", n=3), _cls("FusedConv", ["conv-relu"], True, "timed")]
+    slower = [_cls("FusedConv", ["conv-relu"], False, "cached", n=3, effect=SLOWER),
+              _cls("FusedConv", ["conv-relu"], True, "timed", effect=FASTER)]
     u2 = _cls("FusedConv", ["conv-relu"], False, UNDECIDED)
     follow_peers([*slower, u2])
-    assert not u2.decision.kept
+    assert not u2.decision.kept and "measured slower" in u2.decision.why
+    # a class measured with no change beyond the floor is no peer: it follows too, and is followed by nothing
+    flat = _cls("FusedConv", ["conv-relu"], False, "timed", n=5, effect=FLAT)
+    u3 = _cls("FusedConv", ["conv-relu"], False, "budget")
+    follow_peers([flat, _cls("FusedConv", ["conv-relu"], True, "timed", effect=FASTER), u3])
+    assert flat.decision.kept and u3.decision.kept and "follows the 1 class" in flat.decision.why
 
 
 def test_a_class_measuring_cannot_decide_follows_its_rules_expectation_where_no_peer_was_decided():
@@ -142,19 +154,41 @@ def test_a_class_measuring_cannot_decide_follows_its_rules_expectation_where_no_
     assert not stuck.decision.kept and stuck.decision.why == "nothing decided to follow"
     assert not neutral.decision.kept and neutral.decision.why == "nothing decided to follow; relu-same expect neutral"
     # a timed decision of the same rewrite that dropped it as slower decides, not the expectation
-    peer = _cls("Gelu", ["erf-gelu"], False, "timed", n=2)
-    peer.decision.effect = Ratio(1.10, 1.05, 1.15)
+    peer = _cls("Gelu", ["erf-gelu"], False, "timed", n=2, effect=SLOWER)
     und2 = _cls("Gelu", ["erf-gelu"], False, UNDECIDED)
     follow_peers([peer, und2], expects)
-    assert not peer.decision.kept and not und2.decision.kept and "follows the 1 decided class" in und2.decision.why
-    # measured with no significant change either way: the expectation keeps it (and one of unknown rules stays out)
-    flat = _cls("Gelu", ["erf-gelu"], False, "timed")
-    flat.decision.effect = Ratio(1.005, 0.99, 1.02)
-    conv = _cls("FusedConv", ["conv-relu"], False, "timed")
-    conv.decision.effect = Ratio(1.005, 0.99, 1.02)
-    follow_peers([flat, conv], expects)
-    assert flat.decision.kept and flat.decision.why == "no significant change; kept: erf-gelu expects faster (expect:)"
-    assert not conv.decision.kept
+    assert not peer.decision.kept and not und2.decision.kept and "follows the 1 class" in und2.decision.why
+    # measured with no change beyond the floor either way (even with the whole interval a little above 1): the
+    # expectation keeps it, on every run; one of unknown rules stays out
+    for effect in (FLAT, Ratio(1.006, 1.002, 1.009)):
+        flat = _cls("Gelu", ["erf-gelu"], False, "timed", effect=effect)
+        flat.decision.floor, flat.decision.why = 0.005, "no significant change"
+        conv = _cls("FusedConv", ["conv-relu"], False, "timed", effect=effect)
+        follow_peers([flat, conv], expects)
+        assert flat.decision.kept and flat.decision.why == "no significant change; kept: erf-gelu expects faster (expect:)"
+        assert not conv.decision.kept
+
+
+def _cost(calls, moved, flops=(1.0, 1.0), standard=True):
+    return OpCost(calls, (moved, moved), (flops, flops), standard)
+
+
+def test_the_op_cost_prior_keeps_what_removes_work_into_standard_ops_where_the_rules_say_nothing():
+    removes = _cost((2, 1), (96.0, 64.0))
+    assert removes.removes_work and removes.phrase() == "op cost: 1 kernel call fewer, 32 B fewer moved"
+    assert not _cost((2, 1), (96.0, 128.0)).removes_work  # moves more
+    assert not _cost((2, 1), (96.0, 64.0), flops=(1.0, 2.0)).removes_work
+    assert not _cost((2, 2), (96.0, 64.0)).removes_work  # as many calls
+    assert not _cost((2, 1), (96.0, 64.0), standard=False).removes_work  # a contrib kernel: its own quality
+    slice_ = _cls("Slice", ["gather-unsqueeze-slice"], False, "timed", effect=FLAT, cost=removes)
+    said = _cls("SkipLayerNormalization", ["skip-layernorm"], False, "timed", effect=FLAT, cost=removes)
+    follow_peers([slice_, said], {"skip-layernorm": "neutral"})
+    assert slice_.decision.kept and slice_.decision.why == "kept: op cost: 1 kernel call fewer, 32 B fewer moved"
+    assert not said.decision.kept  # a rule's own expectation comes first
+    # measured either way, the measurement decides whatever the op cost says
+    slow = _cls("Slice", ["gather-unsqueeze-slice"], False, "timed", effect=SLOWER, cost=removes)
+    follow_peers([slow])
+    assert not slow.decision.kept
 
 
 def test_weak_evidence_is_undecided_or_wall_time_under_load():
@@ -219,3 +253,20 @@ def test_the_confirmation_may_run_past_the_budget_by_its_grace_but_an_on_model_g
     with pytest.raises(RuntimeError, match="ran"):  # the confirmation goes ahead (its sessions are made)
         rr.RegionRun.compare(run, "in.onnx", cand, "k", "model", {})
     assert started
+
+
+def test_an_immaterial_class_is_decided_with_the_classes_of_its_rewrite():
+    """A class measured a little slower at the scale of its region, by a share of the model no comparison can see,
+    follows the classes of its rewrite (kept where most were faster), on every run; one that matters to the model
+    is decided by its own measurement."""
+    faster = [_cls("Slice", ["gather-unsqueeze-slice"], True, "timed", n=3, effect=FASTER) for _ in range(3)]
+    for c in faster:
+        c.decision.share = 0.0003
+    tiny = _cls("Slice", ["gather-unsqueeze-slice"], False, "timed", effect=Ratio(1.012, 1.011, 1.016))
+    tiny.decision.floor, tiny.decision.share = 0.005, 0.00003
+    big = _cls("Slice", ["gather-unsqueeze-slice"], False, "cached", effect=Ratio(1.012, 1.011, 1.016))
+    big.decision.floor, big.decision.share = 0.005, 0.01
+    follow_peers([*faster, tiny, big])
+    assert tiny.decision.kept and tiny.decision.why == (
+        "slower by 0.003% of the model (immaterial); follows the 5 classes of this rewrite measured faster")
+    assert all(c.decision.kept for c in faster) and not big.decision.kept

@@ -55,7 +55,7 @@ def _rows(r, rule="se-gate-broadcast"):
     return [g for g in r.measure.groups if rule in g.rules]
 
 
-@pytest.mark.parametrize("whole,kept", [(0.9, True), (1.1, False)])
+@pytest.mark.parametrize("whole,kept", [(0.9, True), (1.1, False), (1.0, False)])
 def test_a_rule_measured_on_the_model_is_decided_there_not_as_a_region(se_model, tmp_path, monkeypatch, whole, kept):
     """Its region alone is slower (as se-gate-broadcast's is); it is not timed as a region, and the whole-model
     comparison, with it against without it, decides."""
@@ -67,6 +67,9 @@ def test_a_rule_measured_on_the_model_is_decided_there_not_as_a_region(se_model,
     (row,) = _rows(r)
     assert row.source == "model" and row.effect is not None and row.kept is kept
     assert abs(row.effect.median - whole) < 1e-6 and row.rewrites == 1
+    # no change beyond the floor: its prior decides; a broadcast gate adds a call (a Resize), and nothing was
+    # measured of its rule alone, so it stays out, and the row says why
+    assert (row.why == "no significant change; nothing decided to follow") is (whole == 1.0)
     assert "on model" in r.measure.phases
     assert ("Resize" in op_types(out)) is kept
     assert not any(g.kept for g in r.measure.groups if g.source == "timed")  # the region classes: 1.2

@@ -14,10 +14,10 @@ from conftest import MODELS, SHARED_MODELS, make_model, save
 from onnx import TensorProto
 
 from onnxfuse import OptimizeOptions, load_rules, optimize
-from onnxfuse.inspect import op_cost as P
+from onnxfuse import op_cost as P
 from onnxfuse.inspect.latency import probed_inputs
-from onnxfuse.inspect.op_cost import node_bytes
 from onnxfuse.inspect.op_profile import CACHE_FACTOR, OpStat, Peaks, ProfileResult, profile, residency
+from onnxfuse.op_cost import node_bytes
 
 F4 = 4
 

@@ -1,7 +1,7 @@
 """Inspect: looking at models and rules from above the pipeline (these modules may call every stage).
 
 - `latency.py`: `onnxfuse bench`, a model's latency (or two models' ratio) on the target.
-- `op_profile.py` with `op_cost.py`: `onnxfuse profile`, op times, bytes and FLOPs per kernel call;
+- `op_profile.py`: `onnxfuse profile`, op times, bytes and FLOPs per kernel call (the base module `op_cost.py`);
   `remaining.py`: what onnxfuse knows about the op types that take the most time outside GEMM work.
 - `alignment.py`: misaligned channel dims. `explain.py`: why each rule did or did not fire.
 - `selftest.py` with `selftest_models.py`: `onnxfuse patterns test`, the tests generated from each rule.

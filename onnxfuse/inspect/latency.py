@@ -11,7 +11,6 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import onnx
 
 from ..inputs import discover, discover_profiles, parse_profiles, timing_feeds
@@ -24,6 +23,8 @@ from ..measure.verdicts import verdict
 from ..options import check_choice, check_count, check_seconds, check_strings, check_target
 from ..targets import HOST
 from ..validate.runtime import LEVELS, make_session, resolve_threads, run
+
+CONTROL, TWIN_B = "A/A control", "B/B control"  # second sessions of A and of B (measure/sessions.py)
 
 
 @dataclass
@@ -117,10 +118,11 @@ def bench(paths: list[str], labels: list[str] | None = None, provider: str = HOS
                                                                  parse_profiles(profiles) if profiles else None)]
     del probe  # its session: not alive while timing
     sessions, load_ms = {}, {}
-    # with two models, a second session of A (created last) measures what order and placement alone do
+    # with two models, a second session of each (B's, then A's, created last: A B B2 A2) measures what order and
+    # placement alone do, and the comparison is of the two sessions' mean on each side (measure/sessions.py)
     control = len(paths) == 2
-    for label, path in zip(labels + (["A/A control"] if control else []), paths + ([paths[0]] if control else []),
-                           strict=True):
+    twins = [TWIN_B, CONTROL] if control else []
+    for label, path in zip(labels + twins, paths + (paths[::-1] if control else []), strict=True):
         if progress:
             progress(f"loading {label}", 0.0)
         sessions[label], load_ms[label] = _load(path, provider, threads, level)
@@ -163,7 +165,7 @@ def _bench_feeds(sessions: dict, load_ms: dict[str, float], paths: list[str], la
     """One shape profile of `bench` on the sessions of every model (and the A/A control): first run, warm-up,
     interleaved timing, statistics."""
     first_ms, warm = {}, {}
-    control = "A/A control" in sessions
+    control = CONTROL in sessions
     for label, s in sessions.items():
         t = time.perf_counter()
         run(s, feeds)
@@ -184,10 +186,10 @@ def _bench_feeds(sessions: dict, load_ms: dict[str, float], paths: list[str], la
                          estimator=estimator)
     if control:
         a, b = labels
-        v = verdict(times, b, (a, "A/A control"))
+        v = verdict(times, (b, TWIN_B), (a, CONTROL))
         result.ratio, result.floor, result.verdict = v.ratio, v.floor, v.word
-        result.control = paired_ratio(times["A/A control"], times[a])
-        result.speedup = float(np.median(np.asarray(times[a]) / np.asarray(times[b])))
+        result.control = paired_ratio(times[CONTROL], times[a])
+        result.speedup = 1.0 / v.ratio.median
     return result
 
 

@@ -24,11 +24,11 @@ from ..errors import OnnxfuseError
 from ..inputs.shapes import parse_shape_specs
 from ..ir import make_model
 from ..measure.timing import run_times
+from ..op_cost import CONTROL_FLOW, GEMM_CLASS, entries, model_index, node_bytes, node_flops, released_bytes
 from ..options import check_count, check_strings
 from ..progress import Phase, quiet
 from ..targets import HOST
 from ..validate.runtime import make_session
-from .op_cost import CONTROL_FLOW, GEMM_CLASS, entries, model_index, node_bytes, node_flops, released_bytes
 from .remaining import Note, notes
 
 SHORT_US = 5.0  # an op call shorter than this is dominated by per-op overhead

@@ -14,11 +14,14 @@ __all__ = ["Source", "timing_sessions"]
 Source = str | bytes  # a model file's path, or its bytes
 
 
-def timing_sessions(sources: dict[str, Source], provider: str, threads: int, control: tuple[str, str] | None = None,
+def timing_sessions(sources: dict[str, Source], provider: str, threads: int,
+                    control: tuple[str, str] | list[tuple[str, str]] | None = None,
                     wrap: Callable[[object], object] | None = None) -> dict[str, object]:
-    """Sessions of `sources` (label -> model) in their order; `control` = (label, twin): a second session of
-    that label's model, made last, under the twin's label. `wrap` wraps each session (e.g. interleave.Filtered)."""
-    todo = list(sources.items()) + ([(control[1], sources[control[0]])] if control else [])
+    """Sessions of `sources` (label -> model) in their order; `control` = (label, twin), or several: a second
+    session of that label's model, made after the sources in the order given, under the twin's label (A B B2 A2:
+    a session made first or last sits in each side once). `wrap` wraps each session (e.g. interleave.Filtered)."""
+    controls = [control] if isinstance(control, tuple) else list(control or [])
+    todo = list(sources.items()) + [(twin, sources[label]) for label, twin in controls]
     out = {}
     for label, src in todo:
         s = make_session(src, "all", provider, threads)

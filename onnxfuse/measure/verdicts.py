@@ -1,5 +1,5 @@
-"""The one verdict: a variant against a base, beyond the noise floor that an A/A pair (two sessions of one of
-them, sessions.py) shows in the same rounds, on the estimator the timings were read with (clock.py). Optimize's
+"""The one verdict: a variant against a base, beyond the noise floor that A/A pairs (two sessions of one of
+them, or of each, sessions.py) show in the same rounds, on the estimator the timings were read with (clock.py). Optimize's
 decisions and confirmation, `bench` and `profile` all judge through `verdict`."""
 
 from __future__ import annotations
@@ -65,10 +65,11 @@ def reference(times: Mapping[str, list[float]], labels: Labels) -> list[float]:
 
 
 def verdict(times: Mapping[str, list[float]], variant: Labels, base: Labels, estimator: str = "") -> Verdict:
-    """`variant` against `base`; exactly one of them is an A/A pair, whose two sessions give the noise floor.
-    `times` is interleave's Timings (its estimator is used) or a plain mapping (then `estimator` names it)."""
-    pair = variant if isinstance(variant, tuple) else base
-    assert isinstance(pair, tuple), "one side must be an A/A pair"
-    floor = max(MIN_FLOOR, abs(paired_ratio(times[pair[1]], times[pair[0]]).median - 1))
+    """`variant` against `base`; one of them or both are A/A pairs, whose two sessions give the noise floor (the
+    mean of the pairs' differences from 1). `times` is interleave's Timings (its estimator is used) or a plain
+    mapping (then `estimator` names it)."""
+    pairs = [p for p in (variant, base) if isinstance(p, tuple)]
+    assert pairs, "one side must be an A/A pair"
+    floor = max(MIN_FLOOR, sum(abs(paired_ratio(times[b], times[a]).median - 1) for a, b in pairs) / len(pairs))
     return Verdict(paired_ratio(reference(times, variant), reference(times, base)), floor,
                    getattr(times, "estimator", estimator))

@@ -422,10 +422,11 @@ RULE_KEYS: Table[Key] = Table(
             "a rewrite whose benefit is non-local (it pays through its neighbours, e.g. keeping onnxruntime's "
             "NCHWc layout across a chain of convolutions, and costs alone).", "measure: model"),
         Key("expect", _parse_expect, {"enum": list(EXPECTS)},
-            "What the rule's rewrites are expected to do to latency, the prior where measuring cannot decide (the "
-            "budget ended with the interval across the line, a region not reached or that cannot run alone) and "
-            "no decided class of the same rewrite says otherwise, and where a timing found no significant change "
-            "either way: faster keeps them, neutral and unknown (default) leave the original. One measured slower "
-            "is dropped whatever the rule expects; the report says which decided.", "expect: faster"),
+            "What the rule's rewrites are expected to do to latency, the prior where measuring cannot decide (no "
+            "change beyond the noise floor either way, the budget ended with the interval across the line, a "
+            "region not reached or that cannot run alone) and no class of the same rewrite was measured faster or "
+            "slower: faster keeps them, neutral leaves the original, unknown (default) leaves it to the op-cost "
+            "prior (fewer kernel calls, no more bytes or FLOPs, into standard ops). One measured slower is dropped "
+            "whatever the rule expects; the report says which decided.", "expect: faster"),
     ], unknown="unknown key {key!r} in rule", missing="rule is missing {key!r}")
 

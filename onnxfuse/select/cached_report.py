@@ -11,8 +11,8 @@ from .rounds import GroupEffect, MeasureReport
 
 __all__ = ["GROUP_FIELDS", "from_cache", "to_cache"]
 
-# what a cached row keeps of a GroupEffect (seconds_each is this run's timing detail, not a decision)
-GROUP_FIELDS = tuple(f.name for f in fields(GroupEffect) if f.name != "seconds_each")
+# what a cached row keeps of a GroupEffect (seconds_each and share are this run's timing details, not a decision)
+GROUP_FIELDS = tuple(f.name for f in fields(GroupEffect) if f.name not in ("seconds_each", "share"))
 
 
 def _ratio(r: Ratio | None) -> list[float] | None:

@@ -6,10 +6,11 @@ Region selection (region_select.py) does not time their regions. Once the region
 kept selection rebuilt without them, each group of them (regions alike by rules and fused ops) is timed on the
 whole model: the selection with the group against without it, interleaved, two sessions of the "with" version
 giving the noise floor (RegionRun.compare, as the confirmation does). A group is kept if it is faster beyond
-SIGNIFICANT plus that floor, and the next group is timed on top of what is kept. One report row per group
+SIGNIFICANT plus that floor, left out if slower beyond it, and otherwise follows its prior (region_run.prior),
+as a class timed alone does; the next group is timed on top of what is kept. One report row per group
 (source "model": how "whole model"); decisions are cached like the confirmation's, so a rerun writes the same
 bytes. A group the budget does not reach (its rebuild and comparison, with the confirmation's reserve after
-it) is left out, and its row says so.
+it) follows its prior too, and its row says so; the confirmation judges what a prior kept.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import time
 
 from ..rewrite.rebuild import Rewritten
 from .decision_cache import digest
-from .region_run import RegionRun
+from .op_prior import total
+from .region_run import RegionClass, RegionRun, measured, prior
 from .regions import Region
 from .rounds import GroupEffect, Key
 
@@ -60,12 +62,20 @@ def groups_on_model(regions: list[Region]) -> dict[tuple[str, tuple[str, ...]], 
 
 def decide_on_model(run: RegionRun, regions: list[Region], kept: set[Key], dropped: set[Key],
                     without: Rewritten, rule_ids: set[str], fingerprint: str,
-                    reserve_s: float) -> tuple[Rewritten, list[GroupEffect]]:
+                    reserve_s: float, classes: list[RegionClass] = ()) -> tuple[Rewritten, list[GroupEffect]]:
     """Time each group of `regions` on the whole model on top of `without` (the kept selection, rebuilt without
     them), in order; `kept` and `dropped` are updated in place. `reserve_s`: time left for the confirmation
-    after the last group. Returns the selection to write and one row per group."""
+    after the last group. A group measured with no change beyond the noise floor follows its prior
+    (region_run.prior: the `classes` timed alone of the same rules, measured faster or slower; the rules'
+    expectation; the op-cost prior). Returns the selection to write and one row per group."""
     rows = []
     current = without
+    expects = {r.id: r.expect for r in run.rules}
+    peers: dict[tuple[str, ...], list[tuple[bool, float]]] = {}  # classes timed alone, measured either way
+    for cl in classes:
+        d = cl.decision
+        if d is not None and d.source in ("timed", "cached") and (m := measured(d.effect, d.floor)):
+            peers.setdefault(tuple(sorted(d.rules)), []).append((m == "faster", len(cl.regions)))  # (their nodes are gone)
     groups = list(groups_on_model(regions).items())
     for i, ((label, rules), rs) in enumerate(groups):
         keys = {k for r in rs for k in r.keys}
@@ -78,22 +88,30 @@ def decide_on_model(run: RegionRun, regions: list[Region], kept: set[Key], dropp
         # this group's share of what is left bounds its runs past their minimum; it is left out only when its
         # rebuild and sessions do not fit what is left at all (a share too small for them went to the last group)
         deadline = now + (run.deadline - reserve_s - now) / (len(groups) - i)
+        with_group = None
         if c is None and now + run.rebuild_s + run.comparison_s() > run.deadline - reserve_s:
             row.source, row.why = "budget", f"whole model: not reached within {run.budget:g} s"
             run.cache.put(key, {"kind": "on model", "source": "budget", "budget": run.budget, "why": row.why,
                                 **run.tag, "rules": list(rules)})
-            continue
-        with_group = None
-        if c is None:
-            with_group = run.build(kept | keys, dropped - keys)
-            c = run.compare(current, with_group, key, "on model", {**run.tag, "rules": list(rules)}, deadline, RUNS)
         else:
-            row.why = "cached"
-        if c.ratio is None:
-            row.source, row.why = "budget", f"whole model: {c.status}"
-            continue
-        row.effect, row.floor = c.ratio, c.floor
-        row.kept = c.ratio.verdict_beyond(c.floor) == "faster"
+            if c is None:
+                with_group = run.build(kept | keys, dropped - keys)
+                c = run.compare(current, with_group, key, "on model", {**run.tag, "rules": list(rules)}, deadline,
+                                RUNS)
+            else:
+                row.why = "cached"
+            if c.ratio is None:
+                row.source, row.why = "budget", f"whole model: {c.status}"
+            else:
+                row.effect, row.floor = c.ratio, c.floor
+        m = measured(row.effect, row.floor)
+        if m is not None:
+            row.kept = m == "faster"
+        else:  # not reached, or no change beyond the noise floor: a prior decides, as for a class timed alone
+            row.kept, why = prior(list(rules), peers.get(tuple(sorted(rules)), []), expects,
+                                  total([r.cost for r in rs]))
+            lead = row.why if row.source == "budget" else f"{row.why + '; ' if row.why else ''}no significant change"
+            row.why = f"{lead}; {why}"
         if row.kept:
             kept |= keys
             dropped -= keys

@@ -33,12 +33,14 @@ from ..validate.validate import Validator
 from ..words import count
 from .cached_report import from_cache
 from .decision_cache import DecisionCache, digest, environment_key
+from .op_prior import OpCost
 from .regions import Region, region_model, signature
 from .rounds import GroupEffect, Key, MeasureReport
 
 __all__ = ["Comparison", "Phases", "RegionClass", "RegionRun", "automatic_budget"]
 
 MIN_RUNS = 20  # interleaved rounds per region class, budget permitting (more while its verdict is undecided)
+SESSIONS = 4  # in a whole-model comparison: two of the candidate, two of its base (measure/sessions.py)
 UNDECIDED_MAX_RUNS = 2000  # rounds at most while a class's verdict is undecided (a small region's are cheap)
 CAPTURE_CHUNK = 32  # region inputs fetched per run of the original (bounds the memory they take)
 CONFIRM_RUNS = 20  # whole-model confirmation, budget permitting
@@ -255,7 +257,9 @@ class RegionRun:
         v = _region_verdict(times)
         each = sum(w * float(np.median(times.profile("a", p))) for p, (w, _) in enumerate(profiles))
         row = GroupEffect(rep.label, rep.rules, len(c.keys), v.faster, v.ratio, source="timed",
-                          instances=len(c.regions), floor=v.floor, seconds_each=each)
+                          instances=len(c.regions), floor=v.floor, seconds_each=each,
+                          share=abs(1 - v.ratio.median) * each * len(c.regions) / self.latency_s
+                          if self.latency_s > 0 else None)
         if v.outcome == UNDECIDED:  # the budget ran out with the interval across the line: not "slower"
             row.source = UNDECIDED
         elif not v.faster:  # why, in words without numbers (alike rows are one row in the report)
@@ -289,6 +293,7 @@ class RegionRun:
                                          Ratio(*hit["ratio"]) if hit.get("ratio") else None,
                                          source="cached" if hit.get("source") != "budget" else "budget",
                                          instances=len(c.regions), floor=hit.get("floor", 0.0),
+                                         share=hit.get("share"),
                                          why="decided by an earlier run" if hit.get("source") != "budget" else
                                          f"not reached within {hit.get('budget', 0):g} s by an earlier run")
             elif c.shape_only:
@@ -320,6 +325,7 @@ class RegionRun:
             assert d.effect is not None
             self.cache.put(key, {"kind": "region", "keep": d.kept, "source": d.source,
                                  "ratio": [d.effect.median, d.effect.low, d.effect.high], "floor": d.floor,
+                                 **({"share": d.share} if d.share is not None else {}),
                                  "label": d.group, "rules": d.rules, "budget": self.budget, **self.evidence(),
                                  **self.tag})
         follow_peers(classes, {r.id: r.expect for r in self.rules})
@@ -345,19 +351,20 @@ class RegionRun:
         return h.hexdigest()
 
     def comparison_s(self) -> float:
-        """About what one whole-model comparison takes before its runs: three sessions and a warm-up round of
+        """About what one whole-model comparison takes before its runs: four sessions (SESSIONS) and a warm-up round of
         each (from the capture run; the validator's where nothing was captured)."""
         session_s = self.session_s or self.validator.session_s
         latency_s = self.latency_s or self.validator.run_s
-        return 3 * session_s + 3 * latency_s * len(self.profiles)
+        return SESSIONS * (session_s + latency_s * len(self.profiles))
 
     def whole_model_s(self, rounds: int = MIN_RUNS_FLOOR) -> float:
         """About what one whole-model comparison takes with its runs: comparison_s and `rounds` interleaved
-        rounds of its three sessions (at least COMPARE_MIN_S of runs). The confirmation needs its minimum
+        rounds of its four sessions (at least COMPARE_MIN_S of runs). The confirmation needs its minimum
         (MIN_RUNS_FLOOR); a group decided on the whole model ON_MODEL_ROUNDS, since its effect is a few percent."""
         latency_s = self.latency_s or self.validator.run_s
         # a round of a short model is MODEL_ROUND_S of runs per session and profile (measure/timing.py)
-        return self.comparison_s() + max(COMPARE_MIN_S, 3 * rounds * max(latency_s, MODEL_ROUND_S) * len(self.profiles))
+        return self.comparison_s() + max(COMPARE_MIN_S,
+                                         SESSIONS * rounds * max(latency_s, MODEL_ROUND_S) * len(self.profiles))
 
     def group_s(self) -> float:
         """What deciding one group on the whole model takes: a rebuild and ON_MODEL_ROUNDS rounds of comparison."""
@@ -388,8 +395,8 @@ class RegionRun:
         # the confirmation is what makes "never slower" true: it may run past the budget, by up to
         # CONFIRM_GRACE of it, rather than leave a kept selection unconfirmed
         limit = self.deadline + (CONFIRM_GRACE * self.budget if kind == "model" else 0.0)
-        if 3 * weights > default_budget_bytes():
-            why = "skipped: three sessions of the model would not fit the memory budget"
+        if SESSIONS * weights > default_budget_bytes():
+            why = "skipped: four sessions of the model would not fit the memory budget"
         elif time.perf_counter() + cost > limit:
             why = f"skipped: it would take about {cost:.1f} s, past the budget"
         if why:
@@ -402,7 +409,7 @@ class RegionRun:
                     cands.append(Candidate(m.proto, m.info))
             sessions = timing_sessions({"o": base if isinstance(base, str) else cands[1].source,
                                         "c": cands[0].source}, self.provider, self.opts.measure_threads,
-                                       control=("c", "c2"))
+                                       control=[("c", "c2"), ("o", "o2")])
             times = interleave(sessions, self.profiles, estimator=self.estimator, min_runs=runs,
                                deadline=deadline or self.deadline, hard_deadline=limit,
                                min_seconds=COMPARE_MIN_S, round_s=MODEL_ROUND_S)
@@ -422,9 +429,9 @@ class RegionRun:
                          aa_spread=(float(np.percentile(aa, 10)), float(np.percentile(aa, 90))))
         if len(self.profiles) > 1:  # prefill and decode each, not only their weighted total
             for p, (weight, _) in enumerate(self.profiles):
-                per = {k: times.profile(k, p) for k in ("o", "c", "c2")}
+                per = {k: times.profile(k, p) for k in ("o", "o2", "c", "c2")}
                 name = self.profile_names[p] if p < len(self.profile_names) else f"profile {p + 1}"
-                out.profiles.append((name, weight, verdict(per, ("c", "c2"), "o").ratio))
+                out.profiles.append((name, weight, verdict(per, ("c", "c2"), ("o", "o2")).ratio))
         r = out.ratio
         assert r is not None
         self.cache.put(key, {"kind": kind, "source": "timed", "ratio": [r.median, r.low, r.high], **tag,
@@ -481,50 +488,83 @@ def slower(ratio: Ratio, floor: float) -> bool:
     return "slower" in (ratio.verdict_beyond(floor), ratio.verdict_beyond(0.0))
 
 
-def _expected(d: GroupEffect, expects: dict[str, str] | None) -> set[str]:
-    return {(expects or {}).get(r, "unknown") for r in d.rules}
+def measured(effect: Ratio | None, floor: float) -> str | None:
+    """"faster" or "slower" where the whole interval clears 1 by SIGNIFICANT plus the noise floor; None where it
+    does not (no change measuring can tell from what two sessions of one model differ by: a prior decides)."""
+    if effect is None:
+        return None
+    word = effect.verdict_beyond(floor)
+    return word if word in ("faster", "slower") else None
 
 
-def _expects_faster(d: GroupEffect) -> str:
-    return f"kept: {', '.join(d.rules)} expect{'s' if len(d.rules) == 1 else ''} faster (expect:)"
+def _expected(rules: list[str], expects: dict[str, str] | None) -> set[str]:
+    return {(expects or {}).get(r, "unknown") for r in rules}
+
+
+def _expects_faster(rules: list[str]) -> str:
+    return f"kept: {', '.join(rules)} expect{'s' if len(rules) == 1 else ''} faster (expect:)"
+
+
+def prior(rules: list[str], peers: list[tuple[bool, float]], expects: dict[str, str] | None,
+          cost: OpCost | None) -> tuple[bool, str]:
+    """Whether to keep a rewrite measuring could not decide, and which prior decided, first of: the classes of
+    the same rewrite measured faster or slower in this run (`peers`: (faster, weight) each; kept if most of
+    them by weight were faster); the rules' declared expectation (`expect:`): kept where every rule expects
+    faster, left out where one expects neutral; for rules that declare nothing, the op-cost prior (op_prior.py:
+    fewer kernel calls, no more bytes or FLOPs, into standard ops); else left as the original."""
+    if peers:
+        keep = 2 * sum(w for faster, w in peers if faster) > sum(w for _, w in peers)
+        return keep, (f"follows the {count(len(peers), 'class', 'classes')} of this rewrite measured "
+                      f"{'faster' if keep else 'slower'}")
+    said = _expected(rules, expects)
+    if said == {"faster"}:
+        return True, _expects_faster(rules)
+    if said == {"unknown"} and cost is not None and cost.removes_work:
+        return True, f"kept: {cost.phrase()}"
+    if said == {"unknown"}:
+        return False, "nothing decided to follow"
+    return False, f"nothing decided to follow; {', '.join(rules)} expect {'/'.join(sorted(said))}"
+
+
+# A class whose measured effect changes the model's time by less than this share is decided with the classes of
+# its rewrite, not alone: no comparison of the model can see what it does, and its own verdict, clear at the
+# scale of its region, goes either way from run to run (a Slice for one Gather + Unsqueeze in GPT-2's shape
+# arithmetic: 1.003-1.012 of its 20 us region, 0.003% of the model, kept on one run and not the next)
+MATERIAL = 0.002
+
+
+def material(d: GroupEffect) -> bool:
+    """Whether a measured class changes enough of the model for its own verdict to decide it (unknown: yes)."""
+    return d.share is None or d.share >= MATERIAL
 
 
 def follow_peers(classes: list[RegionClass], expects: dict[str, str] | None = None) -> None:
-    """The prior for a class measuring could not decide (the budget left it undecided, did not reach it, or it
-    cannot run alone), first of: the decision of the classes of the same rewrite (fused ops and rules alike, other
-    shapes) that were decided, timed or cached, in this run: kept if most of them (by weight) were kept; the
-    rules' declared expectation (`expect:` in `expects`, by rule id): kept where every rule of the class expects
-    faster; else left as the original. `why` says which decided. Keeps its source (never cached as a decision).
-    A class measured with no significant change either way (not slower by its interval, with or without the
-    noise floor) whose rules all expect faster is kept too: a 1-5% effect that the noise decides run by run
-    would otherwise be kept on one run and dropped on the next."""
-    decided: dict[tuple, list[RegionClass]] = {}
+    """Decide the classes measuring could not: those the budget left undecided, did not reach, or that cannot
+    run alone; those measured with no change beyond the noise floor either way (a 1-3% effect the noise
+    decides run by run would otherwise be kept on one run and dropped on the next); and those whose effect is
+    immaterial to the model (MATERIAL). Each follows its prior (`prior`: first the classes of the same rewrite
+    measured faster or slower, immaterial ones included, by weight); `why` says which decided. The source stays
+    what it was: a prior is never cached as a decision, and a measured class is cached with its interval and
+    share, from which the next run derives the same choice."""
+    firm: dict[tuple, list[tuple[bool, float]]] = {}
     for c in classes:
         d = c.decision
-        if d is not None and d.source in ("timed", "cached") and d.effect is not None:
-            decided.setdefault((d.group, tuple(d.rules)), []).append(c)
-            if not d.kept and _expected(d, expects) == {"faster"} and not slower(d.effect, d.floor):
-                # no measurable change either way (a 1-5% effect the noise decides run by run): the rules' prior
-                d.kept = True
-                d.why = f"no significant change; {_expects_faster(d)}"
+        if d is not None and d.source in ("timed", "cached") and (m := measured(d.effect, d.floor)):
+            firm.setdefault((d.group, tuple(d.rules)), []).append((m == "faster", c.weight))
     for c in classes:
         d = c.decision
-        if d is None or d.source not in PRIORED:
+        if d is None or d.source not in PRIORED + ("timed", "cached"):
             continue
-        peers = decided.get((d.group, tuple(d.rules)), [])
-        said = _expected(d, expects)
+        if d.source in ("timed", "cached"):
+            if d.effect is None:
+                continue  # a cached decision without its interval, as it was
+            if measured(d.effect, d.floor) and material(d):
+                continue  # measured faster or slower, by enough of the model to count
         lead = "" if d.source == UNDECIDED or not d.why else f"{d.why}; "
-        if peers:
-            kept = sum(p.weight for p in peers if p.decision and p.decision.kept)
-            d.kept = 2 * kept > sum(p.weight for p in peers)
-            d.why = f"{lead}follows the {count(len(peers), 'decided class', 'decided classes')} of this rewrite"
-        elif said == {"faster"}:
-            d.kept = True
-            d.why = f"{lead}{_expects_faster(d)}"
-        else:
-            d.kept = False
-            d.why = lead + ("nothing decided to follow" if said == {"unknown"} else
-                            f"nothing decided to follow; {', '.join(d.rules)} expect {'/'.join(sorted(said))}")
+        if d.source in ("timed", "cached") and measured(d.effect, d.floor):
+            lead = f"{measured(d.effect, d.floor)} by {d.share:.3%} of the model (immaterial); "
+        d.kept, why = prior(d.rules, firm.get((d.group, tuple(d.rules)), []), expects, c.regions[0].cost)
+        d.why = lead + why
 
 
 def _region_verdict(times) -> Verdict:
@@ -533,8 +573,8 @@ def _region_verdict(times) -> Verdict:
 
 
 def _model_verdict(times) -> Verdict:
-    """A candidate (two sessions, "c", "c2") against its base ("o") on the whole model."""
-    return verdict(times, ("c", "c2"), "o")
+    """A candidate (two sessions, "c", "c2") against its base (two, "o", "o2") on the whole model."""
+    return verdict(times, ("c", "c2"), ("o", "o2"))
 
 
 def _load_per_core() -> float:

@@ -5,9 +5,12 @@ what the budget did not reach stays as the original, and the report says so. Dec
 decision cache (decision_cache.py), so a second run, or a model of the same architecture, times nothing it has
 decided before and writes the same output.
 
-A region's decision: its fused version must be faster than its original by more than SIGNIFICANT plus the noise
-floor (the difference between two sessions of the original version, timed alongside). A region within noise
-stays as the original: a decision that would be a coin flip never changes the model.
+A region's decision: its fused version is kept where it is faster than its original by more than SIGNIFICANT plus
+the noise floor (the difference between two sessions of the original version, timed alongside), and left out
+where it is slower by as much. Between the two, measuring cannot tell the rewrite from what two sessions of one
+model differ by, and a decision by the interval would be a coin flip that changes from run to run (and with the
+load on the machine): a prior decides (region_run.prior: the classes of the same rewrite measured either way,
+the rules' `expect:`, the op-cost prior), and the report says which.
 """
 
 from __future__ import annotations
@@ -85,7 +88,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
         with phase("capture"):
             classes = run.capture(original, timeable) if timeable else []
             del original
-        if pass_no == 0:  # keep time for the confirmation (three sessions of the model and its minimum runs),
+        if pass_no == 0:  # keep time for the confirmation (four sessions of the models and its minimum runs),
             # and for each group of rewrites decided on the whole model a rebuild and ON_MODEL_ROUNDS rounds
             reserve = run.whole_model_s() + run.rebuild_s
             region_deadline = max(run.deadline - reserve - run.group_s() * len(groups_on_model(whole)),
@@ -121,7 +124,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     if on_model:
         with phase("on model"):
             candidate, rows = decide_on_model(run, on_model, kept, dropped, candidate, rule_ids, fingerprint,
-                                              reserve)
+                                              reserve, all_classes)
         report.groups += rows
     regions = all_regions + on_model
     applied = {a.key for a in candidate.eng.applications if a.rule in rule_ids}

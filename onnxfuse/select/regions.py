@@ -24,6 +24,7 @@ from onnx import numpy_helper
 from ..ir import Graph, Model, Node, make_model
 from ..rewrite.apply import Application
 from ..tensors import TensorType
+from .op_prior import OpCost, op_cost
 
 __all__ = ["Region", "const_bytes", "find_regions", "region_model", "signature"]
 
@@ -71,6 +72,7 @@ class Region:
     outputs: list[str] = field(default_factory=list)
     types: dict[str, TensorType] = field(default_factory=dict)  # declared types of inputs/outputs (original)
     untimeable: str = ""  # why this region cannot be timed alone ("" when it can)
+    cost: OpCost | None = None  # the op-cost prior's count (op_prior.py), where every type is known
 
     def drop_models(self) -> None:
         """Forget what building the two models needs (the node protos and constants, which keep the loaded
@@ -159,6 +161,7 @@ def _fill(region: Region, group: list[Application], og: Graph, fg: Graph, orig_b
     if not fused:  # made nodes that a later rewrite replaced again: not exact, and not timeable alone
         region.untimeable = "its new nodes were rewritten again by a later rule"
         return
+    region.cost = op_cost(orig, fused, og, fg)
     if any(n.subgraphs for n in orig + fused):
         region.untimeable = "holds a subgraph"
         return

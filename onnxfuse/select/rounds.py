@@ -56,6 +56,7 @@ class GroupEffect:
     instances: int = 1  # regions decided together (alike regions are one class)
     floor: float = 0.0  # the noise floor of the round that decided it
     seconds_each: float = 0.0  # a region's original version, per run (region selection)
+    share: float | None = None  # |1 - effect| x its regions' time, over the model's: what it changes of the model
     why: str = ""  # why it was not timed
 
     @property
