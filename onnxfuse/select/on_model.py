@@ -20,7 +20,7 @@ import time
 from ..rewrite.rebuild import Rewritten
 from .decision_cache import digest
 from .op_prior import total
-from .region_run import RegionClass, RegionRun, measured, prior
+from .region_run import MATERIAL, RegionClass, RegionRun, measured, measured_peers, prior
 from .regions import Region
 from .rounds import GroupEffect, Key
 
@@ -71,11 +71,9 @@ def decide_on_model(run: RegionRun, regions: list[Region], kept: set[Key], dropp
     rows = []
     current = without
     expects = {r.id: r.expect for r in run.rules}
-    peers: dict[tuple[str, ...], list[tuple[bool, float]]] = {}  # classes timed alone, measured either way
-    for cl in classes:
-        d = cl.decision
-        if d is not None and d.source in ("timed", "cached") and (m := measured(d.effect, d.floor)):
-            peers.setdefault(tuple(sorted(d.rules)), []).append((m == "faster", len(cl.regions)))  # (their nodes are gone)
+    # classes of the same rules timed alone and measured either way, where they change enough of the model
+    firm, net = measured_peers(classes, lambda d: tuple(sorted(d.rules)))
+    peers = {k: v for k, v in firm.items() if abs(net[k]) >= MATERIAL}
     groups = list(groups_on_model(regions).items())
     for i, ((label, rules), rs) in enumerate(groups):
         keys = {k for r in rs for k in r.keys}

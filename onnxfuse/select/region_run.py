@@ -88,7 +88,8 @@ class RegionClass:
 
     @property
     def weight(self) -> int:
-        return len(self.regions) * len(self.regions[0].original)
+        """Its regions times their nodes (once the regions are decided and their nodes gone: its regions)."""
+        return len(self.regions) * max(1, len(self.regions[0].original))
 
 
 class RegionRun:
@@ -526,11 +527,13 @@ def prior(rules: list[str], peers: list[tuple[bool, float]], expects: dict[str, 
     return False, f"nothing decided to follow; {', '.join(rules)} expect {'/'.join(sorted(said))}"
 
 
-# A class whose measured effect changes the model's time by less than this share is decided with the classes of
-# its rewrite, not alone: no comparison of the model can see what it does, and its own verdict, clear at the
-# scale of its region, goes either way from run to run (a Slice for one Gather + Unsqueeze in GPT-2's shape
-# arithmetic: 1.003-1.012 of its 20 us region, 0.003% of the model, kept on one run and not the next)
-MATERIAL = 0.002
+# A measured effect that changes the model's time by less than this share is too small for any comparison of the
+# model to see (the confirmation counts a change from SIGNIFICANT plus the floor), and its verdict, clear at the
+# scale of its region, goes either way from run to run: a Slice for one Gather + Unsqueeze in GPT-2's shape
+# arithmetic measured 1.003-1.012 of its 20 us region (0.003% of the model), kept on one run and not the next; a
+# Conv + Relu of ResNet-mini that onnxruntime fuses itself measured 0.973-0.978, decided faster on one run (and
+# four classes of its rule followed it) and undecided on the next
+MATERIAL = 0.005
 
 
 def material(d: GroupEffect) -> bool:
@@ -538,32 +541,54 @@ def material(d: GroupEffect) -> bool:
     return d.share is None or d.share >= MATERIAL
 
 
+def _rewrite(d: GroupEffect) -> tuple:
+    return d.group, tuple(d.rules)
+
+
+def measured_peers(classes: list[RegionClass], key: Callable[[GroupEffect], tuple]
+                   ) -> tuple[dict[tuple, list[tuple[bool, float]]], dict[tuple, float]]:
+    """The classes measured faster or slower, per rewrite (`key`): (faster, weight) each, and what they save of
+    the model in all, signed (inf where a share is unknown)."""
+    firm: dict[tuple, list[tuple[bool, float]]] = {}
+    net: dict[tuple, float] = {}
+    for c in classes:
+        d = c.decision
+        if d is not None and d.source in ("timed", "cached") and (m := measured(d.effect, d.floor)):
+            k = key(d)
+            firm.setdefault(k, []).append((m == "faster", c.weight))
+            net[k] = net.get(k, 0.0) + (float("inf") if d.share is None else d.share if m == "faster" else -d.share)
+    return firm, net
+
+
 def follow_peers(classes: list[RegionClass], expects: dict[str, str] | None = None) -> None:
     """Decide the classes measuring could not: those the budget left undecided, did not reach, or that cannot
     run alone; those measured with no change beyond the noise floor either way (a 1-3% effect the noise
     decides run by run would otherwise be kept on one run and dropped on the next); and those whose effect is
-    immaterial to the model (MATERIAL). Each follows its prior (`prior`: first the classes of the same rewrite
-    measured faster or slower, immaterial ones included, by weight); `why` says which decided. The source stays
-    what it was: a prior is never cached as a decision, and a measured class is cached with its interval and
-    share, from which the next run derives the same choice."""
-    firm: dict[tuple, list[tuple[bool, float]]] = {}
-    for c in classes:
-        d = c.decision
-        if d is not None and d.source in ("timed", "cached") and (m := measured(d.effect, d.floor)):
-            firm.setdefault((d.group, tuple(d.rules)), []).append((m == "faster", c.weight))
+    immaterial to the model (MATERIAL). Each follows its prior (`prior`): first the classes of the same rewrite
+    measured faster or slower, by weight, where what they change of the model adds up to MATERIAL or more;
+    where it does not, the whole rewrite is immaterial here and its classes follow the rules' expectation and
+    the op-cost prior. `why` says which decided. The source stays what it was: a prior is never cached as a
+    decision, and a measured class is cached with its interval and share, from which the next run derives the
+    same choice."""
+    firm, net = measured_peers(classes, _rewrite)
     for c in classes:
         d = c.decision
         if d is None or d.source not in PRIORED + ("timed", "cached"):
             continue
+        key = _rewrite(d)
+        counts = abs(net.get(key, 0.0)) >= MATERIAL
+        m = measured(d.effect, d.floor) if d.source in ("timed", "cached") else None
         if d.source in ("timed", "cached"):
             if d.effect is None:
                 continue  # a cached decision without its interval, as it was
-            if measured(d.effect, d.floor) and material(d):
+            if m and material(d) and counts:
                 continue  # measured faster or slower, by enough of the model to count
         lead = "" if d.source == UNDECIDED or not d.why else f"{d.why}; "
-        if d.source in ("timed", "cached") and measured(d.effect, d.floor):
-            lead = f"{measured(d.effect, d.floor)} by {d.share:.3%} of the model (immaterial); "
-        d.kept, why = prior(d.rules, firm.get((d.group, tuple(d.rules)), []), expects, c.regions[0].cost)
+        if m and not material(d):
+            lead = f"{m} by {d.share:.3%} of the model (immaterial); "
+        elif m:
+            lead = f"{m}, but its rewrite's classes change {abs(net[key]):.2%} of the model in all (immaterial); "
+        d.kept, why = prior(d.rules, firm.get(key, []) if counts else [], expects, c.regions[0].cost)
         d.why = lead + why
 
 
