@@ -25,6 +25,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
@@ -189,10 +190,16 @@ def _forget_manager(manager) -> None:
 COMMAND_PID_ENV = "ONNXFUSE_FORKSERVER_PARENT"  # read by forkserver_guard, in the forkserver
 
 
+# the forkserver listens on a Unix socket at TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX (Python 3.11), whose path must
+# fit sun_path (107 bytes on Linux): a longer TMPDIR made the batch fail ("AF_UNIX path too long")
+SOCKET_PATH_MAX = 107 - len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+
+
 def _context():
     """forkserver where there is one (workers fork from a clean server with onnxfuse imported, which dies with
-    this process: forkserver_guard.py), else spawn."""
-    if "forkserver" in multiprocessing.get_all_start_methods():
+    this process: forkserver_guard.py) and the temporary folder's path leaves room for its socket, else spawn."""
+    if "forkserver" in multiprocessing.get_all_start_methods() and \
+            len(os.fsencode(tempfile.gettempdir())) <= SOCKET_PATH_MAX:
         ctx = multiprocessing.get_context("forkserver")
         os.environ[COMMAND_PID_ENV] = str(os.getpid())  # the forkserver inherits it when it starts
         # onnxfuse.pipeline imports onnxruntime and creates no session: fork-safe

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from onnxfuse.measure import timing as T
@@ -16,7 +17,7 @@ from onnxfuse.measure.stats import UNDECIDED, Ratio
 from onnxfuse.measure.verdicts import Verdict, verdict
 from onnxfuse.select import decision_cache as DC
 from onnxfuse.select.op_prior import OpCost
-from onnxfuse.select.region_run import RegionClass, follow_peers, weak_evidence
+from onnxfuse.select.region_run import RegionClass, aa_contrast, follow_peers, weak_evidence
 from onnxfuse.select.rounds import GroupEffect
 
 
@@ -292,3 +293,18 @@ def test_a_rewrite_immaterial_to_the_model_follows_its_rules_prior_not_one_class
     follow_peers(slices)
     assert all(c.decision.kept and c.decision.why.endswith("kept: op cost: 1 kernel call fewer, 32 B fewer moved")
                for c in slices)
+
+
+def test_the_aa_contrast_of_four_sessions_shows_no_change_whatever_the_effect():
+    """sqrt(c2/c x o2/o): each side of the contrast holds one session of each model, so a 30% effect is not in it,
+    and its per-round spread is one pair's divided by about sqrt(2)."""
+    rng = np.random.default_rng(0)
+    base = 1e-3 * (1 + 0.05 * rng.standard_normal(400))
+    noise = {k: 1 + 0.01 * rng.standard_normal(400) for k in ("o", "o2", "c", "c2")}
+    for effect in (1.0, 0.7):
+        t = {"o": base * noise["o"], "o2": base * 1.02 * noise["o2"], "c": base * effect * 1.01 * noise["c"],
+             "c2": base * effect * 0.99 * noise["c2"]}
+        k = aa_contrast(t)
+        assert abs(np.median(k) - 1) < 0.006
+        pair = t["c2"] / t["c"]
+        assert 0.6 < np.std(k) / np.std(pair) < 0.8

@@ -8,7 +8,9 @@ is meant to hit, read from /proc: a process waiting for the timing lock (which t
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -70,9 +72,11 @@ def _wait_for(what: str, check, p: subprocess.Popen | None) -> None:
 
 
 def _start(tmp_path, *args: str) -> tuple[subprocess.Popen, str]:
-    """`python -m onnxfuse.cli ARGS` with a private TMPDIR (returned); the test's cache folder, so its lock."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir(exist_ok=True)
+    """`python -m onnxfuse.cli ARGS` with a private TMPDIR (returned); the test's cache folder, so its lock. The
+    TMPDIR is short, as a user's is: the forkserver's socket path must fit sun_path (batch.SOCKET_PATH_MAX; a
+    longer one makes a batch use spawn, which the test of that case checks)."""
+    tmp = tempfile.mkdtemp(prefix="of-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    atexit.register(shutil.rmtree, tmp, True)
     env = dict(os.environ, TMPDIR=str(tmp))
     p = subprocess.Popen([sys.executable, "-m", "onnxfuse.cli", *args], env=env, start_new_session=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
@@ -254,3 +258,12 @@ def test_a_zombie_command_counts_as_gone():
     finally:
         child.wait()
     assert _alive(os.getpid())
+
+
+def test_a_batch_uses_spawn_where_the_temporary_folder_leaves_no_room_for_the_forkservers_socket(monkeypatch):
+    from onnxfuse import batch
+
+    monkeypatch.setattr(tempfile, "tempdir", "/tmp/" + "d" * batch.SOCKET_PATH_MAX)
+    assert batch._context().get_start_method() == "spawn"
+    monkeypatch.setattr(tempfile, "tempdir", "/tmp")
+    assert batch._context().get_start_method() == "forkserver"

@@ -124,6 +124,12 @@ class Rule:
         return [n for n in self.lines if self.head(n) == n]
 
     @property
+    def removes_only(self) -> bool:
+        """Its rewrite makes no node (every line an alias: `Y: X`): each application only removes nodes, which
+        measured selection keeps without timing (exact)."""
+        return bool(self.rewrite) and all(rn.call is None for rn in self.rewrite)
+
+    @property
     def exposed(self) -> set[str]:
         """Match lines whose values the rewrite re-creates (may have consumers outside the match)."""
         return {o for rn in self.rewrite for o in rn.outputs if o in self.lines}

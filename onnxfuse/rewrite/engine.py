@@ -50,7 +50,9 @@ class NearMiss:
 class EngineOptions:
     target: str = HOST
     deny: set[tuple[str, str]] = field(default_factory=set)  # (rule id, root value) never applied
-    allow: set[tuple[str, str]] | None = None  # when given, the only (rule id, root value) rule rewrites applied
+    # when given, the only (rule id, root value) rule rewrites applied, besides those of rules that only remove nodes
+    # (Rule.removes_only: exact, kept without timing wherever they turn up)
+    allow: set[tuple[str, str]] | None = None
     fold: bool = True  # constant folding and If inlining before (and after) the rules
     max_rewrites: int | None = None  # stop after this many rule rewrites, folding still runs (bisection)
     hot: dict[str, bool] = field(default_factory=dict)  # If condition name -> its value on representative inputs
@@ -164,7 +166,7 @@ def _sweep(model: Model, active: list[Rule], options: EngineOptions, apps: list[
                     for node in index.get(op, ()):
                         key = (rule.id, node.outputs[0])
                         if not node.alive or key in options.deny or (
-                                options.allow is not None and key not in options.allow):
+                                options.allow is not None and key not in options.allow and not rule.removes_only):
                             continue
                         b = matcher.match(node)
                         if b is None or match_issue(rule, graph, b, options.target):

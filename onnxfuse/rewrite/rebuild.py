@@ -35,8 +35,9 @@ class Rewritten:
 def rebuild(input_path: str, rules: list[Rule], base: EngineOptions, deny: set[tuple[str, str]],
             max_rewrites: int | None = None, allow: set[tuple[str, str]] | None = None) -> Rewritten:
     """Load and rewrite again: `base` gives the target, folding and probed branches; `deny` the rewrites
-    (rule, root) left out; `allow`, when given, the only rule rewrites made; `max_rewrites` stops after that many
-    rule rewrites (folding still runs around them; such a prefix, made for bisection, is never written and may
+    (rule, root) left out; `allow`, when given, the only rule rewrites made (besides those of rules that only
+    remove nodes); `max_rewrites` stops after that many rule rewrites (folding still runs around them; such a
+    prefix, made for bisection, is never written and may
     hold a step a later rewrite would have fused further). A complete run writes only ops the model's opset
     defines (defined_ops_only)."""
     state = _run(input_path, rules, base, deny, max_rewrites, allow)

@@ -425,7 +425,7 @@ class RegionRun:
             release_memory()
         self.report.rounds += 1
         v = _model_verdict(times)
-        aa = np.asarray(times["c2"]) / np.asarray(times["c"])
+        aa = aa_contrast(times)
         out = Comparison(v.ratio, v.floor, wall=_model_verdict(times.read_on(WALL)).ratio,
                          aa_spread=(float(np.percentile(aa, 10)), float(np.percentile(aa, 90))))
         if len(self.profiles) > 1:  # prefill and decode each, not only their weighted total
@@ -465,7 +465,7 @@ class Comparison:
     profiles: list[tuple[str, float, Ratio]] = field(default_factory=list)
     status: str = "timed"
     wall: Ratio | None = None  # the same comparison on wall time (the estimator may be CPU time)
-    aa_spread: tuple[float, float] | None = None  # p10, p90 of the two candidate sessions' per-round ratio
+    aa_spread: tuple[float, float] | None = None  # p10, p90 of the four sessions' per-round A/A contrast
 
 
 WEAK_LOAD = 1.0  # a wall-time decision taken with more runnable processes than cores is weak evidence
@@ -590,6 +590,15 @@ def follow_peers(classes: list[RegionClass], expects: dict[str, str] | None = No
             lead = f"{m}, but its rewrite's classes change {abs(net[key]):.2%} of the model in all (immaterial); "
         d.kept, why = prior(d.rules, firm.get(key, []) if counts else [], expects, c.regions[0].cost)
         d.why = lead + why
+
+
+def aa_contrast(times) -> np.ndarray:
+    """Per round, the four sessions' A/A contrast sqrt(c2/c x o2/o): a comparison of two sessions against two in
+    which no change is (each side holds one session of each model), independent of the comparison itself and with
+    the same per-round noise and the same variance of session offsets. Its spread is what the comparison shows of
+    a change that is not there; one pair's ratio (c2 / c) spreads sqrt(2) times as wide."""
+    c, c2, o, o2 = (np.asarray(times[k]) for k in ("c", "c2", "o", "o2"))
+    return np.sqrt(c2 / c * (o2 / o))
 
 
 def _region_verdict(times) -> Verdict:

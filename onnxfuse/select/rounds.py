@@ -88,7 +88,7 @@ class MeasureReport:
     warnings: list[str] = field(default_factory=list)  # e.g. what the decision cache left out, one line each
     estimator: str = ""  # the clock decisions were read on (measure/clock.py): cpu or wall
     final_wall: Ratio | None = None  # the confirmation on wall time, where the estimator is CPU time
-    aa_spread: tuple[float, float] | None = None  # the confirmation's A/A per-round ratios, p10 and p90
+    aa_spread: tuple[float, float] | None = None  # the confirmation's A/A contrast per round, p10 and p90
 
     def to_json(self) -> dict:
         return {
