@@ -4,7 +4,7 @@ Prints, per model, the kept selection (the output's op counts) and the reported 
 spread optimize reports (p10-p90 of the confirmation's two candidate sessions, per round), and whether
 `profile A B`, `bench A B` and optimize's confirmation agree on faster / slower / unchanged for the same pair.
 
-    python benchmarks/busy_measure.py [--models a.onnx ...] [--load N] [--no-agreement]
+    python benchmarks/busy_measure.py [--models a.onnx ...] [--load N] [--no-agreement] [--keep DIR]
 
 Defaults: the shared development models and the small bundled ones; N = one busy process per core. About 1-2
 minutes per model with the agreement checks (optimize, bench and profile, quiet and loaded)."""
@@ -32,6 +32,7 @@ DEFAULT = [os.path.join(SHARED, m) for m in ("bert_tiny.onnx", "gpt2_tiny.onnx",
 
 
 WORK = [tempfile.gettempdir()]  # this run's folder: outputs and a fresh decision cache per command
+KEEP = [""]  # --keep DIR: where optimize's JSON reports are kept
 
 
 def _spin(deadline: float) -> None:
@@ -73,6 +74,9 @@ def one(model: str, folder: str, tag: str, agreement: bool) -> dict:
     r = onnxfuse("optimize", model, out, "--no-cache")
     if "error" in r:
         return {"error": r["error"]}
+    if KEEP[0]:  # optimize's whole JSON, to see which class or group decided differently
+        with open(os.path.join(KEEP[0], f"{os.path.basename(model)[:-5]}.{tag}.json"), "w") as f:
+            json.dump(r, f, indent=1)
     m = r.get("measure") or {}
     final = m.get("final_ratio")
     row = {"ops": r.get("ops_after", {}), "effect": final["median"] if final else None,
@@ -94,7 +98,12 @@ def main() -> None:
     ap.add_argument("--load", type=int, default=os.cpu_count() or 1, help="busy processes while loaded (default: "
                     "one per core)")
     ap.add_argument("--no-agreement", action="store_true", help="skip bench and profile")
+    ap.add_argument("--keep", default="", help="a folder to keep optimize's JSON report of each run in "
+                    "(<model>.quiet.json, <model>.loaded.json)")
     a = ap.parse_args()
+    if a.keep:
+        os.makedirs(a.keep, exist_ok=True)
+        KEEP[0] = a.keep
     models = [m for m in a.models if os.path.exists(m)]
     with tempfile.TemporaryDirectory(prefix="busy-measure-") as folder:
         WORK[0] = folder
