@@ -18,7 +18,7 @@ import onnx
 from ..errors import OnnxfuseError
 from ..inputs.budget import default_budget_bytes
 from ..ir import Model
-from ..measure.clock import WALL, estimator_for
+from ..measure.clock import WALL, estimator_for, now
 from ..measure.sessions import timing_sessions
 from ..measure.stats import NOISE_PREFIX, UNDECIDED, Ratio
 from ..measure.timing import MIN_RUNS_FLOOR, MODEL_ROUND_S, Filtered, OutOfBudget, interleave
@@ -117,7 +117,10 @@ class RegionRun:
         self.profiles = validator.timing_profiles()
         self.profile_names = [name for name, _, _ in validator.profiles()]
         self.session_s = 0.0  # creating a session of the original (measured by capture)
-        self.latency_s = 0.0  # one run of the original, slowest profile (measured by capture)
+        self.latency_s = 0.0  # one run of the original, slowest profile (measured by capture), wall time
+        # the same run's weighted total over the profiles on the estimator's clock: what a class's share of the
+        # model is of (a region's time is on that clock; wall time under load made the shares 10x smaller)
+        self.model_s = 0.0
 
     # ---- capture: the values at region boundaries, from runs of the original -----------------------------------
 
@@ -133,6 +136,7 @@ class RegionRun:
             self.session_s = time.perf_counter() - t
             classes: dict[str, RegionClass] = {}
             pending = list(regions)
+            model_timed = self.model_s > 0  # (by an earlier pass's capture)
             while pending:
                 chunk: list[Region] = []
                 names: set[str] = set()
@@ -141,12 +145,16 @@ class RegionRun:
                     names.update(chunk[-1].inputs)
                 fetch = [v for v in wanted if v in names]
                 per_profile = []
-                for _, feeds in self.profiles:
-                    t = time.perf_counter()
+                for weight, feeds in self.profiles:
+                    w, c = now()
                     values = dict(zip(fetch, session.run(fetch, feeds), strict=True)) if fetch else {}
-                    self.latency_s = max(self.latency_s, time.perf_counter() - t)
+                    w2, c2 = now()
+                    self.latency_s = max(self.latency_s, w2 - w)
+                    if not model_timed:
+                        self.model_s += weight * ((w2 - w) if self.estimator == WALL else (c2 - c))
                     values.update({k: v for k, v in feeds.items() if k in names})
                     per_profile.append(values)
+                model_timed = True
                 for r in chunk:
                     shapes = [[(str(p[v].dtype), tuple(p[v].shape)) for v in r.inputs] for p in per_profile]
                     sig = signature(r, shapes)
@@ -259,8 +267,8 @@ class RegionRun:
         each = sum(w * float(np.median(times.profile("a", p))) for p, (w, _) in enumerate(profiles))
         row = GroupEffect(rep.label, rep.rules, len(c.keys), v.faster, v.ratio, source="timed",
                           instances=len(c.regions), floor=v.floor, seconds_each=each,
-                          share=abs(1 - v.ratio.median) * each * len(c.regions) / self.latency_s
-                          if self.latency_s > 0 else None)
+                          share=abs(1 - v.ratio.median) * each * len(c.regions) / self.model_s
+                          if self.model_s > 0 else None)
         if v.outcome == UNDECIDED:  # the budget ran out with the interval across the line: not "slower"
             row.source = UNDECIDED
         elif not v.faster:  # why, in words without numbers (alike rows are one row in the report)
