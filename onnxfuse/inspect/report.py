@@ -187,10 +187,10 @@ def _print_final(m, console: Console) -> None:
         clock = f" on {describe(m.estimator)}" if m.estimator else ""
         console.print(f"measure: {what}; candidate / original latency at {m.threads} thread(s), {whole}{clock}: "
                       f"{m.final} -> {word}" + ("" if NOISE_PREFIX in word else
-                                                f" (noise floor ±{m.floor:.1%}: two sessions of one candidate)")
+                                                f" (noise floor ±{m.floor:.1%}: two sessions of each model)")
                       + (f"; on wall time {m.final_wall}" if m.final_wall is not None and m.estimator != "wall"
                          else "")
-                      + (f"; A/A rounds p10-p90 {m.aa_spread[0]:.3f}-{m.aa_spread[1]:.3f}" if m.aa_spread else ""))
+                      + (f"; A/A contrast p10-p90 {m.aa_spread[0]:.3f}-{m.aa_spread[1]:.3f}" if m.aa_spread else ""))
         if m.profiles:
             console.print("measure: each profile alone (its own shapes), candidate / original: " + "; ".join(
                 f"{name} (weight {w:g}) {r} -> {r.verdict_beyond(m.floor)}" for name, w, r in m.profiles))

@@ -76,7 +76,7 @@ class MeasureReport:
     seconds: float = 0.0
     note: str = ""
     strategy: str = ""  # "backward" (drop what costs) or "forward" (add what helps, after backward failed)
-    floor: float = 0.0  # largest A/A difference between two sessions of one candidate, over the rounds
+    floor: float = 0.0  # mean A/A offset of the two sessions of each model (the candidate's and its base's)
     denied: set[Key] = field(default_factory=set)  # rewrites left out of groups kept only in part (by region)
     confirmed: str = ""  # the whole-model confirmation: timed, cached, or skipped: why (region selection)
     undecided: int = 0  # region classes the budget did not reach (left as the original)
