@@ -169,8 +169,8 @@ def test_a_region_class_is_kept_only_when_faster_beyond_noise(tmp_path, monkeypa
     assert prior and all(g.kept and g.why.startswith("no significant change; kept: op cost: 1 kernel call fewer")
                          for g in prior) or ratio != 1.0
     assert r.measure.strategy == "regions"
-    assert r.measure.confirmed in (("timed",) if kept or prior else ("not needed: only exact rewrites kept",
-                                                                     "not needed: no rewrite kept"))
+    # only exact rewrites kept: timed too where the budget has the time (it has: the clock steps 0.1 ms a call)
+    assert r.measure.confirmed in (("timed",) if kept or prior else ("timed", "not needed: no rewrite kept"))
     fused = sum(v for k, v in r.ops_after.items() if k.startswith("com.microsoft"))
     assert (fused > 0) is kept
 
@@ -488,12 +488,14 @@ def test_the_automatic_budget_makes_room_for_the_steps_around_timing():
     group = 3.6 + 4 * rr.ON_MODEL_ROUNDS * 0.1
     assert two.plan(_regions_reading(10), regions_s=1.0, on_model=2) == ""
     assert two.budget == pytest.approx(1.0 + 0.9 + 1.0 + compare + 2 * (1.0 + group) + rr.AUTO_MIN_S)
-    # a 10 ms model's rounds are MODEL_ROUND_S of runs per session; its confirmation's 8 rounds run on to
-    # COMPARE_MIN_S, a group's 20 rounds take longer
+    # a 10 ms model's rounds are MODEL_ROUND_S of runs per session (ten runs each): its confirmation takes its 8
+    # rounds, a group SHORT_MODEL_ROUNDS (as many as hold the runs of 20 rounds of one run, or more)
     short = _plan_run(4.0, True, session_s=0.2, run_s=0.01, rebuild_s=0.1)
     assert short.plan(_regions_reading(10), regions_s=0.1, on_model=1) == ""
+    assert short.rounds(rr.ON_MODEL_ROUNDS) == rr.SHORT_MODEL_ROUNDS < rr.ON_MODEL_ROUNDS
+    assert short.rounds(rr.MIN_RUNS_FLOOR) == rr.MIN_RUNS_FLOOR and two.rounds(rr.ON_MODEL_ROUNDS) == 20
     confirm = 0.84 + max(rr.COMPARE_MIN_S, 4 * rr.MIN_RUNS_FLOOR * rr.MODEL_ROUND_S)
-    group = 0.84 + max(rr.COMPARE_MIN_S, 4 * rr.ON_MODEL_ROUNDS * rr.MODEL_ROUND_S)
+    group = 0.84 + max(rr.COMPARE_MIN_S, 4 * rr.SHORT_MODEL_ROUNDS * rr.MODEL_ROUND_S)
     assert short.budget == pytest.approx(0.1 + 0.21 + 0.1 + confirm + group + 0.1 + rr.AUTO_MIN_S)
 
 
@@ -578,3 +580,56 @@ def test_regions_carry_the_op_cost_their_rewrite_makes():
     costs = [r.cost for r in llama if r.cost is not None]
     assert costs and all(len(c.bytes) == 2 for c in costs)
     assert any(c.bytes[0] != c.bytes[1] for c in costs)  # the symbolic dims count at each size
+
+
+def _exact_and_timed(path: str) -> str:
+    """x * 1 (mul-one: exact, removes a node) before a Conv + Relu (timed)."""
+    rng = np.random.default_rng(0)
+    nodes = [oh.make_node("Mul", ["x", "one"], ["m"]), oh.make_node("Conv", ["m", "w", "b"], ["c"], pads=[1] * 4),
+             oh.make_node("Relu", ["c"], ["y"])]
+    inits = {"one": np.array(1.0, np.float32), "w": rng.standard_normal((8, 4, 3, 3)).astype(np.float32),
+             "b": rng.standard_normal(8).astype(np.float32)}
+    onnx.save(make_model(nodes, [("x", [1, 4, 16, 16])], [("y", [1, 8, 16, 16])], inits), path)
+    return path
+
+
+@pytest.mark.parametrize("whole", [0.9, 1.2])
+def test_only_exact_rewrites_kept_are_timed_where_the_budget_has_the_time(tmp_path, monkeypatch, whole):
+    """The timed class measures slower and is left out; the exact rewrite (x * 1 removed) is timed on the whole
+    model all the same: faster, it stays and the effect said is the measured one; slower, none is made."""
+    model = _exact_and_timed(str(tmp_path / "m.onnx"))
+    fake = _fake_interleaved(1.2)
+    fake.whole = whole
+    monkeypatch.setattr(rr, "interleave", fake)
+    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))
+    r = optimize(model, str(tmp_path / "o.onnx"), OptimizeOptions(cache=False))
+    m = r.measure
+    assert [g.kept for g in m.groups if g.source == "timed"] == [False]
+    assert m.confirmed == "timed" and m.final is not None and m.final.median == pytest.approx(whole, abs=0.01)
+    if whole < 1:
+        assert m.final.verdict_beyond(m.floor) == "faster" and not m.dropped_everything
+        assert r.ops_after.get("Mul", 0) == 0 and r.fired == {"mul-one": 1}
+    else:
+        assert m.dropped_everything and m.note.startswith("only exact rewrites were kept, and they measured 1.2")
+        assert r.ops_after.get("Mul") == 1 and r.fired == {}
+        assert [g.kept for g in m.groups] == [False] * len(m.groups)
+
+
+def test_runs_each_asks_for_single_runs_and_not_rounds():
+    """bench's --runs counts runs of each model; a round holds `repeat` runs of each session."""
+    calls = {"a": 0, "b": 0}
+
+    class S:
+        def __init__(self, k):
+            self.k = k
+
+        def run(self, *_):
+            calls[self.k] += 1
+
+    t = interleave({"a": S("a"), "b": S("b")}, [(1.0, {})], estimator="wall", min_runs=rt.MIN_RUNS_FLOOR,
+                   repeat=5, runs_each=100, keep_runs=True)
+    assert len(t["a"]) == 20 and len(t.single_runs("a")) == 100
+    assert calls == {"a": 101, "b": 101}  # and one warm-up run each
+    t = interleave({"a": S("a")}, [(1.0, {})], estimator="wall", min_runs=rt.MIN_RUNS_FLOOR, repeat=50,
+                   runs_each=100)
+    assert len(t["a"]) == rt.MIN_RUNS_FLOOR  # two rounds would hold them: the floor of rounds stays

@@ -18,7 +18,7 @@ from ..inputs.shapes import ShapeSpec, model_inputs, parse_shape_specs, resolve_
 from ..inputs.synth import make_inputs
 from ..measure.clock import WALL, estimator_for
 from ..measure.stats import Ratio, paired_ratio, percentile
-from ..measure.timing import MODEL_ROUND_S, Progress, interleave, warm_up
+from ..measure.timing import MIN_RUNS_FLOOR, MODEL_ROUND_S, Progress, interleave, warm_up
 from ..measure.verdicts import verdict
 from ..options import check_choice, check_count, check_seconds, check_strings, check_target
 from ..targets import HOST
@@ -172,7 +172,7 @@ def _bench_feeds(sessions: dict, load_ms: dict[str, float], paths: list[str], la
         first_ms[label] = (time.perf_counter() - t) * 1e3
         warm[label] = warm_up(s, feeds)
     estimator = estimator_for(provider, threads)
-    times = interleave(sessions, [(1.0, feeds)], estimator=estimator, min_runs=min_runs, floor_runs=min_runs,
+    times = interleave(sessions, [(1.0, feeds)], estimator=estimator, min_runs=MIN_RUNS_FLOOR, runs_each=min_runs,
                        min_seconds=budget_s, max_runs=20 * min_runs, progress=progress, round_s=MODEL_ROUND_S,
                        keep_runs=True)
     models = []

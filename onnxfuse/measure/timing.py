@@ -33,8 +33,11 @@ MAX_RUNS = 400  # rounds at most
 SETTLE_EVERY = 5  # rounds between checks of `settled` at least (a bootstrap each; then a quarter of the rounds)
 CLOCKS = (WALL, CPU)
 ROUND_S = 2e-3  # a session's share of a round at least, in runs of a short model (a region)
-MODEL_ROUND_S = 40e-3  # the same in comparisons of whole models (optimize's, bench's and profile's): about 10
-# interleaved runs of a 3-4 ms model, whose A/A rounds then spread +-2-3% instead of +-5-7% with one run
+MODEL_ROUND_S = 0.1  # the same in comparisons of whole models (optimize's, bench's and profile's): about 25
+# interleaved runs of a 3-4 ms model. Measured with every core of a 2-core machine busy (four sessions of one model,
+# p10-p90 of the per-round A/A contrast, 5 sets each): 40 ms rounds spread vit_tiny 0.973-1.012 and gpt2_tiny
+# 0.969-1.010, 100 ms rounds 0.979-1.005 and 0.967-0.999 (one run per session: +-5-7%); what is left is the
+# sessions' own offsets (verdicts.py), which longer rounds do not change
 MAX_REPEAT = 400  # runs per session and round at most
 
 
@@ -101,7 +104,8 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
                min_runs: int, deadline: float = float("inf"), hard_deadline: float | None = None,
                min_seconds: float = 0.0, floor_runs: int = MIN_RUNS_FLOOR, max_runs: int = MAX_RUNS,
                settled: Callable[[Timings], bool] | None = None, progress: Progress | None = None,
-               repeat: int | None = None, round_s: float = ROUND_S, keep_runs: bool = False) -> Timings:
+               repeat: int | None = None, round_s: float = ROUND_S, keep_runs: bool = False,
+               runs_each: int = 0) -> Timings:
     """Time `sessions` (label -> anything with `run(None, feeds)`) interleaved over `profiles` ((weight,
     feeds) each) after one warm-up run of each: at least `floor_runs` rounds, then, while `deadline` allows and
     up to `max_runs`, until `min_runs` rounds and `min_seconds` of rounds are done and `settled(timings so far)`
@@ -110,7 +114,9 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
     In a round each session runs `repeat` times, interleaved with the others' runs (passes in alternating
     order), and their median counts (round_time); by default as many times as fit in `round_s`
     (at most MAX_REPEAT), from the warm-up run: once for a model of `round_s` or more. With `keep_runs` every
-    run's seconds are kept besides (Timings.runs: a latency's percentiles are of runs)."""
+    run's seconds are kept besides (Timings.runs: a latency's percentiles are of runs). `runs_each` asks for at least
+    that many single runs of each session (bench's --runs): as rounds, after the warm-up, when a round holds
+    several runs, added to the floor and the minimum."""
     order = list(sessions)
     t0 = time.perf_counter()
     first = [float("inf")] * len(profiles)
@@ -123,7 +129,11 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
     # a round of a short model is several interleaved passes (a tenth of a millisecond is shorter than a
     # scheduler's time slice, a few milliseconds are not)
     reps = [repeat or max(1, min(MAX_REPEAT, int(round_s / max(f, 1e-9)))) for f in first]
-    if hard_deadline is not None and warm + (warm - t0) * floor_runs > hard_deadline:
+    if runs_each:  # single runs asked for: the rounds that hold them (a round holds reps[0] runs of each)
+        need = -(-runs_each // reps[0])
+        floor_runs, min_runs = max(floor_runs, need), max(min_runs, need)
+    # a round holds reps runs of each session where the warm-up held one
+    if hard_deadline is not None and warm + (warm - t0) * max(reps) * floor_runs > hard_deadline:
         raise OutOfBudget
     raw: dict[tuple[str, str, int], list[float]] = {(c, k, p): [] for c in CLOCKS for k in order
                                                     for p in range(len(profiles))}

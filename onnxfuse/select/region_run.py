@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -46,6 +47,8 @@ CAPTURE_CHUNK = 32  # region inputs fetched per run of the original (bounds the 
 CONFIRM_RUNS = 20  # whole-model confirmation, budget permitting
 ON_MODEL_ROUNDS = 20  # rounds reserved for each group decided on the whole model (the 8 of a confirmation left
 # YOLOv8n's 6% layout gain at [0.89, 0.99]: not significant, dropped in one run of two)
+SHORT_MODEL_ROUNDS = 10  # a model shorter than a round (MODEL_ROUND_S) runs several times in each: as many of its
+# rounds as take the time that the rounds above take of one of MODEL_ROUND_S, or this many at least
 CONFIRM_GRACE = 0.5  # the whole-model confirmation may end this share of the budget past it
 COMPARE_MIN_S = 1.0  # and runs on to about this many seconds (a small model's 20 runs are a few milliseconds)
 REGION_BUDGET_S = 10.0  # the automatic budget at most (models up to 1 GiB)
@@ -372,8 +375,17 @@ class RegionRun:
         (MIN_RUNS_FLOOR); a group decided on the whole model ON_MODEL_ROUNDS, since its effect is a few percent."""
         latency_s = self.latency_s or self.validator.run_s
         # a round of a short model is MODEL_ROUND_S of runs per session and profile (measure/timing.py)
-        return self.comparison_s() + max(COMPARE_MIN_S,
-                                         SESSIONS * rounds * max(latency_s, MODEL_ROUND_S) * len(self.profiles))
+        return self.comparison_s() + max(COMPARE_MIN_S, SESSIONS * self.rounds(rounds)
+                                         * max(latency_s, MODEL_ROUND_S) * len(self.profiles))
+
+    def rounds(self, n: int) -> int:
+        """`n` rounds of a whole-model comparison, for a model of MODEL_ROUND_S or longer (one run each); a
+        shorter model's rounds hold several runs each (measure/timing.py), and as many of them are taken as hold
+        the runs that `n` rounds of the model's length would (SHORT_MODEL_ROUNDS at least, `n` at most)."""
+        latency_s = self.latency_s or self.validator.run_s
+        if latency_s >= MODEL_ROUND_S:
+            return n
+        return min(n, max(SHORT_MODEL_ROUNDS, math.ceil(n * latency_s / MODEL_ROUND_S)))
 
     def group_s(self) -> float:
         """What deciding one group on the whole model takes: a rebuild and ON_MODEL_ROUNDS rounds of comparison."""
@@ -419,7 +431,7 @@ class RegionRun:
             sessions = timing_sessions({"o": base if isinstance(base, str) else cands[1].source,
                                         "c": cands[0].source}, self.provider, self.opts.measure_threads,
                                        control=[("c", "c2"), ("o", "o2")])
-            times = interleave(sessions, self.profiles, estimator=self.estimator, min_runs=runs,
+            times = interleave(sessions, self.profiles, estimator=self.estimator, min_runs=self.rounds(runs),
                                deadline=deadline or self.deadline, hard_deadline=limit,
                                min_seconds=COMPARE_MIN_S, round_s=MODEL_ROUND_S)
             del sessions

@@ -309,7 +309,7 @@ def _regions(report: MeasureReport, effects: dict[str, GroupEffect], groups: dic
 
 
 def make_time_fn(provider: str, threads: int, budget_s: float, profiles: list[tuple[float, dict[str, np.ndarray]]],
-                 min_runs: int = 30) -> TimeFn:
+                 min_runs: int = 12) -> TimeFn:
     """Interleaved timing (measure/timing.py) on onnxruntime at ORT_ENABLE_ALL over the shape profiles
     (prefill, decode: a group then counts by its weighted effect on each), on the estimator for `provider` and
     `threads`; at least `min_runs` rounds, then on until `budget_s` is used. The feeds passed in are ignored."""
