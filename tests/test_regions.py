@@ -633,3 +633,22 @@ def test_runs_each_asks_for_single_runs_and_not_rounds():
     t = interleave({"a": S("a")}, [(1.0, {})], estimator="wall", min_runs=rt.MIN_RUNS_FLOOR, repeat=50,
                    runs_each=100)
     assert len(t["a"]) == rt.MIN_RUNS_FLOOR  # two rounds would hold them: the floor of rounds stays
+
+
+def test_the_floor_of_rounds_is_planned_on_what_a_round_holds():
+    """A round of a short model holds several runs of each session (round_s of them): whether the floor of
+    rounds fits before the hard deadline counts them all, not the warm-up's one run each."""
+    import time as _time
+
+    class Sleeper:
+        def run(self, *_):
+            _time.sleep(1e-3)
+
+    sessions = {"a": Sleeper(), "b": Sleeper()}
+    # 8 rounds of two sessions x 10 ms of runs: about 0.16 s; the warm-up's single runs would say 16 ms
+    with pytest.raises(rt.OutOfBudget):
+        interleave(sessions, [(1.0, {})], estimator="wall", min_runs=8, round_s=0.01,
+                   hard_deadline=_time.perf_counter() + 0.1)
+    t = interleave(sessions, [(1.0, {})], estimator="wall", min_runs=8, round_s=0.01,
+                   hard_deadline=_time.perf_counter() + 5.0)
+    assert len(t["a"]) == 8

@@ -118,7 +118,6 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
     that many single runs of each session (bench's --runs): as rounds, after the warm-up, when a round holds
     several runs, added to the floor and the minimum."""
     order = list(sessions)
-    t0 = time.perf_counter()
     first = [float("inf")] * len(profiles)
     for s in sessions.values():  # warm-up
         for p, (_, feeds) in enumerate(profiles):
@@ -132,8 +131,9 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
     if runs_each:  # single runs asked for: the rounds that hold them (a round holds reps[0] runs of each)
         need = -(-runs_each // reps[0])
         floor_runs, min_runs = max(floor_runs, need), max(min_runs, need)
-    # a round holds reps runs of each session where the warm-up held one
-    if hard_deadline is not None and warm + (warm - t0) * max(reps) * floor_runs > hard_deadline:
+    # a round: reps runs of each session per profile, each about as long as the fastest first run there
+    round_est = len(order) * sum(r * f for r, f in zip(reps, first, strict=True))
+    if hard_deadline is not None and warm + round_est * floor_runs > hard_deadline:
         raise OutOfBudget
     raw: dict[tuple[str, str, int], list[float]] = {(c, k, p): [] for c in CLOCKS for k in order
                                                     for p in range(len(profiles))}

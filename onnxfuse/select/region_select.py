@@ -34,7 +34,7 @@ from ..validate.validate import Validator
 from .cached_report import to_cache
 from .decision_cache import DecisionCache, digest
 from .on_model import decide_on_model, groups_on_model, split_on_model
-from .region_run import Phases, RegionClass, RegionRun, automatic_budget, slower
+from .region_run import CONFIRM_GRACE, Phases, RegionClass, RegionRun, automatic_budget, slower
 from .regions import Region, find_regions
 from .rounds import GroupEffect, Key, MeasureReport
 
@@ -130,7 +130,9 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     applied = {a.key for a in candidate.eng.applications if a.rule in rule_ids}
     report.undecided = sum(1 for g in report.groups if g.source == "budget")
     timed_kept = any(g.kept and g.source != "exact" for g in report.groups)  # (a prior's too: confirmed)
-    if applied and not timed_kept and time.perf_counter() + run.whole_model_s() > run.deadline:
+    # the confirmation's time: the budget's, and as far past it as a confirmation may run (CONFIRM_GRACE)
+    room = run.deadline + CONFIRM_GRACE * run.budget - time.perf_counter()
+    if applied and not timed_kept and run.whole_model_s() > room:
         report.confirmed = "not needed: only exact rewrites kept"  # (removing nodes, shape arithmetic)
     elif applied and not timed_kept:
         # only exact rewrites, and the budget has the time: timed all the same, so that the effect said is the
