@@ -35,7 +35,7 @@ CLOCKS = (WALL, CPU)
 ROUND_S = 2e-3  # a session's share of a round at least, in runs of a short model (a region)
 MODEL_ROUND_S = 0.1  # the same in comparisons of whole models (optimize's, bench's and profile's): about 25
 # interleaved runs of a 3-4 ms model. Measured with every core of a 2-core machine busy (four sessions of one model,
-# p10-p90 of the per-round A/A contrast, 5 sets each): 40 ms rounds spread vit_tiny 0.973-1.012 and gpt2_tiny
+# p10-p90 of the per-round A/A contrast, 5 sets each): 40 ms rounds spread vit_tiny 0.972-1.012 and gpt2_tiny
 # 0.969-1.010, 100 ms rounds 0.979-1.005 and 0.967-0.999 (one run per session: +-5-7%); what is left is the
 # sessions' own offsets (verdicts.py), which longer rounds do not change
 MAX_REPEAT = 400  # runs per session and round at most
