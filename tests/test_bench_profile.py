@@ -163,7 +163,7 @@ def test_cli_bench_and_profile(cli, optimized, tmp_path):
     assert code == 0, stderr
     assert "op time by type" in stdout and "kernel times sum to" in stdout and html.exists()
     # A and B judged as bench and optimize judge them: interleaved with an A/A control, one verdict
-    verdict_line = next(line for line in stdout.splitlines() if "interleaved with a second session of A" in line)
+    verdict_line = next(line for line in stdout.splitlines() if "interleaved with a second session of each" in line)
     assert "on thread CPU time ->" in verdict_line and data["estimator"] == "cpu"
     word = verdict_line.rsplit("-> ", 1)[1]
     gap = next(line for line in stdout.splitlines() if "the gap between A" in line)

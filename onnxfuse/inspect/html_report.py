@@ -103,8 +103,8 @@ def _bench_section(b: BenchResult, named: bool = False, first: bool = True) -> s
         a, b_ = (b.models[0].label, b.models[1].label) if len(b.models) > 1 else ("A", "B")
         out.append(f'<p class="verdict"{ident}>{_e(b_)} vs {_e(a)}: {b.speedup:.3f}x speed, time ratio '
                    f"{_e(b.ratio)} (95% CI, {_e(describe(b.estimator))}) &rarr; {_e(b.verdict)}</p><p class=meta>"
-                   f"Noise floor: a second session of {_e(a)} differs from {_e(a)} by {b.floor:.1%}; {_e(b_)} "
-                   "must differ by more than that.</p>")
+                   f"Noise floor: a second session of each model differs from its first by {b.floor:.1%} on average; "
+                   f"{_e(b_)} must differ from {_e(a)} by more than that.</p>")
     if b.batches:
         labels = [m.label for m in b.models]
         rows = [[p.batch] + [f"{p.median_ms[lab]:.3f}" for lab in labels] + [f"{p.throughput[lab]:.1f}"

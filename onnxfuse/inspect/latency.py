@@ -1,7 +1,7 @@
 """Latency protocol: same session options for A and B, warm-up until timings settle, A and B interleaved in
 one process (measure/timing.py), then median / p90 / p99 / min / spread on wall time, and B against A with a
-bootstrap 95% confidence interval and the verdict optimize gives (measure/verdicts.py: beyond the noise floor of
-a second session of A, on the same estimator: thread CPU time at one thread on the CPU). Optional batch sweep
+bootstrap 95% confidence interval and the verdict optimize gives (measure/verdicts.py: beyond the noise floor, what
+a second session of each model differs by on average (A B B2 A2), on the same estimator: thread CPU time at one thread on the CPU). Optional batch sweep
 for models with a dynamic batch dimension."""
 
 from __future__ import annotations

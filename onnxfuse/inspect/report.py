@@ -254,7 +254,7 @@ def _print_bench_profile(b, console: Console, named: bool) -> None:
                       f"{_versus(b)}: {b.speedup:.3f}x speed (time ratio {b.ratio}, 95% CI, on "
                       f"{describe(b.estimator)}) -> [bold]{b.verdict}[/bold]" + (
                           "" if NOISE_PREFIX in (b.verdict or "") else
-                          f" (noise floor ±{b.floor:.1%}: what a second session of {b.models[0].label} differs by)"))
+                          f" (noise floor ±{b.floor:.1%}: what a second session of each model differs by, on average)"))
     if b.batches:
         labels = [m.label for m in b.models]
         cols = ["batch"] + [f"{lab} ms" for lab in labels] + [f"{lab} samples/s" for lab in labels]
@@ -300,7 +300,7 @@ def print_profile(profiles, labels, console: Console, nodes: bool = False, compa
             console.print(f"  - {line}", markup=False)
     if len(profiles) == 2:
         if comparison is not None and comparison.ratio is not None:
-            console.print(f"{labels[1]} vs {labels[0]}, interleaved with a second session of {labels[0]} (as bench and "
+            console.print(f"{labels[1]} vs {labels[0]}, interleaved with a second session of each (as bench and "
                           f"optimize time): time ratio {comparison.ratio} on {describe(comparison.estimator)} -> "
                           f"{comparison.verdict}", markup=False)
         share = captured_share(profiles[0], profiles[1])
