@@ -366,26 +366,28 @@ class RegionRun:
         """About what one whole-model comparison takes before its runs: four sessions (SESSIONS) and a warm-up round of
         each (from the capture run; the validator's where nothing was captured)."""
         session_s = self.session_s or self.validator.session_s
-        latency_s = self.latency_s or self.validator.run_s
-        return SESSIONS * (session_s + latency_s * len(self.profiles))
+        return SESSIONS * (session_s + self.run_s * len(self.profiles))
 
     def whole_model_s(self, rounds: int = MIN_RUNS_FLOOR) -> float:
         """About what one whole-model comparison takes with its runs: comparison_s and `rounds` interleaved
         rounds of its four sessions (at least COMPARE_MIN_S of runs). The confirmation needs its minimum
         (MIN_RUNS_FLOOR); a group decided on the whole model ON_MODEL_ROUNDS, since its effect is a few percent."""
-        latency_s = self.latency_s or self.validator.run_s
         # a round of a short model is MODEL_ROUND_S of runs per session and profile (measure/timing.py)
         return self.comparison_s() + max(COMPARE_MIN_S, SESSIONS * self.rounds(rounds)
-                                         * max(latency_s, MODEL_ROUND_S) * len(self.profiles))
+                                         * max(self.run_s, MODEL_ROUND_S) * len(self.profiles))
+
+    @property
+    def run_s(self) -> float:
+        """One run of the model: the capture run's, or the validator's where nothing was captured."""
+        return self.latency_s or self.validator.run_s
 
     def rounds(self, n: int) -> int:
         """`n` rounds of a whole-model comparison, for a model of MODEL_ROUND_S or longer (one run each); a
         shorter model's rounds hold several runs each (measure/timing.py), and as many of them are taken as hold
         the runs that `n` rounds of the model's length would (SHORT_MODEL_ROUNDS at least, `n` at most)."""
-        latency_s = self.latency_s or self.validator.run_s
-        if latency_s >= MODEL_ROUND_S:
+        if self.run_s >= MODEL_ROUND_S:
             return n
-        return min(n, max(SHORT_MODEL_ROUNDS, math.ceil(n * latency_s / MODEL_ROUND_S)))
+        return min(n, max(SHORT_MODEL_ROUNDS, math.ceil(n * self.run_s / MODEL_ROUND_S)))
 
     def group_s(self) -> float:
         """What deciding one group on the whole model takes: a rebuild and ON_MODEL_ROUNDS rounds of comparison."""

@@ -130,17 +130,21 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     applied = {a.key for a in candidate.eng.applications if a.rule in rule_ids}
     report.undecided = sum(1 for g in report.groups if g.source == "budget")
     timed_kept = any(g.kept and g.source != "exact" for g in report.groups)  # (a prior's too: confirmed)
-    # the confirmation's time: the budget's, and as far past it as a confirmation may run (CONFIRM_GRACE)
+    exact_only = applied and not timed_kept  # removing nodes, shape arithmetic
+    # only exact rewrites are timed too where the time a confirmation may take (the budget, and CONFIRM_GRACE of
+    # it past it) allows: the effect said is then the one measured, as bench and profile of the pair measure it
     room = run.deadline + CONFIRM_GRACE * run.budget - time.perf_counter()
-    if applied and not timed_kept and run.whole_model_s() > room:
-        report.confirmed = "not needed: only exact rewrites kept"  # (removing nodes, shape arithmetic)
-    elif applied and not timed_kept:
-        # only exact rewrites, and the budget has the time: timed all the same, so that the effect said is the
-        # one measured (bench and profile of the same pair give it too); measured slower, the input stays
+    if exact_only and run.whole_model_s() > room:
+        report.confirmed = "not needed: only exact rewrites kept"
+    elif applied:
         with phase("confirm"):
             ratio = run.confirm(candidate, digest("model", fingerprint, repr(sorted(applied)), run.env))
         report.final = ratio
-        if ratio is not None and slower(ratio, report.floor):
+        # never slower: beyond the noise floor, or with the whole interval above 1 (by SIGNIFICANT) even where two
+        # sessions of one candidate differ as much: a selection measured slower has no evidence that it helps
+        measured_slower = ratio is not None and slower(ratio, report.floor)
+        everything = {k for r in regions for k in r.keys}
+        if measured_slower and exact_only:  # no evidence that even these help: none is made
             report.note = (f"only exact rewrites were kept, and they measured {ratio.median:.3f} as a whole "
                            "(slower): none is made")
             report.dropped_everything = True
@@ -148,16 +152,9 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
                 gr.kept = False
             kept = set()
             with phase("rebuild"):
-                candidate = run.build(set(), {k for r in regions for k in r.keys})
-    elif applied:
-        with phase("confirm"):
-            ratio = run.confirm(candidate, digest("model", fingerprint, repr(sorted(applied)), run.env))
-        report.final = ratio
-        # never slower: beyond the noise floor, or with the whole interval above 1 (by SIGNIFICANT) even where two
-        # sessions of one candidate differ as much: a selection measured slower has no evidence that it helps
-        if ratio is not None and slower(ratio, report.floor):
+                candidate = run.build(set(), everything)
+        elif measured_slower:
             exact = _exact_keys(all_regions, all_classes)
-            everything = {k for r in regions for k in r.keys}
             # regions timed alone need not compose (a pair of fusions can let onnxruntime's own session fusions
             # make a slow kernel, as an Attention with an EmbedLayerNormalization did on Electra): the group that
             # saved the most alone is confirmed alone before all is undone
