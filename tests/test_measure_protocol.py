@@ -308,3 +308,32 @@ def test_the_aa_contrast_of_four_sessions_shows_no_change_whatever_the_effect():
         assert abs(np.median(k) - 1) < 0.006
         pair = t["c2"] / t["c"]
         assert 0.6 < np.std(k) / np.std(pair) < 0.8
+
+
+def test_deciding_again_with_a_later_passes_classes_follows_them_and_says_why_once():
+    """A rewrite's one class in a first pass, slower but immaterial alone, is kept by its rule's expectation;
+    decided again with the classes the next pass measured of the same rewrite (slower, material together), it
+    follows them, and its `why` is the same as if decided once with all of them."""
+    expects = {"rmsnorm-zero-skip": "faster"}
+
+    def immaterial_slower():
+        c = _cls("SkipSimplifiedLayerNormalization", ["rmsnorm-zero-skip"], False, "timed", effect=SLOWER)
+        c.decision.share, c.decision.why = 0.004, "slower"
+        return c
+
+    first = immaterial_slower()
+    follow_peers([first], expects)
+    assert first.decision.kept and first.decision.why.endswith("kept: rmsnorm-zero-skip expects faster (expect:)")
+    later = [immaterial_slower() for _ in range(4)]
+    follow_peers(later, expects)
+    follow_peers([first, *later], expects)
+    once = immaterial_slower()
+    follow_peers([once, *[immaterial_slower() for _ in range(4)]], expects)
+    assert not first.decision.kept and first.decision.why == once.decision.why
+    assert first.decision.why == "slower by 0.400% of the model (immaterial); follows the 5 classes of this " \
+                                 "rewrite measured slower"
+    undecided = _cls("FusedConv", ["conv-relu"], False, "untimed")
+    undecided.decision.why = "cannot run alone"
+    follow_peers([undecided])
+    follow_peers([undecided])
+    assert undecided.decision.why == "cannot run alone; nothing decided to follow"

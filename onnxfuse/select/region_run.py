@@ -75,6 +75,7 @@ class RegionClass:
     regions: list[Region]
     feeds: list[dict[str, np.ndarray]] = field(default_factory=list)  # per profile, the first region's inputs
     decision: GroupEffect | None = None
+    measured_why: str | None = None  # the decision's `why` before a prior added to it (follow_peers)
 
     @property
     def shape_only(self) -> bool:
@@ -340,6 +341,10 @@ class RegionRun:
                                  **({"share": d.share} if d.share is not None else {}),
                                  "label": d.group, "rules": d.rules, "budget": self.budget, **self.evidence(),
                                  **self.tag})
+        self.follow(classes)
+
+    def follow(self, classes: list[RegionClass]) -> None:
+        """The priors of `classes` (follow_peers), with the rules' expectations."""
         follow_peers(classes, {r.id: r.expect for r in self.rules})
 
 
@@ -591,12 +596,14 @@ def follow_peers(classes: list[RegionClass], expects: dict[str, str] | None = No
     where it does not, the whole rewrite is immaterial here and its classes follow the rules' expectation and
     the op-cost prior. `why` says which decided. The source stays what it was: a prior is never cached as a
     decision, and a measured class is cached with its interval and share, from which the next run derives the
-    same choice."""
+    same choice. Deciding the same classes again (with more of them) gives the same `why` as deciding once."""
     firm, net = measured_peers(classes, _rewrite)
     for c in classes:
         d = c.decision
         if d is None or d.source not in PRIORED + ("timed", "cached"):
             continue
+        if c.measured_why is None:
+            c.measured_why = d.why
         key = _rewrite(d)
         counts = abs(net.get(key, 0.0)) >= MATERIAL
         m = measured(d.effect, d.floor) if d.source in ("timed", "cached") else None
@@ -605,7 +612,7 @@ def follow_peers(classes: list[RegionClass], expects: dict[str, str] | None = No
                 continue  # a cached decision without its interval, as it was
             if m and material(d) and counts:
                 continue  # measured faster or slower, by enough of the model to count
-        lead = "" if d.source == UNDECIDED or not d.why else f"{d.why}; "
+        lead = "" if d.source == UNDECIDED or not c.measured_why else f"{c.measured_why}; "
         if m and not material(d):
             lead = f"{m} by {d.share:.3%} of the model (immaterial); "
         elif m:
