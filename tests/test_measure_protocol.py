@@ -337,3 +337,13 @@ def test_deciding_again_with_a_later_passes_classes_follows_them_and_says_why_on
     follow_peers([undecided])
     follow_peers([undecided])
     assert undecided.decision.why == "cannot run alone; nothing decided to follow"
+
+
+def test_a_kept_selection_is_called_slower_where_it_was_undone_as_slower():
+    """The confirmation's word and what optimize did agree: an interval wholly above 1.005 is slower even inside
+    a wider noise floor (the selection is undone for it), and says so."""
+    int8_bert = Ratio(1.009, 1.0055, 1.0156)  # floor 1.35%: within it, but no evidence that it helps
+    assert int8_bert.verdict_beyond(0.0135).startswith("within the noise floor")
+    assert int8_bert.slower_beyond(0.0135) and int8_bert.final_word(0.0135) == "slower"
+    assert Ratio(1.0, 0.99, 1.01).final_word(0.01) == "no significant change"
+    assert Ratio(0.9, 0.88, 0.92).final_word(0.01) == "faster"

@@ -189,7 +189,7 @@ def headline(bench: BenchResult | None, result) -> str:
     lines = []
     m = getattr(result, "measure", None)
     if m is not None and m.final is not None:
-        word = m.final.verdict_beyond(m.floor)
+        word = m.final.final_word(m.floor)
         lines.append(f"optimize measured the output at {m.final.median:.3f} of the input's latency "
                      f"({_e(m.final)}, {_e(describe(m.estimator) if m.estimator else 'wall time')}) &rarr; "
                      f"<b>{_e(word)}</b>")

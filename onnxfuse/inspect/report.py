@@ -183,7 +183,7 @@ def _print_final(m, console: Console) -> None:
                 "exact rewrites and folding, if any, stay)" if m.dropped_everything else "kept rewrites")
         whole = ("weighted total over the shape profiles (each profile counts by its weight, relative to the "
                  "original's time there)" if m.profiles else "whole model")
-        word = m.final.verdict_beyond(m.floor)
+        word = m.final.final_word(m.floor)
         clock = f" on {describe(m.estimator)}" if m.estimator else ""
         console.print(f"measure: {what}; candidate / original latency at {m.threads} thread(s), {whole}{clock}: "
                       f"{m.final} -> {word}" + ("" if NOISE_PREFIX in word else

@@ -30,6 +30,15 @@ class Ratio:
         """faster/slower only if the whole CI clears 1 by SIGNIFICANT plus `floor` (an A/A difference)."""
         return judge(self, SIGNIFICANT + floor)
 
+    def slower_beyond(self, floor: float) -> bool:
+        """Measured slower: beyond the noise floor, or with the whole interval above 1 (by SIGNIFICANT) even where
+        the floor is wider (a change measured slower has no evidence that it helps)."""
+        return "slower" in (self.verdict_beyond(floor), self.verdict_beyond(0.0))
+
+    def final_word(self, floor: float) -> str:
+        """The verdict on a kept selection: slower where `slower_beyond` says so, else `verdict_beyond`."""
+        return "slower" if self.slower_beyond(floor) else self.verdict_beyond(floor)
+
     @property
     def width(self) -> float:
         return self.high - self.low

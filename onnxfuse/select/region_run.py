@@ -510,12 +510,6 @@ def weak_evidence(hit: dict) -> bool:
 PRIORED = (UNDECIDED, "budget", "untimed")  # the sources measuring could not decide: a prior decides
 
 
-def slower(ratio: Ratio, floor: float) -> bool:
-    """Measured slower: beyond the noise floor, or with the whole interval above 1 (by SIGNIFICANT) even where
-    the floor is wider (a change measured slower has no evidence that it helps)."""
-    return "slower" in (ratio.verdict_beyond(floor), ratio.verdict_beyond(0.0))
-
-
 def measured(effect: Ratio | None, floor: float) -> str | None:
     """"faster" or "slower" where the whole interval clears 1 by SIGNIFICANT plus the noise floor; None where it
     does not (no change measuring can tell from what two sessions of one model differ by: a prior decides)."""

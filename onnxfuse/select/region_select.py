@@ -34,7 +34,7 @@ from ..validate.validate import Validator
 from .cached_report import to_cache
 from .decision_cache import DecisionCache, digest
 from .on_model import decide_on_model, groups_on_model, split_on_model
-from .region_run import CONFIRM_GRACE, Phases, RegionClass, RegionRun, automatic_budget, slower
+from .region_run import CONFIRM_GRACE, Phases, RegionClass, RegionRun, automatic_budget
 from .regions import Region, find_regions
 from .rounds import GroupEffect, Key, MeasureReport
 
@@ -152,7 +152,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
         report.final = ratio
         # never slower: beyond the noise floor, or with the whole interval above 1 (by SIGNIFICANT) even where two
         # sessions of one candidate differ as much: a selection measured slower has no evidence that it helps
-        measured_slower = ratio is not None and slower(ratio, report.floor)
+        measured_slower = ratio is not None and ratio.slower_beyond(report.floor)
         everything = {k for r in regions for k in r.keys}
         if measured_slower and exact_only:  # no evidence that even these help: none is made
             report.note = (f"only exact rewrites were kept, and they measured {ratio.median:.3f} as a whole "

@@ -94,7 +94,7 @@ class MeasureReport:
         return {
             "provider": self.provider, "threads": self.threads, "rounds": self.rounds, "seconds": self.seconds,
             "note": self.note, "final_ratio": None if self.final is None else asdict(self.final),
-            "final_verdict": None if self.final is None else self.final.verdict_beyond(self.floor),
+            "final_verdict": None if self.final is None else self.final.final_word(self.floor),
             "noise_floor": self.floor, "denied": [list(k) for k in sorted(self.denied)],
             "dropped_everything": self.dropped_everything,
             "groups": [{"group": g.group, "rules": g.rules, "rewrites": g.rewrites, "kept": g.kept, "gain": g.gain,
