@@ -80,7 +80,9 @@ def one(model: str, folder: str, tag: str, agreement: bool) -> dict:
     m = r.get("measure") or {}
     final = m.get("final_ratio")
     row = {"ops": r.get("ops_after", {}), "effect": final["median"] if final else None,
-           "opt": word(m.get("final_verdict")) if final else "unchanged", "aa": m.get("aa_spread"),
+           # a selection undone as slower: the output is the input but for exact rewrites
+           "opt": word(m.get("final_verdict")) if final and not m.get("dropped_everything") else "unchanged",
+           "aa": m.get("aa_spread"),
            "estimator": m.get("estimator", "")}
     if agreement and os.path.exists(out):
         b = onnxfuse("bench", model, out, "--budget", "3")
