@@ -21,7 +21,7 @@ from ..inputs.budget import default_budget_bytes
 from ..ir import Model
 from ..measure.clock import WALL, estimator_for, now
 from ..measure.sessions import timing_sessions
-from ..measure.stats import NOISE_PREFIX, UNDECIDED, Ratio
+from ..measure.stats import NOISE_PREFIX, SIGNIFICANT, UNDECIDED, Ratio
 from ..measure.timing import MIN_RUNS_FLOOR, MODEL_ROUND_S, Filtered, OutOfBudget, interleave
 from ..measure.verdicts import Verdict, verdict
 from ..options import OptimizeOptions
@@ -557,9 +557,21 @@ def prior(rules: list[str], peers: list[tuple[bool, float]], expects: dict[str, 
 MATERIAL = 0.005
 
 
+# ... unless the effect is far from the line: an interval that clears 1 by this many margins (SIGNIFICANT plus the
+# floor) is no coin flip, whatever its share. cnn_small's Conv + HardSigmoid + Mul measured 0.838-0.848 alone,
+# 0.47-0.50% of the model: kept quiet, and left out loaded as immaterial with nothing to follow
+CLEAR = 3.0
+
+
 def material(d: GroupEffect) -> bool:
     """Whether a measured class changes enough of the model for its own verdict to decide it (unknown: yes)."""
     return d.share is None or d.share >= MATERIAL
+
+
+def far(d: GroupEffect) -> bool:
+    """Whether a measured class's interval lies CLEAR margins from 1: its own verdict decides it, whatever its share."""
+    e, margin = d.effect, SIGNIFICANT + d.floor
+    return e is not None and (e.high < 1 - CLEAR * margin or e.low > 1 + CLEAR * margin)
 
 
 def _rewrite(d: GroupEffect) -> tuple:
@@ -604,8 +616,8 @@ def follow_peers(classes: list[RegionClass], expects: dict[str, str] | None = No
         if d.source in ("timed", "cached"):
             if d.effect is None:
                 continue  # a cached decision without its interval, as it was
-            if m and material(d) and counts:
-                continue  # measured faster or slower, by enough of the model to count
+            if m and (far(d) or material(d) and counts):
+                continue  # measured faster or slower, far from the line or by enough of the model to count
         lead = "" if d.source == UNDECIDED or not c.measured_why else f"{c.measured_why}; "
         if m and not material(d):
             lead = f"{m} by {d.share:.3%} of the model (immaterial); "
