@@ -292,9 +292,18 @@ def test_a_rewrite_immaterial_to_the_model_follows_its_rules_prior_not_one_class
         c.decision.floor, c.decision.share = 0.005, 0.0004
     follow_peers(slices)
     assert all(c.decision.kept for c in slices)
-    # the one measured far from the line (0.88-0.92: CLEAR margins) decides itself, the others by the op cost
+    # the one measured far from the line (0.88-0.92: CLEAR margins) decides itself, and the others follow it,
+    # immaterial as the rewrite is (ppocr_cls_v2: a Conv + HardSigmoid class at 0.935, just inside three margins,
+    # was left out with nothing to follow while four of its rewrite measured 0.91-0.94 far from the line)
     assert slices[0].decision.why == "" and all(
-        c.decision.why.endswith("kept: op cost: 1 kernel call fewer, 32 B fewer moved") for c in slices[1:])
+        c.decision.why.endswith("follows the 1 class of this rewrite measured faster") for c in slices[1:])
+    alone = [_cls("Slice", ["gather-unsqueeze-slice"], False, "timed", effect=e, cost=removes)
+             for e in (FLAT, Ratio(1.012, 1.011, 1.016))]
+    for c in alone:
+        c.decision.floor, c.decision.share = 0.005, 0.0004
+    follow_peers(alone)  # no class far from the line: the op cost
+    assert all(c.decision.kept and c.decision.why.endswith("kept: op cost: 1 kernel call fewer, 32 B fewer moved")
+               for c in alone)
 
 
 def test_a_class_measured_far_from_the_line_decides_itself_whatever_its_share():

@@ -20,7 +20,7 @@ import time
 from ..rewrite.rebuild import Rewritten
 from .decision_cache import digest
 from .op_prior import total
-from .region_run import MATERIAL, RegionClass, RegionRun, measured, measured_peers, prior
+from .region_run import RegionClass, RegionRun, measured, measured_peers, prior
 from .regions import Region
 from .rounds import GroupEffect, Key
 
@@ -72,8 +72,7 @@ def decide_on_model(run: RegionRun, regions: list[Region], kept: set[Key], dropp
     current = without
     expects = {r.id: r.expect for r in run.rules}
     # classes of the same rules timed alone and measured either way, where they change enough of the model
-    firm, net = measured_peers(classes, lambda d: tuple(sorted(d.rules)))
-    peers = {k: v for k, v in firm.items() if abs(net[k]) >= MATERIAL}
+    peers, _ = measured_peers(classes, lambda d: tuple(sorted(d.rules)))
     groups = list(groups_on_model(regions).items())
     for i, ((label, rules), rs) in enumerate(groups):
         keys = {k for r in rs for k in r.keys}

@@ -580,17 +580,19 @@ def _rewrite(d: GroupEffect) -> tuple:
 
 def measured_peers(classes: list[RegionClass], key: Callable[[GroupEffect], tuple]
                    ) -> tuple[dict[tuple, list[tuple[bool, float]]], dict[tuple, float]]:
-    """The classes measured faster or slower, per rewrite (`key`): (faster, weight) each, and what they save of
-    the model in all, signed (inf where a share is unknown)."""
-    firm: dict[tuple, list[tuple[bool, float]]] = {}
+    """The classes measured faster or slower that a prior may follow, per rewrite (`key`): (faster, weight) each,
+    those far from the line (`far`) always, the others where what their rewrite's measured classes save of the
+    model adds up to MATERIAL; and that sum per rewrite, signed (inf where a share is unknown)."""
+    firm: dict[tuple, list[tuple[bool, float, bool]]] = {}
     net: dict[tuple, float] = {}
     for c in classes:
         d = c.decision
         if d is not None and d.source in ("timed", "cached") and (m := measured(d.effect, d.floor)):
             k = key(d)
-            firm.setdefault(k, []).append((m == "faster", c.weight))
+            firm.setdefault(k, []).append((m == "faster", c.weight, far(d)))
             net[k] = net.get(k, 0.0) + (float("inf") if d.share is None else d.share if m == "faster" else -d.share)
-    return firm, net
+    peers = {k: [(f, w) for f, w, clear in v if clear or abs(net[k]) >= MATERIAL] for k, v in firm.items()}
+    return {k: v for k, v in peers.items() if v}, net
 
 
 def follow_peers(classes: list[RegionClass], expects: dict[str, str] | None = None) -> None:
@@ -598,12 +600,12 @@ def follow_peers(classes: list[RegionClass], expects: dict[str, str] | None = No
     run alone; those measured with no change beyond the noise floor either way (a 1-3% effect the noise
     decides run by run would otherwise be kept on one run and dropped on the next); and those whose effect is
     immaterial to the model (MATERIAL). Each follows its prior (`prior`): first the classes of the same rewrite
-    measured faster or slower, by weight, where what they change of the model adds up to MATERIAL or more;
-    where it does not, the whole rewrite is immaterial here and its classes follow the rules' expectation and
-    the op-cost prior. `why` says which decided. The source stays what it was: a prior is never cached as a
+    measured faster or slower, by weight: those far from the line always, the others where what they change of
+    the model adds up to MATERIAL or more; where nothing is left to follow, the rules' expectation and the
+    op-cost prior. `why` says which decided. The source stays what it was: a prior is never cached as a
     decision, and a measured class is cached with its interval and share, from which the next run derives the
     same choice. Deciding the same classes again (with more of them) gives the same `why` as deciding once."""
-    firm, net = measured_peers(classes, _rewrite)
+    peers, net = measured_peers(classes, _rewrite)
     for c in classes:
         d = c.decision
         if d is None or d.source not in PRIORED + ("timed", "cached"):
@@ -623,7 +625,7 @@ def follow_peers(classes: list[RegionClass], expects: dict[str, str] | None = No
             lead = f"{m} by {d.share:.3%} of the model (immaterial); "
         elif m:
             lead = f"{m}, but its rewrite's classes change {abs(net[key]):.2%} of the model in all (immaterial); "
-        d.kept, why = prior(d.rules, firm.get(key, []) if counts else [], expects, c.regions[0].cost)
+        d.kept, why = prior(d.rules, peers.get(key, []), expects, c.regions[0].cost)
         d.why = lead + why
 
 
