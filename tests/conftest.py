@@ -121,17 +121,30 @@ def fake_interleaved(region=0.8, whole=0.9):
     return fake
 
 
+def one_generation(fake):
+    """A stand-in for in_generations (measure/timing.py) that times through `fake` (interleave's signature) once,
+    on the first generation's sessions: a fake's timings do not depend on the order sessions were made in."""
+    return lambda open_sessions, profiles, **kw: fake(open_sessions(False), profiles, **kw)
+
+
+def fake_timing(monkeypatch, fake) -> None:
+    """Measured selection times through `fake`: region timings, and whole-model comparisons (one_generation)."""
+    from onnxfuse.select import region_run
+
+    monkeypatch.setattr(region_run, "interleave", fake)
+    monkeypatch.setattr(region_run, "in_generations", one_generation(fake))
+
+
 @pytest.fixture
 def fake_timer(monkeypatch):
     """Measured selection on fake timings and a fake clock: what it keeps no longer depends on how busy the
     machine is. `fake_timer(region, whole)` installs fake_interleaved(region, whole) and makes time.perf_counter
     a clock that advances 0.1 ms per reading, so that budgets, deadlines and the costs the budget plans with (a
     session, a run, a rebuild) are the same every run. Returns the fake (its `calls`)."""
-    from onnxfuse.select import region_run
 
     def install(region=0.8, whole=0.9):
         fake = fake_interleaved(region, whole)
-        monkeypatch.setattr(region_run, "interleave", fake)
+        fake_timing(monkeypatch, fake)
         monkeypatch.setattr(time, "perf_counter", stepping_clock(1e-4))
         return fake
 

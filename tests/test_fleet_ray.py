@@ -14,7 +14,7 @@ import time
 import pytest
 
 ray = pytest.importorskip("ray")
-from conftest import MODELS, fake_interleaved, stepping_clock  # noqa: E402
+from conftest import MODELS, fake_interleaved, one_generation, stepping_clock  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from onnxfuse import OptimizeOptions  # noqa: E402
@@ -46,7 +46,8 @@ def fake_timings() -> None:
     and a clock that advances 0.1 ms per reading."""
     from onnxfuse.select import region_run
 
-    region_run.interleave = fake_interleaved()
+    region_run.interleave = fake = fake_interleaved()
+    region_run.in_generations = one_generation(fake)
     time.perf_counter = stepping_clock(1e-4)
 
 

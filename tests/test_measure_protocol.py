@@ -238,7 +238,8 @@ def test_the_confirmation_may_run_past_the_budget_by_its_grace_but_an_on_model_g
 
     run = rr.RegionRun.__new__(rr.RegionRun)
     run.budget, run.deadline = 10.0, time.perf_counter() + 1.0  # 1 s left of a 10 s budget
-    run.session_s, run.latency_s, run.profiles = 1.0, 0.2, [(1.0, {})]  # a comparison costs ~3.6 s before runs
+    # a comparison costs about 5.6 s before its runs: two generations of four sessions of 0.5 s and a 0.2 s run each
+    run.session_s, run.latency_s, run.profiles = 0.5, 0.2, [(1.0, {})]
     run.cache = DC.DecisionCache(enabled=False)
     run.report = type("R", (), {"rounds": 0})()
     cand = rr.Rewritten.__new__(rr.Rewritten)
@@ -374,3 +375,86 @@ def test_a_kept_selection_is_called_slower_where_it_was_undone_as_slower():
     assert int8_bert.slower_beyond(0.0135) and int8_bert.final_word(0.0135) == "slower"
     assert Ratio(1.0, 0.99, 1.01).final_word(0.01) == "no significant change"
     assert Ratio(0.9, 0.88, 0.92).final_word(0.01) == "faster"
+
+
+def test_sessions_made_again_in_the_opposite_order_cancel_the_offset_that_follows_the_order_they_were_made_in(
+        monkeypatch):
+    """A whole-model comparison's sessions are made twice (in_generations): A B B2 A2, then A2 B2 B A, timed for as
+    many rounds each. A session made first that runs 1% slower and one made last that runs 2% faster (the offset
+    measured on this project's machines) then sit once early and once late on each side of the A/A contrast and of
+    each pair: the contrast centres at 1 and the noise floor is the floor (one generation: 0.985, and a floor of
+    1.5%), while a real 10% effect reads the same either way."""
+    clock = _fake_clock(monkeypatch)
+    order_offset = [1.01, 1.0, 1.0, 0.98]  # by the position a session was made in
+    made = []
+
+    def open_sessions(reverse: bool) -> dict:
+        labels = ["o", "c", "c2", "o2"]
+        out = {}
+        for pos, label in enumerate(labels[::-1] if reverse else labels):
+            made.append(label)
+            cost = (0.9e-3 if label.startswith("c") else 1e-3) * order_offset[pos]
+            out[label] = _Clocked(clock, [cost])
+        return {k: out[k] for k in labels}
+
+    def one_generation(_reverse: bool) -> dict:
+        return open_sessions(False)
+
+    t1 = T.interleave(one_generation(False), [(1.0, {})], estimator=WALL, min_runs=12, round_s=0.01)
+    made.clear()
+    t2 = T.in_generations(open_sessions, [(1.0, {})], estimator=WALL, min_runs=12, round_s=0.02)
+    assert made == ["o", "c", "c2", "o2", "o2", "c2", "c", "o"]  # the second generation the other way round
+    assert t2.rounds() == 12 == len(t2["o2"])  # round i of each generation paired: as many rounds in both
+    assert np.median(aa_contrast(t1)) == pytest.approx(np.sqrt(0.98 / 1.01), abs=1e-9)
+    assert np.median(aa_contrast(t2)) == pytest.approx(1.0, abs=1e-9)
+    one, both = verdict(t1, ("c", "c2"), ("o", "o2")), verdict(t2, ("c", "c2"), ("o", "o2"))
+    assert one.floor == pytest.approx(0.015, abs=1e-3) and both.floor == pytest.approx(0.005)  # MIN_FLOOR
+    # the comparison keeps its balance (one early and one late session a side); what is left of the order is what
+    # positions 1 and 4 differ from 2 and 3 by, the same either way
+    assert one.ratio.median == pytest.approx(0.9 / ((1.01 + 0.98) / 2), abs=1e-9)
+    assert both.ratio.median == pytest.approx(0.9 / np.sqrt(1.01 * 0.98), abs=1e-9)
+
+
+def test_a_comparison_in_generations_that_cannot_fit_both_before_the_hard_deadline_does_not_start(monkeypatch):
+    """The floor of rounds is planned for both generations, and the second generation's sessions as well: a
+    comparison whose first generation fits but not the second raises OutOfBudget before it times anything."""
+    clock = _fake_clock(monkeypatch)
+
+    def open_sessions(_reverse: bool) -> dict:
+        clock[0] += 0.05  # making four sessions: 50 ms
+        return {k: _Clocked(clock, [1e-3]) for k in ("o", "c", "c2", "o2")}
+
+    # a round: 4 sessions x 5 runs of 1 ms = 20 ms; 8 rounds a generation = 0.16 s; both and the sessions: ~0.42 s
+    with pytest.raises(T.OutOfBudget):
+        T.in_generations(open_sessions, [(1.0, {})], estimator=WALL, min_runs=8, hard_deadline=0.3, round_s=0.01)
+    clock[0] = 0.0
+    t = T.in_generations(open_sessions, [(1.0, {})], estimator=WALL, min_runs=8, hard_deadline=0.6, round_s=0.01)
+    assert t.rounds() == 8 and clock[0] < 0.6
+
+
+def test_a_comparison_in_generations_takes_the_runs_of_one_and_makes_large_sessions_once(monkeypatch):
+    """The two generations share out the runs one would take: a short model's rounds hold half the runs each, a
+    model whose round is one run takes half the rounds in each. Sessions that take longer than REMAKE_S to make
+    (a large model's) are made once, as they would cost more than the runs."""
+    clock = _fake_clock(monkeypatch)
+    made = []
+    MS = 2.0**-10  # about a millisecond, exact in binary (the rounds' runs are counted from sums of it)
+
+    def maker(cost_s: float, run_s: float):
+        def open_sessions(reverse: bool) -> dict:
+            made.append(reverse)
+            clock[0] += cost_s
+            return {k: _Clocked(clock, [run_s]) for k in ("o", "c", "c2", "o2")}
+        return open_sessions
+
+    short = T.in_generations(maker(0.125, MS), [(1.0, {})], estimator=WALL, min_runs=20, round_s=20 * MS,
+                             keep_runs=True)
+    assert made == [False, True] and short.rounds() == 20 and len(short.single_runs("o")) == 20 * 20
+    made.clear()
+    long = T.in_generations(maker(0.125, 32 * MS), [(1.0, {})], estimator=WALL, min_runs=20, round_s=20 * MS,
+                            keep_runs=True)
+    assert made == [False, True] and long.rounds() == 10 and len(long.single_runs("o")) == 20
+    made.clear()
+    large = T.in_generations(maker(T.REMAKE_S + 0.5, MS), [(1.0, {})], estimator=WALL, min_runs=20,
+                             round_s=20 * MS, keep_runs=True)
+    assert made == [False] and large.rounds() == 20 and len(large.single_runs("o")) == 20 * 20

@@ -7,11 +7,10 @@ import numpy as np
 import onnx
 import onnx.helper as oh
 import pytest
-from conftest import make_model, op_types, stepping_clock
+from conftest import fake_timing, make_model, op_types, stepping_clock
 
 from onnxfuse import OptimizeOptions, optimize
 from onnxfuse.measure.timing import Timings
-from onnxfuse.select import region_run as rr
 from onnxfuse.select import region_select as rs
 
 RNG = np.random.default_rng(0)
@@ -60,7 +59,7 @@ def test_a_rule_measured_on_the_model_is_decided_there_not_as_a_region(se_model,
     """Its region alone is slower (as se-gate-broadcast's is); it is not timed as a region, and the whole-model
     comparison, with it against without it, decides."""
     fake = _fake(1.2, whole)
-    monkeypatch.setattr(rr, "interleave", fake)
+    fake_timing(monkeypatch, fake)
     monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # budgets and deadlines: not the load
     out = tmp_path / "o.onnx"
     r = optimize(se_model, str(out), OptimizeOptions(cache=False))
@@ -78,7 +77,7 @@ def test_a_rule_measured_on_the_model_is_decided_there_not_as_a_region(se_model,
 
 def test_the_decision_on_the_model_is_cached_and_a_rerun_writes_the_same_bytes(se_model, tmp_path, monkeypatch):
     monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(rr, "interleave", _fake(0.8, 0.9))
+    fake_timing(monkeypatch, _fake(0.8, 0.9))
     monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # budgets and deadlines: not the load
     r1 = optimize(se_model, str(tmp_path / "a.onnx"), OptimizeOptions())
     assert [g.kept for g in _rows(r1)] == [True]
@@ -86,7 +85,7 @@ def test_the_decision_on_the_model_is_cached_and_a_rerun_writes_the_same_bytes(s
     def no_timing(*a, **k):
         raise AssertionError("a cached decision was timed again")
 
-    monkeypatch.setattr(rr, "interleave", no_timing)
+    fake_timing(monkeypatch, no_timing)
     r2 = optimize(se_model, str(tmp_path / "b.onnx"), OptimizeOptions())
     assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
     (row,) = _rows(r2)
@@ -94,7 +93,7 @@ def test_the_decision_on_the_model_is_cached_and_a_rerun_writes_the_same_bytes(s
 
 
 def test_a_budget_that_does_not_reach_it_leaves_it_out_and_says_so(se_model, tmp_path, monkeypatch):
-    monkeypatch.setattr(rr, "interleave", _fake(0.8, 0.9))
+    fake_timing(monkeypatch, _fake(0.8, 0.9))
     monkeypatch.setattr(rs.time, "perf_counter", stepping_clock())
     out = tmp_path / "o.onnx"
     r = optimize(se_model, str(out), OptimizeOptions(cache=False, measure_budget_s=4.0))
@@ -106,7 +105,7 @@ def test_a_budget_that_does_not_reach_it_leaves_it_out_and_says_so(se_model, tmp
 
 def test_without_such_rules_nothing_is_timed_on_the_model(se_model, tmp_path, monkeypatch):
     fake = _fake(0.8, 0.9)
-    monkeypatch.setattr(rr, "interleave", fake)
+    fake_timing(monkeypatch, fake)
     monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # budgets and deadlines: not the load
     r = optimize(se_model, str(tmp_path / "o.onnx"), OptimizeOptions(cache=False, skip=["se-gate-broadcast"]))
     assert "on model" not in r.measure.phases and not _rows(r)

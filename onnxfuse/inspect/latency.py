@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import onnx
@@ -18,7 +19,7 @@ from ..inputs.shapes import ShapeSpec, model_inputs, parse_shape_specs, resolve_
 from ..inputs.synth import make_inputs
 from ..measure.clock import WALL, estimator_for
 from ..measure.stats import Ratio, paired_ratio, percentile
-from ..measure.timing import MIN_RUNS_FLOOR, MODEL_ROUND_S, Progress, interleave, warm_up
+from ..measure.timing import MIN_RUNS_FLOOR, Progress, in_generations, interleave, warm_up
 from ..measure.verdicts import verdict
 from ..options import check_choice, check_count, check_seconds, check_strings, check_target
 from ..targets import HOST
@@ -117,27 +118,35 @@ def bench(paths: list[str], labels: list[str] | None = None, provider: str = HOS
     plans = [(prof, plan) for prof, plan, _ in discover_profiles(proto, probe, spec or ShapeSpec(), inputs_npz,
                                                                  parse_profiles(profiles) if profiles else None)]
     del probe  # its session: not alive while timing
-    sessions, load_ms = {}, {}
     # with two models, a second session of each (B's, then A's, created last: A B B2 A2) measures what order and
-    # placement alone do, and the comparison is of the two sessions' mean on each side (measure/sessions.py)
+    # placement alone do, and the comparison is of the two sessions' mean on each side (measure/sessions.py); the
+    # sessions are made twice, the second time in the opposite order (measure/timing.py in_generations)
     control = len(paths) == 2
     twins = [TWIN_B, CONTROL] if control else []
-    for label, path in zip(labels + twins, paths + (paths[::-1] if control else []), strict=True):
-        if progress:
-            progress(f"loading {label}", 0.0)
-        sessions[label], load_ms[label] = _load(path, provider, threads, level)
+    sources = dict(zip(labels + twins, paths + (paths[::-1] if control else []), strict=True))
+    load_ms: dict[str, float] = {}  # each label's first load
+
+    def open_sessions(which: list[str], reverse: bool = False) -> dict:
+        made = {}
+        for label in which[::-1] if reverse else which:
+            if progress and label not in load_ms:
+                progress(f"loading {label}", 0.0)
+            made[label], ms = _load(sources[label], provider, threads, level)
+            load_ms.setdefault(label, ms)
+        return {label: made[label] for label in which}
+
     results = []
     for n, (prof, plan) in enumerate(plans):
         step = None if progress is None else (
             lambda what, f, n=n, name=prof.name: progress(f"{name}: {what}" if len(plans) > 1 else what,
                                                           (n + f) / len(plans)))
         feeds = timing_feeds(proto, plan, bool(spec or inputs_npz))  # optimize's timing inputs: batch 1
-        r = _bench_feeds(sessions, load_ms, paths, labels, feeds, provider, threads, level, min_runs,
-                         budget_s / len(plans), step)
+        r = _bench_feeds(lambda reverse: open_sessions(list(sources), reverse), load_ms, paths, labels, feeds,
+                         provider, threads, level, min_runs, budget_s / len(plans), step)
         r.profile = prof.name
         if batches:
-            r.batches = batch_sweep({k: sessions[k] for k in labels}, proto, spec, batches, min_runs,
-                                    budget_s / 2 / len(plans), step)
+            r.batches = batch_sweep(open_sessions(labels), proto, spec, batches, min_runs, budget_s / 2 / len(plans),
+                                    step)
         results.append(r)
     first = results[0]
     first.profiles = results[1:]
@@ -159,22 +168,29 @@ def check_bench_options(provider: str, threads: int, level: str, runs: int | Non
         check_count("batches", b)
 
 
-def _bench_feeds(sessions: dict, load_ms: dict[str, float], paths: list[str], labels: list[str], feeds: dict,
-                 provider: str, threads: int, level: str, min_runs: int, budget_s: float,
-                 progress: Progress | None) -> BenchResult:
-    """One shape profile of `bench` on the sessions of every model (and the A/A control): first run, warm-up,
-    interleaved timing, statistics."""
-    first_ms, warm = {}, {}
-    control = CONTROL in sessions
-    for label, s in sessions.items():
-        t = time.perf_counter()
-        run(s, feeds)
-        first_ms[label] = (time.perf_counter() - t) * 1e3
-        warm[label] = warm_up(s, feeds)
+def _bench_feeds(open_sessions: Callable[[bool], dict], load_ms: dict[str, float], paths: list[str],
+                 labels: list[str], feeds: dict, provider: str, threads: int, level: str, min_runs: int,
+                 budget_s: float, progress: Progress | None) -> BenchResult:
+    """One shape profile of `bench` on the sessions of every model (and the A/A control), made in two generations
+    (in_generations): first run and warm-up of each session, interleaved timing, statistics. The first run and
+    the warm-up reported are the first generation's."""
+    first_ms: dict[str, float] = {}
+    warm: dict[str, int] = {}
+
+    def opened(reverse: bool) -> dict:
+        sessions = open_sessions(reverse)
+        for label, s in sessions.items():
+            t = time.perf_counter()
+            run(s, feeds)
+            first_ms.setdefault(label, (time.perf_counter() - t) * 1e3)
+            warm.setdefault(label, warm_up(s, feeds))
+        return sessions
+
     estimator = estimator_for(provider, threads)
-    times = interleave(sessions, [(1.0, feeds)], estimator=estimator, min_runs=MIN_RUNS_FLOOR, runs_each=min_runs,
-                       min_seconds=budget_s, max_runs=20 * min_runs, progress=progress, round_s=MODEL_ROUND_S,
-                       keep_runs=True)
+    times = in_generations(opened, [(1.0, feeds)], estimator=estimator, min_runs=MIN_RUNS_FLOOR,
+                           runs_each=min_runs, min_seconds=budget_s, max_runs=20 * min_runs, progress=progress,
+                           keep_runs=True)
+    control = CONTROL in times
     models = []
     for label, path in zip(labels, paths, strict=True):
         ms = [t * 1e3 for t in times.single_runs(label, clock=WALL)]  # a latency's percentiles are of runs

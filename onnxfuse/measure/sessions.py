@@ -16,14 +16,16 @@ Source = str | bytes  # a model file's path, or its bytes
 
 def timing_sessions(sources: dict[str, Source], provider: str, threads: int,
                     control: tuple[str, str] | list[tuple[str, str]] | None = None,
-                    wrap: Callable[[object], object] | None = None) -> dict[str, object]:
+                    wrap: Callable[[object], object] | None = None, reverse: bool = False) -> dict[str, object]:
     """Sessions of `sources` (label -> model) in their order; `control` = (label, twin), or several: a second
     session of that label's model, made after the sources in the order given, under the twin's label (A B B2 A2:
-    a session made first or last sits in each side once). `wrap` wraps each session (e.g. interleave.Filtered)."""
+    a session made first or last sits in each side once). `reverse` makes them in the opposite order (A2 B2 B A,
+    timing.in_generations); the mapping keeps the first order. `wrap` wraps each session (e.g.
+    interleave.Filtered)."""
     controls = [control] if isinstance(control, tuple) else list(control or [])
     todo = list(sources.items()) + [(twin, sources[label]) for label, twin in controls]
-    out = {}
-    for label, src in todo:
+    made = {}
+    for label, src in (todo[::-1] if reverse else todo):
         s = make_session(src, "all", provider, threads)
-        out[label] = wrap(s) if wrap else s
-    return out
+        made[label] = wrap(s) if wrap else s
+    return {label: made[label] for label, _ in todo}

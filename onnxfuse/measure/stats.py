@@ -35,6 +35,11 @@ class Ratio:
         the floor is wider (a change measured slower has no evidence that it helps)."""
         return "slower" in (self.verdict_beyond(floor), self.verdict_beyond(0.0))
 
+    def no_better(self, floor: float) -> bool:
+        """Measured slower (`slower_beyond`), or no faster at all: the median at or above 1. A kept selection so
+        measured on the whole model has no evidence there that it helps, whatever its parts measured alone."""
+        return self.slower_beyond(floor) or self.median >= 1
+
     def final_word(self, floor: float) -> str:
         """The verdict on a kept selection: slower where `slower_beyond` says so, else `verdict_beyond`."""
         return "slower" if self.slower_beyond(floor) else self.verdict_beyond(floor)

@@ -24,8 +24,8 @@ import numpy as np
 from .clock import CPU, WALL, now
 from .stats import profile_scale
 
-__all__ = ["MAX_RUNS", "MIN_RUNS_FLOOR", "MODEL_ROUND_S", "Filtered", "OutOfBudget", "Progress", "Timings",
-           "interleave", "round_time", "run_times", "warm_up"]
+__all__ = ["GENERATIONS", "MAX_RUNS", "MIN_RUNS_FLOOR", "MODEL_ROUND_S", "REMAKE_S", "Filtered", "OutOfBudget",
+           "Progress", "Timings", "generations", "in_generations", "interleave", "round_time", "run_times", "warm_up"]
 
 Progress = Callable[[str, float], None]  # (what, fraction done)
 MIN_RUNS_FLOOR = 8  # never fewer rounds: a verdict on fewer is not one
@@ -39,6 +39,9 @@ MODEL_ROUND_S = 0.1  # the same in comparisons of whole models (optimize's, benc
 # 0.969-1.010, 100 ms rounds 0.979-1.005 and 0.967-0.999 (one run per session: +-5-7%); what is left is the
 # sessions' own offsets (verdicts.py), which longer rounds do not change
 MAX_REPEAT = 400  # runs per session and round at most
+GENERATIONS = 2  # whole-model comparisons: sessions made twice, the second time in the opposite order
+REMAKE_S = 1.0  # ... where making them takes at most this long (about the fewest seconds of runs a comparison
+# takes: a large model's sessions would cost more than its runs)
 
 
 @dataclass
@@ -73,6 +76,20 @@ class Timings(Mapping):
     def profile(self, label: str, p: int, clock: str | None = None) -> list[float]:
         return self.raw[clock or self.estimator, label, p]
 
+    def rounds(self) -> int:
+        return len(next(iter(self.clocks[self.estimator].values()), []))
+
+    def paired(self, other: Timings) -> Timings:
+        """Round i of these timings and round i of `other` (the same sessions made again, in_generations) as one
+        round, a session's time in it the geometric mean of its two (a ratio of such rounds is the geometric
+        mean of the two rounds' ratios); single runs are both generations'."""
+        def both(a: list[float], b: list[float]) -> list[float]:
+            return [float(np.sqrt(x * y)) for x, y in zip(a, b, strict=True)]
+
+        clocks = {c: {k: both(v, other.clocks[c][k]) for k, v in ks.items()} for c, ks in self.clocks.items()}
+        return Timings(self.estimator, clocks, {key: both(v, other.raw[key]) for key, v in self.raw.items()},
+                       {key: v + other.runs.get(key, []) for key, v in self.runs.items()})
+
     def single_runs(self, label: str, p: int = 0, clock: str | None = None) -> list[float]:
         """Every run's seconds of one session on one profile (the rounds' own times where none were kept)."""
         key = (clock or self.estimator, label, p)
@@ -105,7 +122,7 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
                min_seconds: float = 0.0, floor_runs: int = MIN_RUNS_FLOOR, max_runs: int = MAX_RUNS,
                settled: Callable[[Timings], bool] | None = None, progress: Progress | None = None,
                repeat: int | None = None, round_s: float = ROUND_S, keep_runs: bool = False,
-               runs_each: int = 0) -> Timings:
+               runs_each: int = 0, generations: int = 1, after_s: float = 0.0) -> Timings:
     """Time `sessions` (label -> anything with `run(None, feeds)`) interleaved over `profiles` ((weight,
     feeds) each) after one warm-up run of each: at least `floor_runs` rounds, then, while `deadline` allows and
     up to `max_runs`, until `min_runs` rounds and `min_seconds` of rounds are done and `settled(timings so far)`
@@ -116,7 +133,11 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
     (at most MAX_REPEAT), from the warm-up run: once for a model of `round_s` or more. With `keep_runs` every
     run's seconds are kept besides (Timings.runs: a latency's percentiles are of runs). `runs_each` asks for at least
     that many single runs of each session (bench's --runs): as rounds, after the warm-up, when a round holds
-    several runs, added to the floor and the minimum."""
+    several runs, added to the floor and the minimum. `generations` > 1: these are the first of that many
+    generations of sessions (in_generations), each to run as many rounds: where a round holds one run of each
+    session (a model of `generations` x `round_s` or longer), the floor and the minimum are shared out between them (rounded up),
+    so that the comparison takes as many runs in all as one generation would; the hard-deadline check plans for
+    every generation's floor of rounds, and `after_s` seconds of work between them (making the sessions again)."""
     order = list(sessions)
     first = [float("inf")] * len(profiles)
     for s in sessions.values():  # warm-up
@@ -128,12 +149,15 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
     # a round of a short model is several interleaved passes (a tenth of a millisecond is shorter than a
     # scheduler's time slice, a few milliseconds are not)
     reps = [repeat or max(1, min(MAX_REPEAT, int(round_s / max(f, 1e-9)))) for f in first]
+    if generations > 1 and all(round_s * generations < 2 * f for f in first):  # the whole round holds one run
+        # and a round can hold no fewer: fewer rounds each
+        floor_runs, min_runs = -(-floor_runs // generations), -(-min_runs // generations)
     if runs_each:  # single runs asked for: the rounds that hold them (a round holds reps[0] runs of each)
         need = -(-runs_each // reps[0])
         floor_runs, min_runs = max(floor_runs, need), max(min_runs, need)
     # a round: reps runs of each session per profile, each about as long as the fastest first run there
     round_est = len(order) * sum(r * f for r, f in zip(reps, first, strict=True))
-    if hard_deadline is not None and warm + round_est * floor_runs > hard_deadline:
+    if hard_deadline is not None and warm + round_est * floor_runs * generations + after_s > hard_deadline:
         raise OutOfBudget
     raw: dict[tuple[str, str, int], list[float]] = {(c, k, p): [] for c in CLOCKS for k in order
                                                     for p in range(len(profiles))}
@@ -183,6 +207,66 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
     if keep_runs:
         out.runs = singles
     return out
+
+
+def in_generations(open_sessions: Callable[[bool], Mapping[str, object]], profiles: list[tuple[float, dict]], *,
+                   estimator: str, min_runs: int, deadline: float = float("inf"), hard_deadline: float | None = None,
+                   min_seconds: float = 0.0, floor_runs: int = MIN_RUNS_FLOOR, max_runs: int = MAX_RUNS,
+                   progress: Progress | None = None, round_s: float = MODEL_ROUND_S, keep_runs: bool = False,
+                   runs_each: int = 0) -> Timings:
+    """A whole-model comparison in GENERATIONS of sessions: `open_sessions(False)` makes them in their order
+    (A B B2 A2) and they are timed (interleave: half of `round_s` per round, or, for a model whose round is one
+    run, half of the rounds; up to half of what is left before `deadline`, half of `min_seconds` and of
+    `runs_each`); they are deleted, `open_sessions(True)` makes them again in the opposite order (A2 B2 B A), and
+    these are timed for as many rounds. Round i of each generation make one round (Timings.paired): the runs are
+    those one generation would take, the sessions are made twice. Where making them took longer than REMAKE_S,
+    they are made once (generations(): a large model's sessions would cost more than the runs).
+
+    Why: part of a session's offset follows the order the sessions were made in (the first made ran about 1%
+    slower than the mean of four, the last 1-3% faster; the cause is not known). Made A B B2 A2 once, each side
+    of the comparison holds one early and one late session, but the A/A contrast sqrt(B2/B x A2/A) sets the
+    last made against the first and carried it (silero VAD: centred at 0.973-0.984 in 6 sets of 20 rounds, every
+    core busy), and so did each twin's ratio, the noise floor. Made again the other way round, the order's part
+    cancels in the contrast and in the floor, while the comparison keeps its balance; and each side averages four
+    sessions' placement, not two. Measured as above, pairs of 20 rounds of 50 ms against 20 of 100 ms in one
+    generation: silero's contrast centred at 0.994-1.000 and spread 0.968-1.030 at worst (was 0.938-1.004),
+    transformer_op18's 0.992-1.012 (was 0.980-1.004)."""
+    t = time.perf_counter()
+    sessions = open_sessions(False)
+    made = time.perf_counter() - t
+    n_gen = generations(made)
+    if n_gen == 1:
+        out = interleave(sessions, profiles, estimator=estimator, min_runs=min_runs, floor_runs=floor_runs,
+                         deadline=deadline, hard_deadline=hard_deadline, min_seconds=min_seconds,
+                         max_runs=max_runs, progress=progress, round_s=round_s, keep_runs=keep_runs,
+                         runs_each=runs_each)
+        del sessions
+        return out
+    start = time.perf_counter()
+    share = 1 / n_gen
+
+    def part(g: int) -> Progress | None:
+        return None if progress is None else (lambda what, f: progress(what, (g + f) * share))
+
+    first = interleave(sessions, profiles, estimator=estimator, min_runs=min_runs, floor_runs=floor_runs,
+                       deadline=start + (deadline - start - made) * share, hard_deadline=hard_deadline,
+                       min_seconds=min_seconds * share, max_runs=max_runs, progress=part(0),
+                       round_s=round_s * share, keep_runs=keep_runs, runs_each=-(-runs_each // n_gen),
+                       generations=n_gen, after_s=made)
+    del sessions
+    n = first.rounds()
+    sessions = open_sessions(True)
+    second = interleave(sessions, profiles, estimator=estimator, min_runs=n, floor_runs=n, max_runs=n,
+                        hard_deadline=hard_deadline, progress=part(1), round_s=round_s * share,
+                        keep_runs=keep_runs)
+    del sessions
+    return first.paired(second)
+
+
+def generations(sessions_s: float) -> int:
+    """How many generations of sessions a whole-model comparison makes (in_generations), for sessions that take
+    `sessions_s` to make: GENERATIONS where that is at most REMAKE_S, else one."""
+    return GENERATIONS if sessions_s <= REMAKE_S else 1
 
 
 def round_time(runs: list[float]) -> float:

@@ -22,7 +22,15 @@ from ..ir import Model
 from ..measure.clock import WALL, estimator_for, now
 from ..measure.sessions import timing_sessions
 from ..measure.stats import NOISE_PREFIX, SIGNIFICANT, UNDECIDED, Ratio
-from ..measure.timing import MIN_RUNS_FLOOR, MODEL_ROUND_S, Filtered, OutOfBudget, interleave
+from ..measure.timing import (
+    MIN_RUNS_FLOOR,
+    MODEL_ROUND_S,
+    Filtered,
+    OutOfBudget,
+    generations,
+    in_generations,
+    interleave,
+)
 from ..measure.verdicts import Verdict, verdict
 from ..options import OptimizeOptions
 from ..patterns.rules import Rule
@@ -369,15 +377,17 @@ class RegionRun:
 
     def comparison_s(self) -> float:
         """About what one whole-model comparison takes before its runs: four sessions (SESSIONS) and a warm-up round of
-        each (from the capture run; the validator's where nothing was captured)."""
+        each (from the capture run; the validator's where nothing was captured), in each of its generations of
+        sessions (two where four sessions are made in REMAKE_S at most: measure/timing.py in_generations)."""
         session_s = self.session_s or self.validator.session_s
-        return SESSIONS * (session_s + self.run_s * len(self.profiles))
+        return generations(SESSIONS * session_s) * SESSIONS * (session_s + self.run_s * len(self.profiles))
 
     def whole_model_s(self, rounds: int = MIN_RUNS_FLOOR) -> float:
         """About what one whole-model comparison takes with its runs: comparison_s and `rounds` interleaved
         rounds of its four sessions (at least COMPARE_MIN_S of runs). The confirmation needs its minimum
         (MIN_RUNS_FLOOR); a group decided on the whole model ON_MODEL_ROUNDS, since its effect is a few percent."""
-        # a round of a short model is MODEL_ROUND_S of runs per session and profile (measure/timing.py)
+        # a round of a short model is MODEL_ROUND_S of runs per session and profile, half in each generation of
+        # sessions; a longer model's is one run, and each generation takes half the rounds (measure/timing.py)
         return self.comparison_s() + max(COMPARE_MIN_S, SESSIONS * self.rounds(rounds)
                                          * max(self.run_s, MODEL_ROUND_S) * len(self.profiles))
 
@@ -435,13 +445,12 @@ class RegionRun:
             for m in (candidate, base):
                 if isinstance(m, Rewritten):
                     cands.append(Candidate(m.proto, m.info))
-            sessions = timing_sessions({"o": base if isinstance(base, str) else cands[1].source,
-                                        "c": cands[0].source}, self.provider, self.opts.measure_threads,
-                                       control=[("c", "c2"), ("o", "o2")])
-            times = interleave(sessions, self.profiles, estimator=self.estimator, min_runs=self.rounds(runs),
-                               deadline=deadline or self.deadline, hard_deadline=limit,
-                               min_seconds=COMPARE_MIN_S, round_s=MODEL_ROUND_S)
-            del sessions
+            sources = {"o": base if isinstance(base, str) else cands[1].source, "c": cands[0].source}
+            times = in_generations(
+                lambda reverse: timing_sessions(sources, self.provider, self.opts.measure_threads,
+                                                control=[("c", "c2"), ("o", "o2")], reverse=reverse),
+                self.profiles, estimator=self.estimator, min_runs=self.rounds(runs),
+                deadline=deadline or self.deadline, hard_deadline=limit, min_seconds=COMPARE_MIN_S)
         except OutOfBudget:
             why = "skipped: its runs would end past the budget"
             self.cache.put(key, {"kind": kind, "source": "budget", "budget": self.budget, "why": why, **tag})

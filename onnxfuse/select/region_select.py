@@ -151,8 +151,13 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
             ratio = run.confirm(candidate, digest("model", fingerprint, repr(sorted(applied)), run.env))
         report.final = ratio
         # never slower: beyond the noise floor, or with the whole interval above 1 (by SIGNIFICANT) even where two
-        # sessions of one candidate differ as much: a selection measured slower has no evidence that it helps
+        # sessions of one candidate differ as much: a selection measured slower has no evidence that it helps.
+        # Nor has one measured no faster at all (its median at 1 or above) where something is kept for its timing
+        # or a prior: its parts did not compose (transformer_small kept Attention, EmbedLayerNormalization and
+        # BiasGelu at 1.008 [1.004, 1.010] with a 1% floor, where the Attention alone measured 0.893; an int8 BERT
+        # kept a BiasGelu by its rule's expectation at 1.013 [1.004, 1.027])
         measured_slower = ratio is not None and ratio.slower_beyond(report.floor)
+        no_better = ratio is not None and ratio.no_better(report.floor) and not exact_only
         everything = {k for r in regions for k in r.keys}
         if measured_slower and exact_only:  # no evidence that even these help: none is made
             report.note = (f"only exact rewrites were kept, and they measured {ratio.median:.3f} as a whole "
@@ -163,7 +168,8 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
             kept = set()
             with phase("rebuild"):
                 candidate = run.build(set(), everything)
-        elif measured_slower:
+        elif no_better:
+            how = "slower" if measured_slower else "no faster than the original"
             exact = _exact_keys(all_regions, all_classes)
             # regions timed alone need not compose (a pair of fusions can let onnxruntime's own session fusions
             # make a slow kernel, as an Attention with an EmbedLayerNormalization did on Electra): the group that
@@ -179,14 +185,14 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
                 with phase("confirm"):
                     alone = run.confirm(trial, digest("model", fingerprint, repr(sorted(applied_alone)), run.env))
             if alone is not None and alone.verdict_beyond(report.floor) == "faster":
-                report.note = (f"the kept selection measured {ratio.median:.3f} as a whole (slower); {label}, "
+                report.note = (f"the kept selection measured {ratio.median:.3f} as a whole ({how}); {label}, "
                                f"the group that saved the most alone, measured {alone.median:.3f} alone: kept alone")
                 report.final, candidate = alone, trial
                 kept, dropped = exact | best[1], everything - exact - best[1]
                 for c in all_classes:
                     if c.decision is not None and c.decision.kept and not set(c.keys) <= best[1]:
                         c.decision.kept = False
-                        c.decision.why = "dropped: the selection with it measured slower as a whole"
+                        c.decision.why = f"dropped: the selection with it measured {how} as a whole"
                 for gr in report.groups:
                     if gr.source == "model":
                         gr.kept = False
@@ -195,6 +201,10 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
                 # cannot have made it slower, stay, as where nothing is measured (RegionRun.unmeasured)
                 report.dropped_everything = True
                 report.final = ratio
+                report.note = (f"the kept selection measured {ratio.median:.3f} as a whole ({how})"
+                               + (f"; {best[0]}, the group that saved the most alone, measured {alone.median:.3f}"
+                                  " alone" if alone is not None and best is not None else "")
+                               + ": every timed rewrite is undone")
                 for gr in report.groups:
                     gr.kept = gr.source == "exact"
                 with phase("rebuild"):
