@@ -176,6 +176,8 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
             # saved the most alone is confirmed alone before all is undone
             best = _best_group(all_classes)
             alone = None
+            if best is not None and applied - exact <= best[1]:
+                best = None  # the group is the whole selection: measured already
             if best is not None and time.perf_counter() + run.rebuild_s + run.whole_model_s() <= \
                     run.deadline + 0.5 * run.budget:
                 label, keys = best
