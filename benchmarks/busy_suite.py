@@ -4,11 +4,12 @@ fails (a second test suite beside it, a loaded CI machine).
     python benchmarks/busy_suite.py                      # the whole suite, one busy loop per core
     python benchmarks/busy_suite.py tests/test_regions.py -k cached --repeat 5
     python benchmarks/busy_suite.py --busy 4 --seconds 600 -- tests/test_provenance.py
+    python benchmarks/busy_suite.py --ci --repeat 2       # CI itself: .ci/run on a fresh clone of HEAD, twice
 
 Starts N busy-loop processes (default: one per core this process may use), runs
 `python -m pytest -q -p no:cacheprovider [ARGS]` (ARGS: test files, -k, ...) `--repeat` times, and prints each
 run's result (exit code and pytest's summary line) and wall time, then the counts. Each busy loop stops by itself
-after `--seconds` (default 1800) or when this script's process is gone, and is killed when the script exits
+after `--seconds` (default 1800 per run, 3600 per run with `--ci`) or when this script's process is gone, and is killed when the script exits
 (normally, on an error, on Ctrl-C or SIGTERM), so none is left spinning.
 """
 
@@ -68,6 +69,32 @@ def run_suite(args: list[str]) -> tuple[int, str, float]:
     return rc, last, time.perf_counter() - t0
 
 
+def run_ci() -> tuple[int, str, float]:
+    """.ci/run on a fresh clone of this checkout's HEAD (what CI runs: committed files only, a new venv, no
+    cache): (exit code, its last line, wall seconds). The clone is removed afterwards."""
+    import shutil
+    import tempfile
+    folder = tempfile.mkdtemp(prefix="busy-ci-")
+    try:
+        subprocess.run(["git", "clone", "-q", ROOT, os.path.join(folder, "repo")], check=True)
+        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "ONNXFUSE_CACHE_DIR")}
+        env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                      if not p.startswith(os.path.join(ROOT, ".venv")))
+        t0 = time.perf_counter()
+        last = ""
+        with subprocess.Popen(["bash", ".ci/run"], cwd=os.path.join(folder, "repo"), env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
+            assert p.stdout is not None
+            for line in p.stdout:
+                sys.stdout.write(line)
+                if line.strip():
+                    last = line.strip()
+            rc = p.wait()
+        return rc, last, time.perf_counter() - t0
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     after = argv[argv.index("--") + 1:] if "--" in argv else []  # all for pytest
@@ -75,11 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--busy", type=int, default=cores(), help="busy-loop processes (default: one per core)")
-    ap.add_argument("--seconds", type=float, default=1800.0,
-                    help="each busy loop stops by itself after this many seconds (default 1800)")
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="each busy loop stops by itself after this many seconds (default 1800 per run, "
+                         "3600 per run with --ci)")
     ap.add_argument("--repeat", type=int, default=1, help="run the tests this many times (default 1)")
+    ap.add_argument("--ci", action="store_true", help="run .ci/run on a fresh clone of HEAD instead of pytest here")
     ns, rest = ap.parse_known_args(argv)  # the rest, and all after "--", is pytest's (files, -k EXPR, ...)
     pytest_args = rest + after
+    if ns.seconds is None:
+        ns.seconds = (3600.0 if ns.ci else 1800.0) * max(ns.repeat, 1)
     if ns.busy < 0 or ns.repeat < 1 or ns.seconds <= 0:
         ap.error("--busy >= 0, --repeat >= 1, --seconds > 0")
 
@@ -91,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     try:
         for k in range(ns.repeat):
-            rc, last, wall = run_suite(pytest_args)
+            rc, last, wall = run_ci() if ns.ci else run_suite(pytest_args)
             results.append(rc)
             alive = sum(p.poll() is None for p in busy)
             print(f"busy_suite: run {k + 1}/{ns.repeat}: {'passed' if rc == 0 else 'FAILED'} (exit {rc}): {last}; "
@@ -104,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_busy(busy)
     failed = sum(rc != 0 for rc in results)
     print(f"busy_suite: {len(results) - failed} of {len(results)} run(s) passed, {failed} failed "
-          f"({' '.join(map(str, pytest_args)) or 'the whole suite'}; {ns.busy} busy loop(s))")
+          f"({'.ci/run on fresh clones' if ns.ci else ' '.join(map(str, pytest_args)) or 'the whole suite'}; {ns.busy} busy loop(s))")
     return 0 if failed == 0 else 1
 
 
