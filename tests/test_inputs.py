@@ -369,6 +369,29 @@ def test_a_reshape_baked_to_the_export_length_is_found_from_the_error():
     np.testing.assert_allclose(ref["y"], ort_run(model, plan.feeds)[0])
 
 
+def test_a_state_whose_wanted_size_grows_with_the_batch_is_not_chased():
+    """silero VAD after its Squeeze became a Reshape: frames of 512 samples fold into the LSTM's batch, so at 16000
+    samples onnxruntime says initial_h 'must have shape {1,62,32}. Actual:{1,2,32}'; at batch 62 it wants 1922.
+    The batch is tried once at the value named, not chased up (which spent every probe before the ladder reached
+    512, the one length that runs); the length search goes on and finds 512."""
+    rng = np.random.default_rng(0)
+    hd = 32
+    nodes = [oh.make_node("Unsqueeze", ["input", "ax1"], ["u"]),
+             oh.make_node("Conv", ["u", "wc"], ["c"], kernel_shape=[512], strides=[512]),  # [B, 8, T]
+             oh.make_node("Transpose", ["c"], ["t"], perm=[0, 2, 1]),
+             oh.make_node("Reshape", ["t", "to"], ["x"]),  # [1, B*T, 8]: the frames fold into the batch
+             oh.make_node("LSTM", ["x", "w", "r", "", "", "state"], ["", "y"], hidden_size=hd)]
+    inits = {"ax1": np.array([1], np.int64), "wc": rng.standard_normal((8, 1, 512)).astype(np.float32) / 20,
+             "to": np.array([1, -1, 8], np.int64), "w": rng.standard_normal((1, 4 * hd, 8)).astype(np.float32) / 4,
+             "r": rng.standard_normal((1, 4 * hd, hd)).astype(np.float32) / 4}
+    model = make_model(nodes, [("input", ["batch", "sequence"]), ("state", [1, "batch", hd])], [("y", None)], inits)
+    plan, ref = discover(model, _probe(model))
+    assert plan.shapes == {"input": [2, 512], "state": [1, 2, hd]}
+    assert "{1,62,32}. Actual:{1,2,32}" in plan.tried[0] and "{1,1922,32}. Actual:{1,62,32}" in plan.tried[1]
+    assert not any("Actual:{1,1922," in t for t in plan.tried) and len(plan.tried) == 6  # then 8000 ... 1024
+    np.testing.assert_allclose(ref["y"], ort_run(model, plan.feeds)[0], rtol=1e-6)
+
+
 def test_a_dim_a_constant_fixes_gets_that_size_not_a_toy_one():
     """x[batch, c] + bias[768]: c runs at 768 or 1 (a broadcast), and 1 is a toy size. Read from the constant,
     768 is the first try; the why names the node."""

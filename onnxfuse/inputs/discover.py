@@ -249,6 +249,7 @@ def discover(model: onnx.ModelProto, probe: Callable[[dict], object] | None, spe
     queue: list[tuple[dict[str, int], str, dict[str, int]]] = [(_values_at(dims, level), "", {})
                                                                  for level in range(levels)]
     seen: set[tuple] = set()
+    stuck: set[str] = set()
     probes = 0
     while queue and probes < MAX_PROBES:
         values, decided, parent = queue.pop(0)
@@ -276,7 +277,12 @@ def discover(model: onnx.ModelProto, probe: Callable[[dict], object] | None, spe
             tried.append(f"{label}: {short_message(e.message)}")
             if not [d for d in dims.values() if d.fixed is None]:
                 raise
-            queue[:0] = [(t, why, values) for t, why in retry_from_error(e.message, values, dims)]
+            retries = retry_from_error(e.message, values, dims)
+            # a dim the last retry moved that this error asks to move again does not converge (silero's LSTM
+            # state wants batch 2 -> 62 -> 1922: the wanted value grows with it): no more retries move it
+            stuck.update(k for k in values if k in parent and parent[k] != values[k]
+                         and any(t[k] != values[k] for t, _ in retries))
+            queue[:0] = [(t, why, values) for t, why in retries if all(t[k] == values[k] for k in stuck)]
             continue
         choices = [DimChoice(k, d.role, values[k], _why(d, values[k], decided if parent.get(k) != values[k] else "",
                                                          tried)) for k, d in dims.items()]
