@@ -1,17 +1,18 @@
-"""The one timing loop: sessions run round by round in rotating order, over the shape profiles, each run timed
+"""The one timing loop: sessions run round by round, interleaved run by run, over the shape profiles, each run timed
 on both clocks (wall and this thread's CPU time, clock.py); at least a floor of rounds, then on while a deadline
 allows until a minimum of rounds and of seconds is reached, and, given `settled`, on until the verdict it
 checks no longer depends on noise (noise is a reason to measure longer within the budget, not to stop).
 
-A round of a short model is several passes over the sessions, one run of each per pass, the order reversed
-every other pass (A B C, C B A, ...), and a session's time in the round is the median of its runs
+A round of a short model is several passes over the sessions, one run of each per pass, in a cycle of orders
+where no session runs twice in a row (pass_orders), and a session's time in the round is the median of its runs
 (`round_time`). Measured on a 2-core machine (thread CPU time, two sessions of one model, p10-p90 of the
 per-round ratio): one run per session and round spread +-5% (BERT-tiny, 3.4 ms) to +-11-13% (a 0.8 ms CNN);
 the same runs taken as a block of one session after the other spread more than one run did (consecutive runs
-share the machine's slow and fast moments; interleaved ones share them between the sessions). A session's
-runs can be bimodal (silero VAD, 0.1 ms: modes 20% apart whose shares drift from round to round): the fastest
-run or the faster half's mean then spread +-20-28%, the median +-1-2%; with about 10-300 interleaved runs
-per session (40 ms of them) the median spread +-0.2-3% on six models, loaded or not."""
+share the machine's slow and fast moments; interleaved ones share them between the sessions). With about
+10-300 interleaved runs per session (40 ms of them) the median spread +-0.2-3% on six models, loaded or not.
+Silero VAD's runs (0.1 ms) fell into two modes 20% apart, whose shares drifted from round to round: they were
+its runs right after a run of the same session, which the passes' former alternating order (A B C D, D C B A)
+gave the sessions at its turns; no session follows itself now."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from .clock import CPU, WALL, now
 from .stats import profile_scale
 
 __all__ = ["GENERATIONS", "MAX_RUNS", "MIN_RUNS_FLOOR", "MODEL_ROUND_S", "REMAKE_S", "Filtered", "OutOfBudget",
-           "Progress", "Timings", "generations", "in_generations", "interleave", "round_time", "run_times", "warm_up"]
+           "Progress", "Timings", "generations", "in_generations", "interleave", "pass_orders", "round_time", "run_times", "warm_up"]
 
 Progress = Callable[[str, float], None]  # (what, fraction done)
 MIN_RUNS_FLOOR = 8  # never fewer rounds: a verdict on fewer is not one
@@ -128,8 +129,8 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
     up to `max_runs`, until `min_runs` rounds and `min_seconds` of rounds are done and `settled(timings so far)`
     (checked every SETTLE_EVERY rounds) says the verdict is clear. Raises OutOfBudget when, after the warm-up,
     `floor_runs` rounds would end past `hard_deadline`. `estimator` (clock.py) is the clock the result reads.
-    In a round each session runs `repeat` times, interleaved with the others' runs (passes in alternating
-    order), and their median counts (round_time); by default as many times as fit in `round_s`
+    In a round each session runs `repeat` times, interleaved with the others' runs (passes in the
+    orders of pass_orders, a cycle that runs on across rounds and profiles), and their median counts (round_time); by default as many times as fit in `round_s`
     (at most MAX_REPEAT), from the warm-up run: once for a model of `round_s` or more. With `keep_runs` every
     run's seconds are kept besides (Timings.runs: a latency's percentiles are of runs). `runs_each` asks for at least
     that many single runs of each session (bench's --runs): as rounds, after the warm-up, when a round holds
@@ -183,12 +184,15 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
             clear = settled(_totals(estimator, raw, order, profiles, i))
         return not clear
 
+    cycle = pass_orders(len(order))
+    passes = 0  # the design's passes run on across rounds and profiles
     while more():
-        rot = order[i % len(order):] + order[: i % len(order)]
         for p, (_, feeds) in enumerate(profiles):
             runs: dict[tuple[str, str], list[float]] = {(c, k): [] for c in CLOCKS for k in order}
-            for j in range(reps[p]):
-                for k in (rot if j % 2 == 0 else rot[::-1]):
+            for _j in range(reps[p]):
+                seq = cycle[passes % len(cycle)]
+                passes += 1
+                for k in (order[x] for x in seq):
                     w, c = now()
                     sessions[k].run(None, feeds)
                     w2, c2 = now()
@@ -267,6 +271,48 @@ def generations(sessions_s: float) -> int:
     """How many generations of sessions a whole-model comparison makes (in_generations), for sessions that take
     `sessions_s` to make: GENERATIONS where that is at most REMAKE_S, else one."""
     return GENERATIONS if sessions_s <= REMAKE_S else 1
+
+
+def pass_orders(n: int) -> list[tuple[int, ...]]:
+    """The orders of a cycle of passes over `n` sessions (indices), run one after the other: no session runs twice
+    in a row, not even from one pass to the next (a session run right after itself finds its weights in the
+    cache: silero VAD's back-to-back runs took 18-20% less thread CPU time than its runs after another session's,
+    and with passes in alternating order, A B C D D C B A, the sessions at the turns ran half their runs that
+    way, the others none: two modes whose shares followed a session's place in the round, and an A/A contrast
+    of 0.96-1.01 quiet); each session runs after each other one equally often within the passes and holds each
+    place in a pass equally often (a Williams design: n passes for an even n, 2n for an odd one). Two sessions
+    alternate (A B A B); one runs alone."""
+    if n <= 2:
+        return [tuple(range(n))]
+    first = [0]  # 0, 1, n-1, 2, n-2, ...: the differences between neighbours are all different
+    lo, hi = 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    rows = [tuple((x + r) % n for x in first) for r in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]  # an odd n balances the successions with the mirrored rows
+    return _chain(rows)
+
+
+def _chain(rows: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """`rows` in a cyclic order where no row starts with the session the one before it ended with (a search:
+    the rows are few)."""
+    def extend(path: list[int]) -> list[int] | None:
+        if len(path) == len(rows):
+            return path if rows[path[-1]][-1] != rows[path[0]][0] else None
+        for j in range(len(rows)):
+            if j not in path and rows[j][0] != rows[path[-1]][-1]:
+                found = extend([*path, j])
+                if found:
+                    return found
+        return None
+    found = extend([0])
+    assert found is not None, "no order of the passes without a repeat"
+    return [rows[j] for j in found]
 
 
 def round_time(runs: list[float]) -> float:
