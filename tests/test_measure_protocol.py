@@ -451,6 +451,29 @@ def test_sessions_made_again_in_the_opposite_order_cancel_the_offset_that_follow
     assert both.ratio.median == pytest.approx(0.9 / np.sqrt(1.01 * 0.98), abs=1e-9)
 
 
+def test_the_second_generation_runs_its_sessions_in_the_reversed_places(monkeypatch):
+    """A session's place in the passes has an offset of its own (silero: a generation's A/A contrast centred
+    1.01-1.03 made the other way round with the places kept): the second generation runs A2 B2 B A's design."""
+    clock = _fake_clock(monkeypatch)
+    calls: list[tuple[bool, str]] = []
+    labels = ["o", "c", "c2", "o2"]
+
+    class S(_Clocked):
+        def __init__(self, label, gen):
+            super().__init__(clock, [1e-3])
+            self.label, self.gen = label, gen
+
+        def run(self, _out, _feeds):
+            calls.append((self.gen, self.label))
+            super().run(_out, _feeds)
+
+    T.in_generations(lambda reverse: {k: S(k, reverse) for k in labels}, [(1.0, {})], estimator=WALL, min_runs=8,
+                     round_s=4e-3)
+    first, second = ([k for g, k in calls if g == gen][4:12] for gen in (False, True))  # after the warm-up
+    design = [x for p in T.pass_orders(4) for x in p][:8]
+    assert first == [labels[x] for x in design] and second == [labels[::-1][x] for x in design]
+
+
 def test_a_comparison_in_generations_that_cannot_fit_both_before_the_hard_deadline_does_not_start(monkeypatch):
     """The floor of rounds is planned for both generations, and the second generation's sessions as well: a
     comparison whose first generation fits but not the second raises OutOfBudget before it times anything."""

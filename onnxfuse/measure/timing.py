@@ -222,7 +222,7 @@ def in_generations(open_sessions: Callable[[bool], Mapping[str, object]], profil
     (A B B2 A2) and they are timed (interleave: half of `round_s` per round, or, for a model whose round is one
     run, half of the rounds; up to half of what is left before `deadline`, half of `min_seconds` and of
     `runs_each`); they are deleted, `open_sessions(True)` makes them again in the opposite order (A2 B2 B A), and
-    these are timed for as many rounds. Round i of each generation make one round (Timings.paired): the runs are
+    these are timed for as many rounds, their places in the passes reversed too (pass_orders of A2 B2 B A). Round i of each generation make one round (Timings.paired): the runs are
     those one generation would take, the sessions are made twice. Where making them took longer than REMAKE_S,
     they are made once (generations(): a large model's sessions would cost more than the runs).
 
@@ -234,7 +234,10 @@ def in_generations(open_sessions: Callable[[bool], Mapping[str, object]], profil
     cancels in the contrast and in the floor, while the comparison keeps its balance; and each side averages four
     sessions' placement, not two. Measured as above, pairs of 20 rounds of 50 ms against 20 of 100 ms in one
     generation: silero's contrast centred at 0.994-1.000 and spread 0.968-1.030 at worst (was 0.938-1.004),
-    transformer_op18's 0.992-1.012 (was 0.980-1.004)."""
+    transformer_op18's 0.992-1.012 (was 0.980-1.004). A session's place in the passes has a part of its own
+    (silero, quiet, 16 generations of 10 rounds, four sessions each: the contrast of a generation made A B B2 A2
+    centred at 0.97-0.99, one made A2 B2 B A at 1.03-1.04 with the places kept, 1.01-1.03 with them reversed; two
+    generations' at 1.001-1.012 kept, 0.993-1.006 reversed)."""
     t = time.perf_counter()
     sessions = open_sessions(False)
     made = time.perf_counter() - t
@@ -260,7 +263,7 @@ def in_generations(open_sessions: Callable[[bool], Mapping[str, object]], profil
     del sessions
     n = first.rounds()
     sessions = open_sessions(True)
-    second = interleave(sessions, profiles, estimator=estimator, min_runs=n, floor_runs=n, max_runs=n,
+    second = interleave(dict(reversed(list(sessions.items()))), profiles, estimator=estimator, min_runs=n, floor_runs=n, max_runs=n,
                         hard_deadline=hard_deadline, progress=part(1), round_s=round_s * share,
                         keep_runs=keep_runs)
     del sessions
