@@ -517,3 +517,26 @@ def test_a_comparison_in_generations_takes_the_runs_of_one_and_makes_large_sessi
     large = T.in_generations(maker(T.REMAKE_S + 0.5, MS), [(1.0, {})], estimator=WALL, min_runs=20,
                              round_s=20 * MS, keep_runs=True)
     assert made == [False] and large.rounds() == 20 and len(large.single_runs("o")) == 20 * 20
+
+
+def test_a_whole_model_round_is_the_median_of_three_runs_where_three_fit_in_a_round(monkeypatch):
+    """A round of a whole-model comparison holds MEDIAN_OF runs of each session at least where they fit in the
+    round: the median passes over a run that something else slowed (the mean of two, the median of two, carries
+    half of it into the round); a model whose three runs do not fit keeps its one run."""
+    clock = _fake_clock(monkeypatch)
+    MS = 2.0**-10
+
+    def maker(costs):
+        return lambda _reverse: {k: _Clocked(clock, costs) for k in ("o", "c", "c2", "o2")}
+
+    # 6 ms runs, a 20 ms round (10 ms in each generation: one run by the share alone); every third run 10x slower
+    spiked = T.in_generations(maker([6 * MS, 6 * MS, 60 * MS]), [(1.0, {})], estimator=WALL, min_runs=8,
+                              round_s=20 * MS, keep_runs=True)
+    assert len(spiked.single_runs("o")) == T.GENERATIONS * 3 * spiked.rounds()  # three runs a round
+    assert spiked["o"] == pytest.approx([6 * MS] * spiked.rounds())  # the slowed run is not in any round
+    long = T.in_generations(maker([8 * MS]), [(1.0, {})], estimator=WALL, min_runs=8, round_s=20 * MS,
+                            keep_runs=True)
+    assert len(long.single_runs("o")) == T.GENERATIONS * long.rounds()  # 3 x 8 ms do not fit in 20 ms: one run a round
+    # the budget's planning reads the same rule (both generations' runs of one session in one round)
+    assert T.model_round_s(0.02) == pytest.approx(T.GENERATIONS * T.MEDIAN_OF * 0.02)
+    assert T.model_round_s(0.04) == T.MODEL_ROUND_S and T.model_round_s(0.3) == 0.3

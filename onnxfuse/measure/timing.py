@@ -26,7 +26,8 @@ from .clock import CPU, WALL, now
 from .stats import profile_scale
 
 __all__ = ["GENERATIONS", "MAX_RUNS", "MIN_RUNS_FLOOR", "MODEL_ROUND_S", "REMAKE_S", "Filtered", "OutOfBudget",
-           "Progress", "Timings", "generations", "in_generations", "interleave", "pass_orders", "round_time", "run_times", "warm_up"]
+           "Progress", "Timings", "generations", "in_generations", "interleave", "model_round_s", "pass_orders",
+           "round_time", "run_times", "warm_up"]
 
 Progress = Callable[[str, float], None]  # (what, fraction done)
 MIN_RUNS_FLOOR = 8  # never fewer rounds: a verdict on fewer is not one
@@ -40,6 +41,11 @@ MODEL_ROUND_S = 0.1  # the same in comparisons of whole models (optimize's, benc
 # 0.969-1.010, 100 ms rounds 0.979-1.005 and 0.967-0.999 (one run per session: +-5-7%); what is left is the
 # sessions' own offsets (verdicts.py), which longer rounds do not change
 MAX_REPEAT = 400  # runs per session and round at most
+MEDIAN_OF = 3  # whole-model comparisons: a round holds this many runs of each session at least, where they fit in
+# MODEL_ROUND_S: the median of 3 passes over a run that something else slowed, the mean of 2 (the median of 2)
+# carries half of it. ppocr_det_v4 (21 ms), every core busy, 8 sets of two generations of 10 rounds, the same runs
+# read three ways: per-round A/A p10-p90 at worst 0.986-1.014 with the median of 3 runs, 0.971-1.029 with the
+# mean of the first 2, 0.961-1.039 with one run
 GENERATIONS = 2  # whole-model comparisons: sessions made twice, the second time in the opposite order
 REMAKE_S = 1.0  # ... where making them takes at most this long (about the fewest seconds of runs a comparison
 # takes: a large model's sessions would cost more than its runs)
@@ -123,7 +129,8 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
                min_seconds: float = 0.0, floor_runs: int = MIN_RUNS_FLOOR, max_runs: int = MAX_RUNS,
                settled: Callable[[Timings], bool] | None = None, progress: Progress | None = None,
                repeat: int | None = None, round_s: float = ROUND_S, keep_runs: bool = False,
-               runs_each: int = 0, generations: int = 1, after_s: float = 0.0) -> Timings:
+               runs_each: int = 0, generations: int = 1, after_s: float = 0.0, median_of: tuple[int, float] = (1, 0.0),
+               ) -> Timings:
     """Time `sessions` (label -> anything with `run(None, feeds)`) interleaved over `profiles` ((weight,
     feeds) each) after one warm-up run of each: at least `floor_runs` rounds, then, while `deadline` allows and
     up to `max_runs`, until `min_runs` rounds and `min_seconds` of rounds are done and `settled(timings so far)`
@@ -131,7 +138,8 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
     `floor_runs` rounds would end past `hard_deadline`. `estimator` (clock.py) is the clock the result reads.
     In a round each session runs `repeat` times, interleaved with the others' runs (passes in the
     orders of pass_orders, a cycle that runs on across rounds and profiles), and their median counts (round_time); by default as many times as fit in `round_s`
-    (at most MAX_REPEAT), from the warm-up run: once for a model of `round_s` or more. With `keep_runs` every
+    (at most MAX_REPEAT), from the warm-up run: once for a model of `round_s` or more; `median_of` = (n, seconds):
+    n times at least where n runs take at most that long (whole models: MEDIAN_OF, model_round_s). With `keep_runs` every
     run's seconds are kept besides (Timings.runs: a latency's percentiles are of runs). `runs_each` asks for at least
     that many single runs of each session (bench's --runs): as rounds, after the warm-up, when a round holds
     several runs, added to the floor and the minimum. `generations` > 1: these are the first of that many
@@ -150,6 +158,8 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
     # a round of a short model is several interleaved passes (a tenth of a millisecond is shorter than a
     # scheduler's time slice, a few milliseconds are not)
     reps = [repeat or max(1, min(MAX_REPEAT, int(round_s / max(f, 1e-9)))) for f in first]
+    if repeat is None:
+        reps = [max(r, median_of[0]) if median_of[0] * f <= median_of[1] else r for r, f in zip(reps, first, strict=True)]
     if generations > 1 and all(round_s * generations < 2 * f for f in first):  # the whole round holds one run
         # and a round can hold no fewer: fewer rounds each
         floor_runs, min_runs = -(-floor_runs // generations), -(-min_runs // generations)
@@ -246,7 +256,7 @@ def in_generations(open_sessions: Callable[[bool], Mapping[str, object]], profil
         out = interleave(sessions, profiles, estimator=estimator, min_runs=min_runs, floor_runs=floor_runs,
                          deadline=deadline, hard_deadline=hard_deadline, min_seconds=min_seconds,
                          max_runs=max_runs, progress=progress, round_s=round_s, keep_runs=keep_runs,
-                         runs_each=runs_each)
+                         runs_each=runs_each, median_of=(MEDIAN_OF, round_s))
         del sessions
         return out
     start = time.perf_counter()
@@ -259,13 +269,13 @@ def in_generations(open_sessions: Callable[[bool], Mapping[str, object]], profil
                        deadline=start + (deadline - start - made) * share, hard_deadline=hard_deadline,
                        min_seconds=min_seconds * share, max_runs=max_runs, progress=part(0),
                        round_s=round_s * share, keep_runs=keep_runs, runs_each=-(-runs_each // n_gen),
-                       generations=n_gen, after_s=made)
+                       generations=n_gen, after_s=made, median_of=(MEDIAN_OF, round_s))
     del sessions
     n = first.rounds()
     sessions = open_sessions(True)
     second = interleave(dict(reversed(list(sessions.items()))), profiles, estimator=estimator, min_runs=n, floor_runs=n, max_runs=n,
                         hard_deadline=hard_deadline, progress=part(1), round_s=round_s * share,
-                        keep_runs=keep_runs)
+                        keep_runs=keep_runs, median_of=(MEDIAN_OF, round_s))
     del sessions
     return first.paired(second)
 
@@ -316,6 +326,14 @@ def _chain(rows: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
     found = extend([0])
     assert found is not None, "no order of the passes without a repeat"
     return [rows[j] for j in found]
+
+
+def model_round_s(run_s: float) -> float:
+    """About the seconds of runs one session takes in one round of a whole-model comparison (in_generations),
+    both generations together, for a model whose run takes `run_s`: MODEL_ROUND_S, or MEDIAN_OF runs in each
+    generation where they fit in it, or one run (a long model's rounds are shared out between the generations)."""
+    median = GENERATIONS * MEDIAN_OF * run_s if MEDIAN_OF * run_s <= MODEL_ROUND_S else 0.0
+    return max(run_s, MODEL_ROUND_S, median)
 
 
 def round_time(runs: list[float]) -> float:

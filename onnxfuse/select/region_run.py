@@ -30,6 +30,7 @@ from ..measure.timing import (
     generations,
     in_generations,
     interleave,
+    model_round_s,
 )
 from ..measure.verdicts import Verdict, verdict
 from ..options import OptimizeOptions
@@ -386,10 +387,11 @@ class RegionRun:
         """About what one whole-model comparison takes with its runs: comparison_s and `rounds` interleaved
         rounds of its four sessions (at least COMPARE_MIN_S of runs). The confirmation needs its minimum
         (MIN_RUNS_FLOOR); a group decided on the whole model ON_MODEL_ROUNDS, since its effect is a few percent."""
-        # a round of a short model is MODEL_ROUND_S of runs per session and profile, half in each generation of
-        # sessions; a longer model's is one run, and each generation takes half the rounds (measure/timing.py)
+        # a round of a short model is MODEL_ROUND_S of runs per session and profile (MEDIAN_OF runs at least where
+        # they fit), half in each generation of sessions; a longer model's is one run, and each generation takes
+        # half the rounds (measure/timing.py model_round_s)
         return self.comparison_s() + max(COMPARE_MIN_S, SESSIONS * self.rounds(rounds)
-                                         * max(self.run_s, MODEL_ROUND_S) * len(self.profiles))
+                                         * model_round_s(self.run_s) * len(self.profiles))
 
     @property
     def run_s(self) -> float:
