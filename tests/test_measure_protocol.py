@@ -540,3 +540,26 @@ def test_a_whole_model_round_is_the_median_of_three_runs_where_three_fit_in_a_ro
     # the budget's planning reads the same rule (both generations' runs of one session in one round)
     assert T.model_round_s(0.02) == pytest.approx(T.GENERATIONS * T.MEDIAN_OF * 0.02)
     assert T.model_round_s(0.04) == T.MODEL_ROUND_S and T.model_round_s(0.3) == 0.3
+
+
+def test_a_comparison_in_generations_runs_on_while_undecided_within_its_seconds_at_most(monkeypatch):
+    """`settled` is asked of the first generation: an undecided comparison runs on past `min_seconds`, up to
+    `max_seconds` of rounds in all (the sessions' making not counted), and the second generation takes as many
+    rounds; a clear one stops at the minimum."""
+    clock = _fake_clock(monkeypatch)
+    MS = 2.0**-10
+
+    def open_sessions(_reverse: bool) -> dict:
+        clock[0] += 0.5  # making the sessions: not part of max_seconds
+        return {k: _Clocked(clock, [8 * MS]) for k in ("o", "c", "c2", "o2")}
+
+    def timed(settled):
+        start = clock[0]
+        t = T.in_generations(open_sessions, [(1.0, {})], estimator=WALL, min_runs=8, min_seconds=1.0,
+                             max_seconds=3.0, settled=settled, round_s=20 * MS)
+        return t, clock[0] - start - 2 * 0.5
+
+    clear, clear_s = timed(lambda t: True)
+    undecided, undecided_s = timed(lambda t: False)
+    assert clear_s == pytest.approx(1.0, abs=0.1)  # the minimum of seconds
+    assert undecided_s == pytest.approx(3.0, abs=0.1) and undecided.rounds() > 2.5 * clear.rounds()

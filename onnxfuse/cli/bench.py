@@ -50,7 +50,7 @@ def bench(
     shape: BenchShape = None,
     inputs: InputsOpt = None,
     runs: Annotated[int, typer.Option("--runs", help="Minimum timed runs per model.")] = 50,
-    budget: Annotated[float, typer.Option("--budget", help="Seconds of interleaved timing.")] = 5.0,
+    budget: Annotated[float, typer.Option("--budget", help="Seconds of interleaved timing (A B: up to twice that while the verdict is undecided).")] = 5.0,
     batch: Annotated[str | None, typer.Option("--batch", help="Batch sweep, e.g. 1,2,4,8,16.")] = None,
     profile: Annotated[list[str] | None, typer.Option("--profile", help="A named shape profile NAME:DIM=V,..."
                                                       "[@WEIGHT] (repeatable): each timed (default for a decoder "

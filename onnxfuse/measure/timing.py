@@ -227,13 +227,17 @@ def in_generations(open_sessions: Callable[[bool], Mapping[str, object]], profil
                    estimator: str, min_runs: int, deadline: float = float("inf"), hard_deadline: float | None = None,
                    min_seconds: float = 0.0, floor_runs: int = MIN_RUNS_FLOOR, max_runs: int = MAX_RUNS,
                    progress: Progress | None = None, round_s: float = MODEL_ROUND_S, keep_runs: bool = False,
-                   runs_each: int = 0) -> Timings:
+                   runs_each: int = 0, settled: Callable[[Timings], bool] | None = None,
+                   max_seconds: float = float("inf")) -> Timings:
     """A whole-model comparison in GENERATIONS of sessions: `open_sessions(False)` makes them in their order
     (A B B2 A2) and they are timed (interleave: half of `round_s` per round, or, for a model whose round is one
     run, half of the rounds; up to half of what is left before `deadline`, half of `min_seconds` and of
     `runs_each`); they are deleted, `open_sessions(True)` makes them again in the opposite order (A2 B2 B A), and
     these are timed for as many rounds, their places in the passes reversed too (pass_orders of A2 B2 B A). Round i of each generation make one round (Timings.paired): the runs are
-    those one generation would take, the sessions are made twice. Where making them took longer than REMAKE_S,
+    those one generation would take, the sessions are made twice. `settled` (interleave) is asked of the first
+    generation: it runs on while that says the verdict is not clear, within its share of `deadline` and of
+    `max_seconds` (seconds of rounds, both generations, the sessions' making not counted), and the second takes
+    as many rounds. Where making them took longer than REMAKE_S,
     they are made once (generations(): a large model's sessions would cost more than the runs).
 
     Why: part of a session's offset follows the order the sessions were made in (the first made ran about 1%
@@ -254,9 +258,9 @@ def in_generations(open_sessions: Callable[[bool], Mapping[str, object]], profil
     n_gen = generations(made)
     if n_gen == 1:
         out = interleave(sessions, profiles, estimator=estimator, min_runs=min_runs, floor_runs=floor_runs,
-                         deadline=deadline, hard_deadline=hard_deadline, min_seconds=min_seconds,
+                         deadline=min(deadline, time.perf_counter() + max_seconds), hard_deadline=hard_deadline, min_seconds=min_seconds,
                          max_runs=max_runs, progress=progress, round_s=round_s, keep_runs=keep_runs,
-                         runs_each=runs_each, median_of=(MEDIAN_OF, round_s))
+                         runs_each=runs_each, median_of=(MEDIAN_OF, round_s), settled=settled)
         del sessions
         return out
     start = time.perf_counter()
@@ -266,10 +270,10 @@ def in_generations(open_sessions: Callable[[bool], Mapping[str, object]], profil
         return None if progress is None else (lambda what, f: progress(what, (g + f) * share))
 
     first = interleave(sessions, profiles, estimator=estimator, min_runs=min_runs, floor_runs=floor_runs,
-                       deadline=start + (deadline - start - made) * share, hard_deadline=hard_deadline,
+                       deadline=start + min(deadline - start - made, max_seconds) * share, hard_deadline=hard_deadline,
                        min_seconds=min_seconds * share, max_runs=max_runs, progress=part(0),
                        round_s=round_s * share, keep_runs=keep_runs, runs_each=-(-runs_each // n_gen),
-                       generations=n_gen, after_s=made, median_of=(MEDIAN_OF, round_s))
+                       generations=n_gen, after_s=made, median_of=(MEDIAN_OF, round_s), settled=settled)
     del sessions
     n = first.rounds()
     sessions = open_sessions(True)
