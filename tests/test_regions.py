@@ -681,3 +681,32 @@ def test_the_floor_of_rounds_is_planned_on_what_a_round_holds():
     t = interleave(sessions, [(1.0, {})], estimator="wall", min_runs=8, round_s=0.01,
                    hard_deadline=_time.perf_counter() + 5.0)
     assert len(t["a"]) == 8
+
+
+def test_the_confirmation_runs_on_while_its_verdict_is_undecided(tmp_path, monkeypatch):
+    """The whole-model confirmation asks, as a region class does, whether its verdict is clear of the faster line
+    (margin: SIGNIFICANT plus the floor of its two twins), and runs on while it is not; a selection 2% faster with
+    a 1% margin was kept whole in one run and cut to its best group in the next, by which side of the line its
+    interval fell."""
+    fake = _fake_interleaved(0.8)
+    asked = []
+
+    def recording(sessions, profiles, **kw):
+        if "f" not in sessions:
+            asked.append(kw.get("settled"))
+        return fake(sessions, profiles, **kw)
+    fake_timing(monkeypatch, recording)
+    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))
+    r, _ = _optimize(tmp_path, "o.onnx", cache=False)
+    assert r.measure.confirmed == "timed" and asked and asked[-1] is rr._confirmed
+
+    rng = np.random.default_rng(0)
+    base = 1e-3 * (1 + 0.01 * rng.standard_normal(12))
+
+    def timings(ratio, spread):
+        noise = 1 + spread * rng.standard_normal(12)
+        return Timings.of({"o": list(base), "o2": list(base), "c": list(base * ratio * noise),
+                           "c2": list(base * ratio * noise)}, "cpu", 1)
+    assert rr._confirmed(timings(0.90, 0.002))  # clear of 0.99: faster
+    assert rr._confirmed(timings(1.00, 0.002))  # clear of it the other way: not faster, whatever more show
+    assert not rr._confirmed(timings(0.99, 0.02))  # across it: measured longer
