@@ -1,0 +1,124 @@
+"""Where a whole-model comparison's per-round A/A spread comes from (issue 31): the confirmation's four sessions
+(two of each model, made in two generations, measure/timing.in_generations) timed as optimize times them, with
+every run kept, then the same runs read several ways: a session's time in a round as the median of its runs (what
+onnxfuse does, timing.round_time), their minimum, the median after dividing each pass by its four sessions'
+geometric mean (a pass's common slow or fast moment removed), and rounds twice and four times as long (adjacent
+rounds merged). Prints, per set, the per-run coefficient of variation and the A/A contrast's p10-p90 each way.
+
+    python benchmarks/aa_rounds.py A.onnx B.onnx [--load N] [--sets 5] [--rounds 16]
+
+Inputs: batch 1; other symbolic dims 128 for integer inputs (token ids below 100), 160 for float ones. `--load N`
+starts N busy loops (killed on exit). About 7 s a set for a 10 ms model."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+import onnxruntime as ort
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from busy_measure import busy  # noqa: E402  (this folder: the same busy loops, killed on exit)
+
+import onnxfuse.measure.timing as timing  # noqa: E402
+from onnxfuse.measure.clock import CPU  # noqa: E402
+from onnxfuse.measure.sessions import timing_sessions  # noqa: E402
+
+LABELS = ("c", "o", "c2", "o2")  # the order timing_sessions makes them in (control twins last)
+
+
+def feeds_for(path: str) -> dict:
+    rng = np.random.default_rng(0)
+    s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    out = {}
+    for i in s.get_inputs():
+        ints = "int" in i.type
+        shape = [d if isinstance(d, int) else (1 if k == 0 else (128 if ints else 160)) for k, d in enumerate(i.shape)]
+        out[i.name] = (rng.integers(0, 100, shape).astype(np.int64) if ints
+                       else rng.standard_normal(shape).astype(np.float32))
+    return out
+
+
+def recorded(a: str, b: str, feeds: dict, rounds: int) -> list[list[float]]:
+    """Every round_time call of one comparison: per round, both clocks' lists of runs for each session."""
+    calls: list[list[float]] = []
+    median = timing.round_time
+
+    def keep(ts: list[float]) -> float:
+        calls.append(list(ts))
+        return median(ts)
+
+    timing.round_time = keep
+    try:
+        timing.in_generations(lambda reverse: timing_sessions({"c": b, "o": a}, "cpu", 1,
+                                                              control=[("c", "c2"), ("o", "o2")], reverse=reverse),
+                              [(1.0, feeds)], estimator=CPU, min_runs=rounds, floor_runs=rounds, max_runs=rounds)
+    finally:
+        timing.round_time = median
+    return calls
+
+
+def per_session(calls: list[list[float]]) -> tuple[dict, dict]:
+    """Each generation's CPU-time runs per session and round (the second generation runs the sessions reversed)."""
+    n = len(calls) // 16  # 8 lists per round (two clocks x four sessions), two generations
+    gens = []
+    for g, labels in ((calls[:8 * n], LABELS), (calls[8 * n:], LABELS[::-1])):
+        d: dict[str, list[np.ndarray]] = {k: [] for k in LABELS}
+        for i in range(n):
+            for k, ts in zip(labels, g[8 * i + 4: 8 * i + 8], strict=True):
+                d[k].append(np.asarray(ts))
+        gens.append(d)
+    return gens[0], gens[1]
+
+
+def pass_normalized(d: dict) -> dict:
+    out: dict[str, list[np.ndarray]] = {k: [] for k in d}
+    for i in range(len(d["c"])):
+        m = np.array([d[k][i] for k in LABELS])
+        g = np.exp(np.log(m).mean(axis=0))
+        for j, k in enumerate(LABELS):
+            out[k].append(m[j] / g * np.median(g))
+    return out
+
+
+def spread(g1: dict, g2: dict, f, merge: int = 1) -> tuple[float, float, float]:
+    n = len(g1["c"]) // merge
+    v = {k: np.array([np.sqrt(f(np.concatenate(g1[k][merge * i: merge * i + merge]))
+                              * f(np.concatenate(g2[k][merge * i: merge * i + merge]))) for i in range(n)])
+         for k in LABELS}
+    aa = np.sqrt(v["c2"] / v["c"] * v["o2"] / v["o"])
+    ratio = float(np.median(np.sqrt(v["c"] * v["c2"] / (v["o"] * v["o2"]))))
+    return float(np.percentile(aa, 10)), float(np.percentile(aa, 90)), ratio
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("a")
+    ap.add_argument("b")
+    ap.add_argument("--load", type=int, default=0)
+    ap.add_argument("--sets", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=16)
+    a = ap.parse_args()
+    feeds = feeds_for(a.a)
+    ways = {"median": (np.median, 1, False), "min": (np.min, 1, False), "pass-norm median": (np.median, 1, True),
+            "median, rounds x2": (np.median, 2, False), "median, rounds x4": (np.median, 4, False)}
+    worst = {w: 0.0 for w in ways}
+    with busy(a.load):
+        for s in range(a.sets):
+            g1, g2 = per_session(recorded(a.a, a.b, feeds, a.rounds))
+            runs = np.concatenate(g1["c"])
+            cells = []
+            for w, (f, merge, norm) in ways.items():
+                lo, hi, r = spread(*(map(pass_normalized, (g1, g2)) if norm else (g1, g2)), f, merge)
+                worst[w] = max(worst[w], 1 - lo, hi - 1)
+                cells.append(f"{w} {lo:.3f}-{hi:.3f} ({r:.3f})")
+            print(f"set {s}: run {np.median(runs) * 1e3:.2f} ms cv {np.std(runs) / np.median(runs):.3f}, "
+                  f"{len(runs) // len(g1['c'])}/round |", " | ".join(cells), flush=True)
+    print(f"load {a.load}, {a.sets} sets of {a.rounds} rounds; worst A/A half-width:",
+          ", ".join(f"{w} {v:.3f}" for w, v in worst.items()))
+
+
+if __name__ == "__main__":
+    main()
