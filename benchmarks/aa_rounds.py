@@ -7,8 +7,8 @@ rounds merged). Prints, per set, the per-run coefficient of variation and the A/
 
     python benchmarks/aa_rounds.py A.onnx B.onnx [--load N] [--sets 5] [--rounds 16]
 
-Inputs: batch 1; other symbolic dims 128 for integer inputs (token ids below 100), 160 for float ones. `--load N`
-starts N busy loops (killed on exit). About 7 s a set for a 10 ms model."""
+Inputs: the ones optimize times on (its discovered plan at batch 1). `--load N` starts N busy loops (killed on
+exit). About 7 s a set for a 10 ms model."""
 
 from __future__ import annotations
 
@@ -17,28 +17,26 @@ import os
 import sys
 
 import numpy as np
-import onnxruntime as ort
+import onnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from busy_measure import busy  # noqa: E402  (this folder: the same busy loops, killed on exit)
 
 import onnxfuse.measure.timing as timing  # noqa: E402
+from onnxfuse.inputs import timing_feeds  # noqa: E402
+from onnxfuse.inputs.discover import discover  # noqa: E402
 from onnxfuse.measure.clock import CPU  # noqa: E402
 from onnxfuse.measure.sessions import timing_sessions  # noqa: E402
+from onnxfuse.select.region_run import aa_contrast  # noqa: E402
 
 LABELS = ("c", "o", "c2", "o2")  # the order timing_sessions makes them in (control twins last)
 
 
 def feeds_for(path: str) -> dict:
-    rng = np.random.default_rng(0)
-    s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    out = {}
-    for i in s.get_inputs():
-        ints = "int" in i.type
-        shape = [d if isinstance(d, int) else (1 if k == 0 else (128 if ints else 160)) for k, d in enumerate(i.shape)]
-        out[i.name] = (rng.integers(0, 100, shape).astype(np.int64) if ints
-                       else rng.standard_normal(shape).astype(np.float32))
-    return out
+    """The inputs optimize times on: its own discovered plan, at batch 1 (inputs.timing_feeds)."""
+    model = onnx.load(path, load_external_data=False)
+    plan, _ = discover(model, None)
+    return timing_feeds(model, plan, user_given=False)
 
 
 def recorded(a: str, b: str, feeds: dict, rounds: int) -> list[list[float]]:
@@ -57,6 +55,7 @@ def recorded(a: str, b: str, feeds: dict, rounds: int) -> list[list[float]]:
                               [(1.0, feeds)], estimator=CPU, min_runs=rounds, floor_runs=rounds, max_runs=rounds)
     finally:
         timing.round_time = median
+    assert len(calls) == 16 * rounds, "one generation of sessions (they took over REMAKE_S to make): not read here"
     return calls
 
 
@@ -88,7 +87,7 @@ def spread(g1: dict, g2: dict, f, merge: int = 1) -> tuple[float, float, float]:
     v = {k: np.array([np.sqrt(f(np.concatenate(g1[k][merge * i: merge * i + merge]))
                               * f(np.concatenate(g2[k][merge * i: merge * i + merge]))) for i in range(n)])
          for k in LABELS}
-    aa = np.sqrt(v["c2"] / v["c"] * v["o2"] / v["o"])
+    aa = aa_contrast(v)
     ratio = float(np.median(np.sqrt(v["c"] * v["c2"] / (v["o"] * v["o2"]))))
     return float(np.percentile(aa, 10)), float(np.percentile(aa, 90)), ratio
 
