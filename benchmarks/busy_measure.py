@@ -4,7 +4,8 @@ Prints, per model, the kept selection (the output's op counts) and the reported 
 spread optimize reports (p10-p90 of the confirmation's two candidate sessions, per round), and whether
 `profile A B`, `bench A B` and optimize's confirmation agree on faster / slower / unchanged for the same pair.
 
-    python benchmarks/busy_measure.py [--models a.onnx ...] [--load N] [--no-agreement] [--keep DIR]
+    python benchmarks/busy_measure.py [--models a.onnx ...] [--load N] [--load-kind spin|memory] [--no-agreement]
+                                      [--keep DIR]
 
 Defaults: the shared development models and the small bundled ones; N = one busy process per core. About 1-2
 minutes per model with the agreement checks (optimize, bench and profile, quiet and loaded)."""
@@ -40,10 +41,25 @@ def _spin(deadline: float) -> None:
         pass
 
 
+def _stream(deadline: float) -> None:
+    """Copies between two buffers of 32 MB each, over and over: a core busy with memory traffic that evicts the
+    last-level cache (another program at work, not a loop that stays in its registers)."""
+    import numpy as np
+    a = np.ones(4 * 2**20)
+    b = np.empty_like(a)
+    while time.time() < deadline:
+        np.copyto(b, a)
+        a, b = b, a
+
+
+KINDS = {"spin": _spin, "memory": _stream}
+
+
 @contextlib.contextmanager
-def busy(n: int):
-    """n processes that keep a core busy each, for at most an hour; killed on exit."""
-    procs = [multiprocessing.Process(target=_spin, args=(time.time() + 3600,), daemon=True) for _ in range(n)]
+def busy(n: int, kind: str = "spin"):
+    """n processes that keep a core busy each (KINDS: a busy loop, or memory traffic), for at most an hour; killed
+    on exit."""
+    procs = [multiprocessing.Process(target=KINDS[kind], args=(time.time() + 3600,), daemon=True) for _ in range(n)]
     for p in procs:
         p.start()
     try:
@@ -99,6 +115,8 @@ def main() -> None:
     ap.add_argument("--models", nargs="*", default=DEFAULT)
     ap.add_argument("--load", type=int, default=os.cpu_count() or 1, help="busy processes while loaded (default: "
                     "one per core)")
+    ap.add_argument("--load-kind", choices=KINDS, default="spin", help="what the busy processes do: a busy loop, "
+                    "or memory traffic through twice the last-level cache")
     ap.add_argument("--no-agreement", action="store_true", help="skip bench and profile")
     ap.add_argument("--keep", default="", help="a folder to keep optimize's JSON report of each run in "
                     "(<model>.quiet.json, <model>.loaded.json)")
@@ -117,10 +135,10 @@ def _run(models: list[str], folder: str, a: argparse.Namespace) -> None:
     t0 = time.time()
     for m in models:
         rows[m] = {"quiet": one(m, folder, "quiet", not a.no_agreement)}
-    with busy(a.load):
+    with busy(a.load, a.load_kind):
         for m in models:
             rows[m]["loaded"] = one(m, folder, "loaded", not a.no_agreement)
-    print(f"{len(models)} models, load {a.load} busy processes on {os.cpu_count()} cores, "
+    print(f"{len(models)} models, load {a.load} busy processes ({a.load_kind}) on {os.cpu_count()} cores, "
           f"{time.time() - t0:.0f} s; load average before the loaded half: see `uptime`")
     head = (f"{'model':24} {'same sel':>8} {'quiet':>6} {'loaded':>6} {'|d|':>5} {'A/A quiet':>12} "
             f"{'A/A loaded':>12}  agreement quiet / loaded (optimize bench profile)")

@@ -88,7 +88,19 @@ def test_a_round_interleaves_the_sessions_run_by_run_and_counts_the_faster_half(
     assert calls == ["a", "b"] + ["a", "b"] * 8
     assert t["a"][0] == pytest.approx(1e-3) and t["b"][0] == pytest.approx(2e-3)  # the 9 ms run does not count
     assert sorted(t.single_runs("a")) == pytest.approx([1e-3] * 7 + [9e-3])  # every run is kept besides
-    assert T.round_time([3.0, 1.0, 2.0, 10.0]) == 2.5 and T.round_time([4.0]) == 4.0
+    assert T.round_times({"a": [3.0, 1.0, 2.0, 10.0]}) == {"a": 2.5}  # one session: the median of its runs
+
+
+def test_a_round_divides_each_run_by_its_pass_so_a_slow_moment_shared_by_a_pass_cancels():
+    """Passes 2 and 3 ran while something slowed the machine 2x: every session's runs there are slower alike; and
+    a's run in pass 1 was disturbed alone (1.8x). The plain medians (a 1.9, b 3) would say b = 1.58a; each run
+    divided by its pass's geometric mean, the round says what every undisturbed pass says, b = 2a, in seconds
+    (times the passes' median mean)."""
+    out = T.round_times({"a": [1.8, 2.0, 2.0, 1.0], "b": [2.0, 4.0, 4.0, 2.0]})
+    assert out["b"] / out["a"] == pytest.approx(2.0)
+    g = float(np.median([np.sqrt(3.6), np.sqrt(8), np.sqrt(8), np.sqrt(2)]))  # the passes' geometric means
+    assert out["a"] == pytest.approx(g / np.sqrt(2)) and out["b"] == pytest.approx(g * np.sqrt(2))
+    assert T.round_times({"a": [1.0, 1.0], "b": [1.0, 1.0]}) == {"a": 1.0, "b": 1.0}
 
 
 @pytest.mark.parametrize("n", range(1, 10))

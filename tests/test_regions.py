@@ -473,7 +473,7 @@ def test_profiles_count_by_weight_not_by_duration(monkeypatch):
     times = interleave(sessions, [(1.0, {"p": 0}), (1.0, {"p": 1})], estimator="wall", min_runs=10, deadline=1e9)
     v = verdict(times, "f", ("a", "b"))
     assert v.ratio.median == pytest.approx((0.95 + 1.2) / 2) and v.floor == MIN_FLOOR and v.ratio.verdict == "slower"
-    assert times.profile("f", 0)[0] == 9.5 and times.profile("a", 1)[0] == 1.0  # seconds per profile, as run
+    assert times.profile("f", 0)[0] == pytest.approx(9.5) and times.profile("a", 1)[0] == pytest.approx(1.0)  # seconds per profile, as run
     times = interleave(sessions, [(3.0, {"p": 0}), (1.0, {"p": 1})], estimator="wall", min_runs=10,
                        deadline=1e9)  # prefill counts 3x
     assert verdict(times, "f", ("a", "b")).ratio.median == pytest.approx((3 * 0.95 + 1.2) / 4)
