@@ -106,7 +106,14 @@ def one(model: str, folder: str, tag: str, agreement: bool) -> dict:
         row["bench"] = word(b.get("verdict")) if "error" not in b else "error"
         comp = p.get("comparison") if "error" not in p else None
         row["profile"] = word(comp.get("verdict")) if comp else "error"
+        # the evidence behind each verdict, printed where they disagree: interval and noise floor
+        row["why"] = {"optimize": (final, m.get("noise_floor")), "bench": (b.get("ratio"), b.get("noise_floor")),
+                      "profile": ((comp or {}).get("ratio"), (comp or {}).get("noise_floor"))}
     return row
+
+
+def _interval(r: dict | None) -> str:
+    return f"{r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}]" if r else "-"
 
 
 def main() -> None:
@@ -157,15 +164,21 @@ def _run(models: list[str], folder: str, a: argparse.Namespace) -> None:
         close += d is not None and d <= 0.05
         aa = lambda x: f"{x[0]:.3f}-{x[1]:.3f}" if x else "-"  # noqa: E731
         agr = []
-        for side in (q, lo):
+        disagreed = []
+        for tag, side in (("quiet", q), ("loaded", lo)):
             if "bench" in side:
                 trio = (side["opt"], side["bench"], side["profile"])
                 agree += len(set(trio)) == 1
                 total_agree += 1
                 agr.append(" ".join(trio))
+                if len(set(trio)) > 1:
+                    disagreed.append((tag, side["why"]))
         fmt = lambda e: f"{e:.3f}" if e is not None else "-"  # noqa: E731
         print(f"{name:24} {'yes' if sel else 'NO':>8} {fmt(eq):>6} {fmt(el):>6} "
               f"{(f'{d:.3f}' if d is not None else '-'):>5} {aa(q['aa']):>12} {aa(lo['aa']):>12}  {' / '.join(agr)}")
+        for tag, why in disagreed:
+            print(f"{'':24}   {tag}: " + "; ".join(f"{cmd} {_interval(r)} floor {f if f is None else f'{f:.1%}'}"
+                                                   for cmd, (r, f) in why.items()))
         if not sel:
             diff = {k: (q["ops"].get(k, 0), lo["ops"].get(k, 0)) for k in set(q["ops"]) | set(lo["ops"])
                     if q["ops"].get(k, 0) != lo["ops"].get(k, 0)}
