@@ -67,21 +67,17 @@ def per_session(calls: list[dict[str, list[float]]]) -> tuple[dict, dict]:
     return tuple({k: [np.asarray(c[k]) for c in g[1::2]] for k in LABELS} for g in (calls[:2 * n], calls[2 * n:]))
 
 
-def pass_normalized(d: dict) -> dict:
-    out: dict[str, list[np.ndarray]] = {k: [] for k in d}
-    for i in range(len(d["c"])):
-        m = np.array([d[k][i] for k in LABELS])
-        g = np.exp(np.log(m).mean(axis=0))
-        for j, k in enumerate(LABELS):
-            out[k].append(m[j] / g * np.median(g))
-    return out
-
-
-def spread(g1: dict, g2: dict, f, merge: int = 1) -> tuple[float, float, float]:
+def spread(g1: dict, g2: dict, f, merge: int = 1, normalized: bool = False) -> tuple[float, float, float]:
+    """The A/A contrast's p10-p90 and the median ratio, a session's time in a (merged) round being `f` of its runs,
+    or, `normalized`, what onnxfuse reads (timing.round_times: each run divided by its pass's mean first)."""
     n = len(g1["c"]) // merge
-    v = {k: np.array([np.sqrt(f(np.concatenate(g1[k][merge * i: merge * i + merge]))
-                              * f(np.concatenate(g2[k][merge * i: merge * i + merge]))) for i in range(n)])
-         for k in LABELS}
+
+    def read(g: dict, i: int) -> dict[str, float]:
+        runs = {k: np.concatenate(g[k][merge * i: merge * i + merge]) for k in LABELS}
+        return timing.round_times(runs) if normalized else {k: f(v) for k, v in runs.items()}
+
+    both = [(read(g1, i), read(g2, i)) for i in range(n)]
+    v = {k: np.array([np.sqrt(x[k] * y[k]) for x, y in both]) for k in LABELS}
     aa = aa_contrast(v)
     ratio = float(np.median(np.sqrt(v["c"] * v["c2"] / (v["o"] * v["o2"]))))
     return float(np.percentile(aa, 10)), float(np.percentile(aa, 90)), ratio
@@ -107,7 +103,7 @@ def main() -> None:
             runs = np.concatenate(g1["c"])
             cells = []
             for w, (f, merge, norm) in ways.items():
-                lo, hi, r = spread(*(map(pass_normalized, (g1, g2)) if norm else (g1, g2)), f, merge)
+                lo, hi, r = spread(g1, g2, f, merge, norm)
                 worst[w] = max(worst[w], 1 - lo, hi - 1)
                 cells.append(f"{w} {lo:.3f}-{hi:.3f} ({r:.3f})")
             print(f"set {s}: run {np.median(runs) * 1e3:.2f} ms cv {np.std(runs) / np.median(runs):.3f}, "

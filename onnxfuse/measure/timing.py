@@ -4,9 +4,9 @@ allows until a minimum of rounds and of seconds is reached, and, given `settled`
 checks no longer depends on noise (noise is a reason to measure longer within the budget, not to stop).
 
 A round of a short model is several passes over the sessions, one run of each per pass, in a cycle of orders
-where no session runs twice in a row (pass_orders), and a session's time in the round is the median of its runs
-(`round_times`: each run divided by its pass's mean first). Measured on a 2-core machine (thread CPU time, two sessions of one model, p10-p90 of the
-per-round ratio): one run per session and round spread +-5% (BERT-tiny, 3.4 ms) to +-11-13% (a 0.8 ms CNN);
+where no session runs twice in a row (pass_orders), and a session's time in the round is the median of its runs,
+each divided by its pass's mean first (`round_times`). Measured on a 2-core machine (thread CPU time, two
+sessions of one model, p10-p90 of the per-round ratio): one run per session and round spread +-5% (BERT-tiny, 3.4 ms) to +-11-13% (a 0.8 ms CNN);
 the same runs taken as a block of one session after the other spread more than one run did (consecutive runs
 share the machine's slow and fast moments; interleaved ones share them between the sessions). With about
 10-300 interleaved runs per session (40 ms of them) the median spread +-0.2-3% on six models, loaded or not.
@@ -198,7 +198,7 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
     passes = 0  # the design's passes run on across rounds and profiles
     while more():
         for p, (_, feeds) in enumerate(profiles):
-            runs: dict[tuple[str, str], list[float]] = {(c, k): [] for c in CLOCKS for k in order}
+            runs: dict[str, dict[str, list[float]]] = {c: {k: [] for k in order} for c in CLOCKS}
             for _j in range(reps[p]):
                 seq = cycle[passes % len(cycle)]
                 passes += 1
@@ -206,14 +206,13 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
                     w, c = now()
                     sessions[k].run(None, feeds)
                     w2, c2 = now()
-                    runs[WALL, k].append(w2 - w)
-                    runs[CPU, k].append(c2 - c)
-            for c in CLOCKS:
-                for k, t in round_times({k: runs[c, k] for k in order}).items():
+                    runs[WALL][k].append(w2 - w)
+                    runs[CPU][k].append(c2 - c)
+            for c, by_session in runs.items():
+                for k, t in round_times(by_session).items():
                     raw[c, k, p].append(t)
-            if keep_runs:
-                for (c, k), ts in runs.items():
-                    singles[c, k, p].extend(ts)
+                    if keep_runs:
+                        singles[c, k, p].extend(by_session[k])
         i += 1
         if progress is not None and i % 10 == 0:
             done = max(i / min_runs if i < min_runs else 0,
