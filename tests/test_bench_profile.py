@@ -190,6 +190,28 @@ def test_bench_verdict_is_optimizes_verdict_beyond_the_a_a_noise_floor():
     assert verdict({"A": a, "A2": [1.01] * 20, "B": [1.10] * 20}, "B", ("A", "A2")).word == "slower"
 
 
+def test_the_noise_floor_is_what_an_a_a_pair_differs_by_beyond_its_rounds_noise():
+    """The floor is how far the A/A pair's interval lies from 1 (verdicts.offset), not its median's distance: a
+    twin whose rounds scatter +-3% around A, its median 1% off by chance, shows no offset for sure, and the floor
+    stays at MIN_FLOOR, so B's 2% counts as faster; the same twin 3% slower in every round keeps its interval
+    clear of 1, and its offset counts whole."""
+    from onnxfuse.measure.stats import paired_ratio
+    from onnxfuse.measure.verdicts import MIN_FLOOR, offset, verdict
+
+    rng = np.random.default_rng(3)
+    a = [1.0] * 21
+    noisy = list(1.01 + rng.uniform(-0.03, 0.03, 21))
+    aa = paired_ratio(noisy, a)
+    assert abs(aa.median - 1) > 0.005 and aa.low < 1 < aa.high and offset(aa) == 0.0
+    b = [0.98] * 21
+    v = verdict({"A": a, "A2": noisy, "B": b}, "B", ("A", "A2"))
+    assert v.floor == MIN_FLOOR and v.word == "faster"
+    slow = [1.03 + x - 1.01 for x in noisy]  # the same scatter, 3% up: clear of 1 by what its interval shows
+    aa_slow = paired_ratio(slow, a)
+    assert aa_slow.low > 1.0 and offset(aa_slow) == pytest.approx(aa_slow.low - 1)
+    assert verdict({"A": a, "A2": [1.03] * 21, "B": b}, "B", ("A", "A2")).floor == pytest.approx(0.03)
+
+
 def test_gemm_bound_limit_headroom_and_captured_share():
     """The limit counts only the FLOP-carrying ops at the measured GEMM peak; the headroom is the rest of the
     latency; the share captured is how much of the input's gap to its limit the output removed."""
