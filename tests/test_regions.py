@@ -710,3 +710,29 @@ def test_the_confirmation_runs_on_while_its_verdict_is_undecided(tmp_path, monke
     assert rr._confirmed(timings(0.90, 0.002))  # clear of 0.99: faster
     assert rr._confirmed(timings(1.00, 0.002))  # clear of it the other way: not faster, whatever more show
     assert not rr._confirmed(timings(0.99, 0.02))  # across it: measured longer
+
+
+def test_rewrites_too_small_for_the_whole_model_go_with_the_group_confirmed_alone():
+    """Where the whole selection measured no faster and the best group is confirmed alone, the kept classes whose
+    shares of the model add up to less than MATERIAL go with it (no whole-model comparison can see them, so they
+    cannot be why it measured no faster), and so do the groups of their rules kept on the whole model; classes of
+    unknown share, those not kept, and classes that add up to MATERIAL or more do not."""
+    from types import SimpleNamespace as NS
+
+    from onnxfuse.select.region_run import MATERIAL
+    from onnxfuse.select.region_select import _riders
+    from onnxfuse.select.rounds import GroupEffect
+
+    def cls(key, rule, share, kept=True):
+        return NS(keys=[key], decision=GroupEffect("Slice", [rule], 1, kept, None, share=share))
+
+    best = {("gelu", 0)}
+    classes = [NS(keys=[("gelu", 0)], decision=GroupEffect("FastGelu", ["gelu"], 1, True, None, share=0.02)),
+               cls(("slice", 1), "slice", 0.001), cls(("slice", 2), "slice", 0.002),
+               cls(("slice", 3), "slice", 0.0001, kept=False), cls(("ln", 4), "ln", None)]
+    on_rows = [([NS(keys=[("slice", 9)])], GroupEffect("(rewrites that cannot be timed alone)", ["slice"], 1, True,
+                                                       None, source="budget")),
+               ([NS(keys=[("attn", 8)])], GroupEffect("Attention", ["attn"], 1, True, None, source="model"))]
+    assert _riders(classes, best, on_rows) == {("slice", 1), ("slice", 2), ("slice", 9)}
+    classes.append(cls(("slice", 5), "slice", MATERIAL - 0.003))  # now they add up to MATERIAL: none goes along
+    assert _riders(classes, best, on_rows) == set()
