@@ -730,9 +730,9 @@ def test_rewrites_too_small_for_the_whole_model_go_with_the_group_confirmed_alon
     classes = [NS(keys=[("gelu", 0)], decision=GroupEffect("FastGelu", ["gelu"], 1, True, None, share=0.02)),
                cls(("slice", 1), "slice", 0.001), cls(("slice", 2), "slice", 0.002),
                cls(("slice", 3), "slice", 0.0001, kept=False), cls(("ln", 4), "ln", None)]
-    on_rows = [([NS(keys=[("slice", 9)])], GroupEffect("(rewrites that cannot be timed alone)", ["slice"], 1, True,
-                                                       None, source="budget")),
-               ([NS(keys=[("attn", 8)])], GroupEffect("Attention", ["attn"], 1, True, None, source="model"))]
+    on_rows = [({("slice", 9)}, GroupEffect("(rewrites that cannot be timed alone)", ["slice"], 1, True, None,
+                                            source="budget")),
+               ({("attn", 8)}, GroupEffect("Attention", ["attn"], 1, True, None, source="model"))]
     assert _riders(classes, best, on_rows) == {("slice", 1), ("slice", 2), ("slice", 9)}
     classes.append(cls(("slice", 5), "slice", MATERIAL - 0.003))  # now they add up to MATERIAL: none goes along
     assert _riders(classes, best, on_rows) == set()

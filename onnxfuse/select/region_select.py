@@ -131,13 +131,14 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
             with phase("rebuild"):
                 candidate = run.build(kept, dropped)
     report.groups = [c.decision for c in all_classes if c.decision is not None] + _untimed_rows(all_regions)
-    on_rows: list[tuple[list[Region], GroupEffect]] = []  # the groups decided on the whole model, and their rows
+    on_rows: list[tuple[set[Key], GroupEffect]] = []  # the groups decided on the whole model: keys, row
     if on_model:
         with phase("on model"):
             candidate, rows = decide_on_model(run, on_model, kept, dropped, candidate, rule_ids, fingerprint,
                                               reserve, all_classes)
         report.groups += rows
-        on_rows = list(zip(groups_on_model(on_model).values(), rows, strict=True))
+        on_rows = [({k for r in rs for k in r.keys}, row)
+                   for rs, row in zip(groups_on_model(on_model).values(), rows, strict=True)]
     regions = all_regions + on_model
     applied = {a.key for a in candidate.eng.applications if a.rule in rule_ids}
     report.undecided = sum(1 for g in report.groups if g.source == "budget")
@@ -208,8 +209,8 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
                     if c.decision is not None and c.decision.kept and not set(c.keys) <= keys:
                         c.decision.kept = False
                         c.decision.why = f"dropped: the selection with it measured {how} as a whole"
-                for rs, gr in on_rows:
-                    if gr.kept and not {k for r in rs for k in r.keys} <= keys:
+                for group_keys, gr in on_rows:
+                    if gr.kept and not group_keys <= keys:
                         gr.kept = False
                         gr.why = f"dropped: the selection with it measured {how} as a whole"
             elif not no_better:  # the selection stays as it is: nothing measured better
@@ -278,8 +279,7 @@ def _best_group(classes: list[RegionClass]) -> tuple[str, set[Key]] | None:
     return f"{g[0]} ({', '.join(g[1])})", keys[g]
 
 
-def _riders(classes: list[RegionClass], best: set[Key], on_rows: list[tuple[list[Region], GroupEffect]]
-            ) -> set[Key]:
+def _riders(classes: list[RegionClass], best: set[Key], on_rows: list[tuple[set[Key], GroupEffect]]) -> set[Key]:
     """The kept rewrites outside the best group that no whole-model comparison can see: the kept classes timed
     alone whose shares of the model (what each changes of it) add up to less than MATERIAL, and the groups of the
     same rules kept on the whole model (they follow those classes). They go with the best group where it is
@@ -299,9 +299,9 @@ def _riders(classes: list[RegionClass], best: set[Key], on_rows: list[tuple[list
         rules.update(d.rules)
     if total >= MATERIAL:
         return set()
-    for rs, row in on_rows:
+    for group_keys, row in on_rows:
         if row.kept and set(row.rules) <= rules:
-            keys.update(k for r in rs for k in r.keys)
+            keys.update(group_keys)
     return keys - best
 
 
