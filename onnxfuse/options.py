@@ -36,11 +36,8 @@ class OptimizeOptions:
     profiles: list[str] = field(default_factory=list)  # --profile NAME:DIM=V,...[@WEIGHT] (inputs/profiles.py)
     measure_threads: int | str = 1  # onnxruntime intra-op threads while timing (--threads); "auto": one per
     # physical core, onnxruntime's default (resolved to that number before anything runs)
-    measure_budget_s: float | None = None  # --measure-budget: seconds for the whole measuring phase (default:
-    # automatic, see region_select.automatic_budget); with measure_by="model", seconds of timing per round
-    # (default ROUND_BUDGET_S)
-    measure_by: str = "regions"  # regions (each class of alike regions timed alone, then the whole model
-    # confirmed) or model (rounds of whole-model variants) (--measure-by)
+    measure_budget_s: float | None = None  # --measure-budget: seconds for the whole measuring phase, on the
+    # budget's clock (measure/budget.py; default: automatic, see region_run.automatic_budget)
     cache: bool = True  # read and write the persistent decision cache (--no-cache)
 
     def check(self) -> OptimizeOptions:
@@ -50,7 +47,6 @@ class OptimizeOptions:
         for name in _LISTS:
             setattr(self, name, check_strings(name, getattr(self, name)))
         check_target("target", self.target)
-        check_choice("measure_by", self.measure_by, ("regions", "model"))
         check_tolerance("rtol", self.rtol)
         check_tolerance("atol", self.atol)
         if not (isinstance(self.measure_threads, str) and self.measure_threads.strip().lower() == "auto"):
@@ -64,14 +60,6 @@ class OptimizeOptions:
 
         nchwc_setting()
         return self
-
-    @property
-    def round_budget_s(self) -> float:
-        """Seconds of timing per round with measure_by="model"."""
-        return self.measure_budget_s if self.measure_budget_s is not None else ROUND_BUDGET_S
-
-
-ROUND_BUDGET_S = 2.0
 
 _LISTS = ("patterns", "only", "skip", "shapes", "profiles")
 

@@ -32,7 +32,7 @@ from .rewrite.rebuild import Rewritten, defined_ops_only
 from .rewrite.ruleset import builtin_patterns_dir, load_rules
 from .select.decision_cache import DecisionCache
 from .select.region_select import region_selection
-from .select.rounds import MeasureReport, measured_selection
+from .select.report import MeasureReport
 from .targets import HOST, available, get, kernel_issue, missing_note, runs_on
 from .tensors import iter_nodes
 from .validate.compare import OutputCheck
@@ -154,7 +154,6 @@ def _optimize(shown: str, path: str, out: str | None, opts: OptimizeOptions, pro
                 _timed(timings, "measure", progress, opts.measure_budget_s):  # one at a time
             # what the run took so far, and the validation of the kept selection still to come (about as long)
             measured, state = _measure(path, rules, opts, base, deny, state, loaded.validator,
-                                       spent_s=sum(timings.values()) + timings.get("validate", 0.0),
                                        rewrite_s=timings.get("rewrite", 0.0), progress=progress)
     written: list[str] = []
     drop_unused_initializers(state.proto.graph)  # what the rewrites left unread (the Result's model is the file's)
@@ -168,17 +167,14 @@ def _optimize(shown: str, path: str, out: str | None, opts: OptimizeOptions, pro
 
 
 def _measure(path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions, deny: set[tuple[str, str]],
-             state: Rewritten, validator: Validator, spent_s: float = 0.0, rewrite_s: float = 0.0,
+             state: Rewritten, validator: Validator, rewrite_s: float = 0.0,
              progress: Phase = quiet) -> tuple[MeasureReport, Rewritten]:
-    """Measured selection on the target: by region (the default) or by whole-model rounds. `spent_s`: seconds
-    optimize took before measuring (the automatic budget keeps the whole run near a target)."""
+    """Measured selection on the target (select/region_select.py); `rewrite_s`: what rewriting took."""
     if not available(opts.target):
         return MeasureReport(opts.target, opts.measure_threads, 0,
                              note=f"not measured: {missing_note(opts.target)}"), state
-    if opts.measure_by == "model":
-        return measured_selection(path, rules, opts, base, deny, state, validator)
     cache = DecisionCache(enabled=opts.cache)
-    report, state = region_selection(path, rules, opts, base, deny, state, validator, cache, spent_s, rewrite_s,
+    report, state = region_selection(path, rules, opts, base, deny, state, validator, cache, rewrite_s,
                                      progress)
     report.warnings.extend(cache.warnings)  # the cache never fails a run: what it left out is said
     return report, state

@@ -12,7 +12,7 @@ from .inputs import InputPlan
 from .rewrite.apply import Application
 from .rewrite.engine import RuleSkip
 from .rewrite.fold import CLEANUP_STEPS
-from .select.rounds import MeasureReport
+from .select.report import MeasureReport
 from .tensors import iter_nodes
 from .validate.compare import OutputCheck
 from .validate.rollback import Rollback

@@ -139,13 +139,19 @@ def fake_timing(monkeypatch, fake) -> None:
 def fake_timer(monkeypatch):
     """Measured selection on fake timings and a fake clock: what it keeps no longer depends on how busy the
     machine is. `fake_timer(region, whole)` installs fake_interleaved(region, whole) and makes time.perf_counter
-    a clock that advances 0.1 ms per reading, so that budgets, deadlines and the costs the budget plans with (a
+    a clock that advances 0.1 ms per reading (and time.thread_time with it), so that budgets, deadlines and the costs the budget plans with (a
     session, a run, a rebuild) are the same every run. Returns the fake (its `calls`)."""
 
     def install(region=0.8, whole=0.9):
         fake = fake_interleaved(region, whole)
         fake_timing(monkeypatch, fake)
-        monkeypatch.setattr(time, "perf_counter", stepping_clock(1e-4))
+        fake_clocks(monkeypatch, stepping_clock(1e-4))
         return fake
 
     return install
+
+
+def fake_clocks(monkeypatch, clock) -> None:
+    """Wall time and thread CPU time both read `clock` (the budget clock reads both: measure/budget.py)."""
+    monkeypatch.setattr(time, "perf_counter", clock)
+    monkeypatch.setattr(time, "thread_time", clock)

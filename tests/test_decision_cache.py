@@ -16,7 +16,7 @@ from onnxfuse.select.cache_entries import entry_problem
 from onnxfuse.select.decision_cache import FORMAT, DecisionCache
 
 CNN = os.path.join(MODELS, "cnn_small.onnx")
-REGION = {"kind": "region", "keep": True, "ratio": [0.9, 0.8, 1.0], "source": "timed", "label": "FusedConv",
+REGION = {"kind": "region", "ratio": [0.9, 0.8, 1.0], "source": "timed", "label": "FusedConv",
           "rules": ["conv-relu"], "model": "m.onnx", "threads": 1, "floor": 0.01, "when": "2026-01-01T00:00:00"}
 GOOD = {"format": FORMAT, "decisions": {"r" * 64: REGION}}
 
@@ -31,8 +31,8 @@ MALFORMED = [
     ("an entry without a kind", {"format": FORMAT, "decisions": {"a": {"keep": True}}}),
     ("an unknown kind", {"format": FORMAT, "decisions": {"a": {"kind": "other"}}}),
     ("a kind of the wrong type", {"format": FORMAT, "decisions": {"a": {"kind": ["region"], "keep": True}}}),
-    ("a region without keep", {"format": FORMAT, "decisions": {"a": {"kind": "region"}}}),
-    ("keep a string", {"format": FORMAT, "decisions": {"a": {**REGION, "keep": "yes"}}}),
+    ("a region without its interval", {"format": FORMAT, "decisions": {"a": {"kind": "region"}}}),
+    ("an interval of strings", {"format": FORMAT, "decisions": {"a": {**REGION, "ratio": ["a", "b", "c"]}}}),
     ("ratio a string", {"format": FORMAT, "decisions": {"a": {**REGION, "ratio": "0.9"}}}),
     ("ratio too short", {"format": FORMAT, "decisions": {"a": {**REGION, "ratio": [0.9]}}}),
     ("budget a string", {"format": FORMAT, "decisions": {"a": {**REGION, "budget": "4"}}}),
@@ -62,12 +62,12 @@ def test_a_malformed_cache_is_read_without_failing(tmp_path, case, content):
 
 
 def test_good_entries_are_kept_and_bad_ones_skipped_with_one_warning(tmp_path):
-    data = {"format": FORMAT, "decisions": {"g" * 64: REGION, "b" * 64: "x", "c" * 64: {**REGION, "keep": 1}}}
+    data = {"format": FORMAT, "decisions": {"g" * 64: REGION, "b" * 64: "x", "c" * 64: {**REGION, "ratio": 1}}}
     c = _cache(tmp_path, data)
     assert c.get("g" * 64) == REGION
     assert c.get("b" * 64) is None and c.get("c" * 64) is None
     assert c.warnings == [f"{tmp_path / 'decisions.json'}: 2 malformed decision(s) skipped ("
-                          f"{'b' * 12}: a str, not an object; {'c' * 12}: 'keep' of the wrong type)"]
+                          f"{'b' * 12}: a str, not an object; {'c' * 12}: 'ratio' of the wrong type)"]
     # the next save keeps the good one and drops the bad ones
     c.put("n" * 64, REGION)
     c.save()
@@ -153,7 +153,7 @@ def test_a_cached_selection_report_round_trips_in_its_own_format():
     from onnxfuse.measure.stats import Ratio
     from onnxfuse.select.cache_entries import entry_problem
     from onnxfuse.select.cached_report import from_cache, to_cache
-    from onnxfuse.select.rounds import GroupEffect, MeasureReport
+    from onnxfuse.select.report import GroupEffect, MeasureReport
 
     rep = MeasureReport("cpu", 1, 3, estimator="cpu", final=Ratio(0.9, 0.85, 0.95), floor=0.01,
                         confirmed="timed", profiles=[("prefill", 1.0, Ratio(0.9, 0.8, 1.0))])

@@ -17,8 +17,7 @@ from onnxfuse.measure.stats import UNDECIDED, Ratio
 from onnxfuse.measure.verdicts import Verdict, verdict
 from onnxfuse.select import decision_cache as DC
 from onnxfuse.select.op_prior import OpCost
-from onnxfuse.select.region_run import RegionClass, aa_contrast, follow_peers, weak_evidence
-from onnxfuse.select.rounds import GroupEffect
+from onnxfuse.select.region_run import aa_contrast, weak_evidence
 
 
 def test_the_estimator_is_thread_cpu_time_only_where_onnxruntime_runs_on_the_calling_thread():
@@ -154,90 +153,19 @@ def test_the_verdict_says_undecided_only_where_the_interval_crosses_the_line():
     assert "thread CPU time" in line.line() and "±0.0%" in line.line()
 
 
-FASTER, SLOWER, FLAT = Ratio(0.9, 0.88, 0.92), Ratio(1.1, 1.08, 1.12), Ratio(1.005, 0.99, 1.02)
-ACROSS = Ratio(0.9, 0.8, 1.0)  # an interval across the line
-
-
-def _cls(group, rules, kept, source, n=1, size=3, effect=ACROSS, cost=None):
-    region = type("R", (), {"original": [None] * size, "cost": cost})()
-    c = RegionClass("sig", [region] * n)
-    c.decision = GroupEffect(group, rules, n, kept, effect, source=source)
-    return c
-
-
-def test_an_undecided_class_follows_the_classes_of_the_same_rewrite_measured_either_way():
-    decided = [_cls("FusedConv", ["conv-relu"], True, "timed", n=3, effect=FASTER),
-               _cls("FusedConv", ["conv-relu"], False, "timed", effect=SLOWER)]
-    undecided = _cls("FusedConv", ["conv-relu"], False, UNDECIDED)
-    alone = _cls("Gelu", ["erf-gelu"], False, UNDECIDED)
-    follow_peers([*decided, undecided, alone])
-    assert undecided.decision.kept and undecided.decision.source == UNDECIDED  # 3 of 4 by weight were faster
-    assert "follows the 2 classes of this rewrite measured faster" in undecided.decision.why
-    assert not alone.decision.kept and alone.decision.why == "nothing decided to follow"
-    slower = [_cls("FusedConv", ["conv-relu"], False, "cached", n=3, effect=SLOWER),
-              _cls("FusedConv", ["conv-relu"], True, "timed", effect=FASTER)]
-    u2 = _cls("FusedConv", ["conv-relu"], False, UNDECIDED)
-    follow_peers([*slower, u2])
-    assert not u2.decision.kept and "measured slower" in u2.decision.why
-    # a class measured with no change beyond the floor is no peer: it follows too, and is followed by nothing
-    flat = _cls("FusedConv", ["conv-relu"], False, "timed", n=5, effect=FLAT)
-    u3 = _cls("FusedConv", ["conv-relu"], False, "budget")
-    follow_peers([flat, _cls("FusedConv", ["conv-relu"], True, "timed", effect=FASTER), u3])
-    assert flat.decision.kept and u3.decision.kept and "follows the 1 class" in flat.decision.why
-
-
-def test_a_class_measuring_cannot_decide_follows_its_rules_expectation_where_no_peer_was_decided():
-    """expect: faster keeps an undecided, not reached or untimeable class; a decided class of the same rewrite
-    wins over the expectation; neutral and unknown leave the original; `why` says which decided."""
-    und = _cls("Gelu", ["erf-gelu"], False, UNDECIDED)
-    late = _cls("LayerNormalization", ["layernorm-decomposed"], False, "budget")
-    late.decision.why = "not reached within 4 s by an earlier run"
-    stuck = _cls("FusedConv", ["conv-relu"], False, "untimed")
-    neutral = _cls("Relu", ["relu-same"], False, UNDECIDED)
-    expects = {"erf-gelu": "faster", "layernorm-decomposed": "faster", "relu-same": "neutral"}
-    follow_peers([und, late, stuck, neutral], expects)
-    assert und.decision.kept and und.decision.why == "kept: erf-gelu expects faster (expect:)"
-    assert und.decision.source == UNDECIDED  # still not a decision: never cached as one
-    assert late.decision.kept and late.decision.why == (
-        "not reached within 4 s by an earlier run; kept: layernorm-decomposed expects faster (expect:)")
-    assert not stuck.decision.kept and stuck.decision.why == "nothing decided to follow"
-    assert not neutral.decision.kept and neutral.decision.why == "nothing decided to follow; relu-same expect neutral"
-    # a timed decision of the same rewrite that dropped it as slower decides, not the expectation
-    peer = _cls("Gelu", ["erf-gelu"], False, "timed", n=2, effect=SLOWER)
-    und2 = _cls("Gelu", ["erf-gelu"], False, UNDECIDED)
-    follow_peers([peer, und2], expects)
-    assert not peer.decision.kept and not und2.decision.kept and "follows the 1 class" in und2.decision.why
-    # measured with no change beyond the floor either way (even with the whole interval a little above 1): the
-    # expectation keeps it, on every run; one of unknown rules stays out
-    for effect in (FLAT, Ratio(1.006, 1.002, 1.009)):
-        flat = _cls("Gelu", ["erf-gelu"], False, "timed", effect=effect)
-        flat.decision.floor, flat.decision.why = 0.005, "no significant change"
-        conv = _cls("FusedConv", ["conv-relu"], False, "timed", effect=effect)
-        follow_peers([flat, conv], expects)
-        assert flat.decision.kept and flat.decision.why == "no significant change; kept: erf-gelu expects faster (expect:)"
-        assert not conv.decision.kept
 
 
 def _cost(calls, moved, flops=(1.0, 1.0), standard=True):
     return OpCost(calls, (moved, moved), (flops, flops), standard)
 
 
-def test_the_op_cost_prior_keeps_what_removes_work_into_standard_ops_where_the_rules_say_nothing():
+def test_the_op_cost_prior_counts_work_removed_into_standard_ops():
     removes = _cost((2, 1), (96.0, 64.0))
     assert removes.removes_work and removes.phrase() == "op cost: 1 kernel call fewer, 32 B fewer moved"
     assert not _cost((2, 1), (96.0, 128.0)).removes_work  # moves more
     assert not _cost((2, 1), (96.0, 64.0), flops=(1.0, 2.0)).removes_work
     assert not _cost((2, 2), (96.0, 64.0)).removes_work  # as many calls
     assert not _cost((2, 1), (96.0, 64.0), standard=False).removes_work  # a contrib kernel: its own quality
-    slice_ = _cls("Slice", ["gather-unsqueeze-slice"], False, "timed", effect=FLAT, cost=removes)
-    said = _cls("SkipLayerNormalization", ["skip-layernorm"], False, "timed", effect=FLAT, cost=removes)
-    follow_peers([slice_, said], {"skip-layernorm": "neutral"})
-    assert slice_.decision.kept and slice_.decision.why == "kept: op cost: 1 kernel call fewer, 32 B fewer moved"
-    assert not said.decision.kept  # a rule's own expectation comes first
-    # measured either way, the measurement decides whatever the op cost says
-    slow = _cls("Slice", ["gather-unsqueeze-slice"], False, "timed", effect=SLOWER, cost=removes)
-    follow_peers([slow])
-    assert not slow.decision.kept
 
 
 def test_weak_evidence_is_undecided_or_wall_time_under_load():
@@ -285,7 +213,7 @@ def test_the_confirmation_may_run_past_the_budget_by_its_grace_but_an_on_model_g
     from onnxfuse.select import region_run as rr
 
     run = rr.RegionRun.__new__(rr.RegionRun)
-    run.budget, run.deadline = 10.0, time.perf_counter() + 1.0  # 1 s left of a 10 s budget
+    run.budget, run.clock = 10.0, lambda: 9.0  # 1 s left of a 10 s budget
     # a comparison costs about 5.6 s before its runs: two generations of four sessions of 0.5 s and a 0.2 s run each
     run.session_s, run.latency_s, run.profiles = 0.5, 0.2, [(1.0, {})]
     run.cache = DC.DecisionCache(enabled=False)
@@ -305,70 +233,6 @@ def test_the_confirmation_may_run_past_the_budget_by_its_grace_but_an_on_model_g
     assert started
 
 
-def test_an_immaterial_class_is_decided_with_the_classes_of_its_rewrite():
-    """A class measured a little slower at the scale of its region, by a share of the model no comparison can see,
-    follows the classes of its rewrite (kept where most were faster), on every run; one that matters to the model
-    is decided by its own measurement."""
-    faster = [_cls("Slice", ["gather-unsqueeze-slice"], True, "timed", n=3, effect=FASTER) for _ in range(3)]
-    for c in faster:
-        c.decision.share = 0.0003
-    tiny = _cls("Slice", ["gather-unsqueeze-slice"], False, "timed", effect=Ratio(1.012, 1.011, 1.016))
-    tiny.decision.floor, tiny.decision.share = 0.005, 0.00003
-    big = _cls("Slice", ["gather-unsqueeze-slice"], False, "cached", effect=Ratio(1.012, 1.011, 1.016))
-    big.decision.floor, big.decision.share = 0.005, 0.01
-    follow_peers([*faster, tiny, big])
-    assert tiny.decision.kept and tiny.decision.why == (
-        "slower by 0.003% of the model (immaterial); follows the 5 classes of this rewrite measured faster")
-    assert all(c.decision.kept for c in faster) and not big.decision.kept
-
-
-def test_a_rewrite_immaterial_to_the_model_follows_its_rules_prior_not_one_class_measured_clear():
-    """One Conv + Relu class measured 2.5% faster at the scale of its region, 0.25% of the model in all: the rewrite
-    is immaterial here, and neither that class nor the four its rule left undecided are kept by it (the rule declares
-    nothing and FusedConv is a contrib kernel); whether that one class came out clear or not, the same choice."""
-    for effect in (Ratio(0.975, 0.965, 0.985), Ratio(0.978, 0.969, 0.992)):
-        clear = _cls("FusedConv", ["conv-relu"], True, "timed", effect=effect)
-        clear.decision.floor, clear.decision.share = 0.005, 0.0025
-        rest = [_cls("FusedConv", ["conv-relu"], False, UNDECIDED) for _ in range(4)]
-        follow_peers([clear, *rest])
-        assert not clear.decision.kept and not any(c.decision.kept for c in rest)
-        assert all(c.decision.why.endswith("nothing decided to follow") for c in [clear, *rest])
-    # the same with a rewrite into standard ops that removes work: all kept, by the op-cost prior
-    removes = _cost((2, 1), (96.0, 64.0))
-    slices = [_cls("Slice", ["gather-unsqueeze-slice"], e is FASTER, "timed", effect=e, cost=removes)
-              for e in (FASTER, FLAT, Ratio(1.012, 1.011, 1.016))]  # (kept as measured: the faster one)
-    for c in slices:
-        c.decision.floor, c.decision.share = 0.005, 0.0004
-    follow_peers(slices)
-    assert all(c.decision.kept for c in slices)
-    # the one measured far from the line (0.88-0.92: CLEAR margins) decides itself, and the others follow it,
-    # immaterial as the rewrite is (ppocr_cls_v2: a Conv + HardSigmoid class at 0.935, just inside three margins,
-    # was left out with nothing to follow while four of its rewrite measured 0.91-0.94 far from the line)
-    assert slices[0].decision.why == "" and all(
-        c.decision.why.endswith("follows the 1 class of this rewrite measured faster") for c in slices[1:])
-    alone = [_cls("Slice", ["gather-unsqueeze-slice"], False, "timed", effect=e, cost=removes)
-             for e in (FLAT, Ratio(1.012, 1.011, 1.016))]
-    for c in alone:
-        c.decision.floor, c.decision.share = 0.005, 0.0004
-    follow_peers(alone)  # no class far from the line: the op cost
-    assert all(c.decision.kept and c.decision.why.endswith("kept: op cost: 1 kernel call fewer, 32 B fewer moved")
-               for c in alone)
-
-
-def test_a_class_measured_far_from_the_line_decides_itself_whatever_its_share():
-    """cnn_small's Conv + HardSigmoid + Mul, 0.84 alone and 0.47% of the model, no peer, a rule that says nothing
-    and a contrib kernel: kept by its measurement (as at 0.50%, where it is material), not left out as immaterial.
-    Slower as far: left out, whatever its rule expects."""
-    hard = _cls("FusedConv", ["conv-hardswish"], False, "timed", effect=Ratio(0.838, 0.814, 0.844))
-    hard.decision.floor, hard.decision.share, hard.decision.kept = 0.005, 0.0047, True
-    slow = _cls("SkipSimplifiedLayerNormalization", ["rmsnorm-zero-skip"], False, "timed",
-                effect=Ratio(1.26, 1.257, 1.263))
-    slow.decision.floor, slow.decision.share = 0.005, 0.004
-    follow_peers([hard, slow], {"rmsnorm-zero-skip": "faster"})
-    assert hard.decision.kept and hard.decision.why == ""
-    assert not slow.decision.kept and slow.decision.why == ""
-
-
 def test_the_aa_contrast_of_four_sessions_shows_no_change_whatever_the_effect():
     """sqrt(c2/c x o2/o): each side of the contrast holds one session of each model, so a 30% effect is not in it,
     and its per-round spread is one pair's divided by about sqrt(2)."""
@@ -382,37 +246,6 @@ def test_the_aa_contrast_of_four_sessions_shows_no_change_whatever_the_effect():
         assert abs(np.median(k) - 1) < 0.006
         pair = t["c2"] / t["c"]
         assert 0.6 < np.std(k) / np.std(pair) < 0.8
-
-
-def test_deciding_again_with_a_later_passes_classes_follows_them_and_says_why_once():
-    """A rewrite's one class in a first pass, slower but immaterial alone, is kept by its rule's expectation;
-    decided again with the classes the next pass measured of the same rewrite (slower, material together), it
-    follows them, and its `why` is the same as if decided once with all of them."""
-    expects = {"rmsnorm-zero-skip": "faster"}
-
-    def immaterial_slower():
-        # slower beyond the floor (0.5%), but not far from the line (CLEAR margins): immaterial, a prior decides
-        c = _cls("SkipSimplifiedLayerNormalization", ["rmsnorm-zero-skip"], False, "timed",
-                 effect=Ratio(1.02, 1.016, 1.024))
-        c.decision.share, c.decision.floor, c.decision.why = 0.004, 0.005, "slower"
-        return c
-
-    first = immaterial_slower()
-    follow_peers([first], expects)
-    assert first.decision.kept and first.decision.why.endswith("kept: rmsnorm-zero-skip expects faster (expect:)")
-    later = [immaterial_slower() for _ in range(4)]
-    follow_peers(later, expects)
-    follow_peers([first, *later], expects)
-    once = immaterial_slower()
-    follow_peers([once, *[immaterial_slower() for _ in range(4)]], expects)
-    assert not first.decision.kept and first.decision.why == once.decision.why
-    assert first.decision.why == "slower by 0.400% of the model (immaterial); follows the 5 classes of this " \
-                                 "rewrite measured slower"
-    undecided = _cls("FusedConv", ["conv-relu"], False, "untimed")
-    undecided.decision.why = "cannot run alone"
-    follow_peers([undecided])
-    follow_peers([undecided])
-    assert undecided.decision.why == "cannot run alone; nothing decided to follow"
 
 
 def test_a_kept_selection_is_called_slower_where_it_was_undone_as_slower():

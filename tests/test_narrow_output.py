@@ -13,7 +13,7 @@ from rich.console import Console
 
 from onnxfuse.inspect.report import print_measure
 from onnxfuse.measure.stats import Ratio
-from onnxfuse.select.rounds import GroupEffect, MeasureReport
+from onnxfuse.select.report import GroupEffect, MeasureReport
 
 CNN = os.path.join(MODELS, "cnn_small.onnx")
 

@@ -7,11 +7,10 @@ import numpy as np
 import onnx
 import onnx.helper as oh
 import pytest
-from conftest import fake_timing, make_model, op_types, stepping_clock
+from conftest import fake_clocks, fake_timing, make_model, op_types, stepping_clock
 
 from onnxfuse import OptimizeOptions, optimize
 from onnxfuse.measure.timing import Timings
-from onnxfuse.select import region_select as rs
 
 RNG = np.random.default_rng(0)
 C = 32
@@ -60,7 +59,7 @@ def test_a_rule_measured_on_the_model_is_decided_there_not_as_a_region(se_model,
     comparison, with it against without it, decides."""
     fake = _fake(1.2, whole)
     fake_timing(monkeypatch, fake)
-    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # budgets and deadlines: not the load
+    fake_clocks(monkeypatch, stepping_clock(1e-4))  # budgets and deadlines: not the load
     out = tmp_path / "o.onnx"
     r = optimize(se_model, str(out), OptimizeOptions(cache=False))
     (row,) = _rows(r)
@@ -78,7 +77,7 @@ def test_a_rule_measured_on_the_model_is_decided_there_not_as_a_region(se_model,
 def test_the_decision_on_the_model_is_cached_and_a_rerun_writes_the_same_bytes(se_model, tmp_path, monkeypatch):
     monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "cache"))
     fake_timing(monkeypatch, _fake(0.8, 0.9))
-    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # budgets and deadlines: not the load
+    fake_clocks(monkeypatch, stepping_clock(1e-4))  # budgets and deadlines: not the load
     r1 = optimize(se_model, str(tmp_path / "a.onnx"), OptimizeOptions())
     assert [g.kept for g in _rows(r1)] == [True]
 
@@ -94,7 +93,7 @@ def test_the_decision_on_the_model_is_cached_and_a_rerun_writes_the_same_bytes(s
 
 def test_a_budget_that_does_not_reach_it_leaves_it_out_and_says_so(se_model, tmp_path, monkeypatch):
     fake_timing(monkeypatch, _fake(0.8, 0.9))
-    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock())
+    fake_clocks(monkeypatch, stepping_clock())
     out = tmp_path / "o.onnx"
     r = optimize(se_model, str(out), OptimizeOptions(cache=False, measure_budget_s=4.0))
     (row,) = _rows(r)
@@ -106,7 +105,7 @@ def test_a_budget_that_does_not_reach_it_leaves_it_out_and_says_so(se_model, tmp
 def test_without_such_rules_nothing_is_timed_on_the_model(se_model, tmp_path, monkeypatch):
     fake = _fake(0.8, 0.9)
     fake_timing(monkeypatch, fake)
-    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # budgets and deadlines: not the load
+    fake_clocks(monkeypatch, stepping_clock(1e-4))  # budgets and deadlines: not the load
     r = optimize(se_model, str(tmp_path / "o.onnx"), OptimizeOptions(cache=False, skip=["se-gate-broadcast"]))
     assert "on model" not in r.measure.phases and not _rows(r)
     assert sum("f" not in s for s in fake.calls) == 1  # the confirmation only
@@ -125,16 +124,17 @@ def test_regions_that_cannot_be_timed_alone_are_decided_on_the_model_in_one_grou
     """A chain of rewrites reading each other's values (Transposes moved below a run of ops) cannot be timed region
     by region; such regions go to the whole-model decision together, the others stay with region timing."""
     from onnxfuse.select import on_model as om
+    from onnxfuse.select.units import Untimeable
 
-    def region(label, rules, why=""):
+    def region(label, rules, why=None):
         r = type("R", (), {})()
         r.label, r.rules, r.untimeable = label, rules, why
         return r
-    a = region("Transpose+Add", ["transpose-below-add-const"], om.NOT_ALONE[0])
-    b = region("Transpose+Mul", ["transpose-below-mul-const"], om.NOT_ALONE[1])
+    a = region("Transpose+Add", ["transpose-below-add-const"], Untimeable.READS_RENAMED)
+    b = region("Transpose+Mul", ["transpose-below-mul-const"], Untimeable.REWRITTEN_AGAIN)
     c = region("FusedConv", ["conv-relu"])
     d = region("Resize+Mul", ["se-gate-broadcast"])
-    e = region("", ["add-zero"], "removes nodes only (exact)")
+    e = region("", ["add-zero"], Untimeable.REMOVES_ONLY)
     alone, whole = om.split_on_model([a, b, c, d, e], {"se-gate-broadcast"})
     assert alone == [c, e] and whole == [a, b, d]
     groups = om.groups_on_model(whole)

@@ -22,7 +22,6 @@ BAD_FLAGS = [
     (["--measure-budget", "0"], "onnxfuse: error: --measure-budget 0: must be a number of seconds > 0"),
     (["--measure-budget", "-3"], "onnxfuse: error: --measure-budget -3: must be a number of seconds > 0"),
     (["--jobs", "0"], "onnxfuse: error: --jobs 0: must be >= 1"),
-    (["--measure-by", "layers"], "onnxfuse: error: --measure-by layers: expected regions or model"),
     (["--target", "gpu"], "onnxfuse: error: --target gpu: expected one of the registered targets: cpu, cuda, openvino"),
 ]
 
@@ -62,7 +61,6 @@ def test_other_commands_check_values(cli, cmd, flags, line):
     (dict(measure_threads=2.5), "measure_threads=2.5: expected a whole number"),
     (dict(rtol=-1), "rtol=-1: must be a finite number >= 0"),
     (dict(measure_budget_s=0), "measure_budget_s=0: must be a number of seconds > 0"),
-    (dict(measure_by="layers"), "measure_by='layers': expected regions or model"),
     (dict(shapes=3), "shapes=3: expected a list of strings, got int"),
 ])
 def test_api_errors_name_the_option_not_a_flag(kw, message):

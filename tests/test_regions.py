@@ -3,24 +3,24 @@ alike regions are one class; decisions are cached, reproducible and bounded by t
 
 import json
 import os
+import time
 
 import numpy as np
 import onnx
 import onnx.helper as oh
 import onnxruntime as ort
 import pytest
-from conftest import MODELS, fake_timing, make_model, stepping_clock
+from conftest import MODELS, fake_clocks, fake_timing, make_model, stepping_clock
 
 from onnxfuse import OptimizeOptions, find_inputs, optimize
 from onnxfuse.load.loader import load_model
 from onnxfuse.measure import timing as rt
 from onnxfuse.measure.stats import Ratio
-from onnxfuse.measure.timing import Timings, generations, interleave
+from onnxfuse.measure.timing import Timings, interleave
 from onnxfuse.measure.verdicts import MIN_FLOOR, verdict
 from onnxfuse.rewrite.engine import EngineOptions, run
 from onnxfuse.rewrite.ruleset import load_rules
 from onnxfuse.select import region_run as rr
-from onnxfuse.select import region_select as rs
 from onnxfuse.select.decision_cache import DecisionCache
 from onnxfuse.select.regions import find_regions, region_model, signature
 from onnxfuse.tensors import TensorType
@@ -161,7 +161,7 @@ def test_a_region_class_is_kept_only_when_faster_beyond_noise(tmp_path, monkeypa
     prior for conv-add-fold (an Add folded into a Conv's bias: one call and its bytes fewer, a standard op) and
     nothing for the FusedConv rules (a contrib kernel, whose rules declare nothing)."""
     fake_timing(monkeypatch, _fake_interleaved(ratio))
-    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # budgets and deadlines: not the load
+    fake_clocks(monkeypatch, stepping_clock(1e-4))  # budgets and deadlines: not the load
     r, _ = _optimize(tmp_path, "o.onnx", cache=False)
     timed = [g for g in r.measure.groups if g.source == "timed"]
     prior = [g for g in timed if g.rules == ["conv-add-fold"]] if ratio == 1.0 else []
@@ -195,7 +195,7 @@ def test_an_undecided_class_is_said_so_and_decided_afresh_only_where_a_run_can_d
         return Timings.of(out, estimator, len(profiles))
     fake.regions = 0
     fake_timing(monkeypatch, fake)
-    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))
+    fake_clocks(monkeypatch, stepping_clock(1e-4))
     monkeypatch.setattr(rr, "_load_per_core", lambda: 2.0)  # a loaded machine
     r, a = _optimize(tmp_path, "a.onnx", measure_budget_s=6.0)
     undecided = [g for g in r.measure.groups if g.source == "undecided"]
@@ -220,7 +220,7 @@ def test_a_slower_whole_model_confirmation_writes_the_original(tmp_path, monkeyp
     fake = _fake_interleaved(0.8)
     fake.whole = whole
     fake_timing(monkeypatch, fake)
-    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # budgets and deadlines: not the load
+    fake_clocks(monkeypatch, stepping_clock(1e-4))  # budgets and deadlines: not the load
     r, out = _optimize(tmp_path, "o.onnx", cache=False)
     assert r.measure.dropped_everything and r.measure.final.median == pytest.approx(whole)
     assert r.measure.final.verdict == ("slower" if whole > 1 else "no significant change")
@@ -236,7 +236,7 @@ def test_a_selection_a_little_faster_as_a_whole_within_the_noise_floor_is_kept(t
     fake = _fake_interleaved(0.8)
     fake.whole = 0.997
     fake_timing(monkeypatch, fake)
-    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))
+    fake_clocks(monkeypatch, stepping_clock(1e-4))
     r, out = _optimize(tmp_path, "o.onnx", cache=False)
     m = r.measure
     assert not m.dropped_everything and m.note.startswith("the kept selection measured 0.997 as a whole (within "
@@ -257,7 +257,7 @@ def test_a_selection_slower_as_a_whole_keeps_the_group_that_is_faster_alone(tmp_
     fake = _fake_interleaved(0.8)
     fake.wholes = [whole, 0.85]  # the whole selection, then the best group alone
     fake_timing(monkeypatch, fake)
-    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))
+    fake_clocks(monkeypatch, stepping_clock(1e-4))
     r, out = _optimize(tmp_path, "o.onnx", cache=False)
     m = r.measure
     assert not m.dropped_everything and m.final.median == pytest.approx(0.85, abs=0.01)
@@ -305,7 +305,7 @@ def test_the_confirmation_reports_each_profile(tmp_path, monkeypatch, cli):
     fake = _fake_interleaved(0.8)
     fake.whole, fake.per_profile = 0.9, [0.85, 0.97]
     fake_timing(monkeypatch, fake)
-    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # budgets and deadlines: not the load
+    fake_clocks(monkeypatch, stepping_clock(1e-4))  # budgets and deadlines: not the load
     profiles = ["small:batch=1", "large:batch=3@2"]
     r, _ = _optimize(tmp_path, "o.onnx", profiles=profiles)
     assert r.measure.confirmed == "timed"
@@ -352,7 +352,7 @@ def test_decisions_are_cached_and_a_second_run_writes_the_same_bytes(tmp_path, m
 def test_a_budget_too_small_leaves_the_unreached_regions_as_the_original(tmp_path, monkeypatch):
     monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(tmp_path / "cache"))
     fake_timing(monkeypatch, _fake_interleaved(0.5))
-    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock())
+    fake_clocks(monkeypatch, stepping_clock())
     r, out = _optimize(tmp_path, "o.onnx", measure_budget_s=4.0)
     sources = [g.source for g in r.measure.groups]
     assert "budget" in sources and r.measure.undecided == sources.count("budget")
@@ -365,7 +365,7 @@ def test_a_budget_too_small_leaves_the_unreached_regions_as_the_original(tmp_pat
     assert [g.source for g in r2.measure.groups].count("budget") == r.measure.undecided
     assert out.read_bytes() == out2.read_bytes()
     # a larger budget times what the smaller one did not reach
-    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(step=1e-4))
+    fake_clocks(monkeypatch, stepping_clock(step=1e-4))
     r3, _ = _optimize(tmp_path, "o3.onnx", measure_budget_s=100.0)
     assert "budget" not in [g.source for g in r3.measure.groups]
 
@@ -412,17 +412,15 @@ def test_rules_shadowed_by_a_dropped_region_are_timed_in_a_second_pass(tmp_path,
     """self-attention consumes the Q.K scale that matmul-scale would fuse. With Attention regions slower and
     FusedMatMul regions faster, the first pass drops Attention; the second lets matmul-scale fire, times it
     and keeps it. Nothing enters the output untimed."""
-    from onnxfuse.select.rounds import GroupEffect
+    from onnxfuse.select.decide import Evidence
 
     def fake_time_class(self, c, deadline):
-        rep = c.regions[0]
-        ratio = 1.2 if any("Attention" in o for o in rep.ops) else 0.8
-        return GroupEffect(rep.label, rep.rules, len(c.keys), ratio < 1, Ratio(ratio, ratio - 0.01, ratio + 0.01),
-                           instances=len(c.regions))
+        ratio = 1.2 if any("Attention" in o for o in c.regions[0].ops) else 0.8
+        return Evidence(Ratio(ratio, ratio - 0.01, ratio + 0.01), 0.005, 0.05)
 
     monkeypatch.setattr(rr.RegionRun, "time_class", fake_time_class)
     fake_timing(monkeypatch, _fake_interleaved(1.0))  # the confirmation: no change
-    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))  # the second pass fits whatever the load
+    fake_clocks(monkeypatch, stepping_clock(1e-4))  # the second pass fits whatever the load
     r = optimize(BERT, str(tmp_path / "out.onnx"), OptimizeOptions(cache=False))
     assert "self-attention" not in r.fired and r.fired.get("matmul-scale", 0) >= 2, r.fired
     rows = {g.group: g for g in r.measure.groups if g.source == "timed"}
@@ -432,12 +430,19 @@ def test_rules_shadowed_by_a_dropped_region_are_timed_in_a_second_pass(tmp_path,
     assert ops.count("FusedMatMul") == r.fired["matmul-scale"] and "Attention" not in ops
 
 
-def test_a_budget_that_cannot_even_capture_measures_nothing_and_keeps_only_exact_rewrites(tmp_path, monkeypatch):
-    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock())  # every session and run seems to take 0.4 s
+def test_a_budget_too_small_to_time_anything_decides_every_unit_by_its_prior(tmp_path, monkeypatch):
+    """A budget limits what is timed, never what is kept: with no time for a single class, every unit follows its
+    prior (the rules' expect:, the op cost), none is "not measured", and the output still validates."""
+    fake_clocks(monkeypatch, stepping_clock())  # every session and run seems to take 0.4 s
     r, out = _optimize(tmp_path, "o.onnx", cache=False, measure_budget_s=0.5)
-    assert r.measure.note.startswith("not measured: capturing the regions' inputs would take about")
-    assert "--measure-budget" in r.measure.note
-    assert not any(k.startswith("com.microsoft") for k in r.ops_after)  # nothing untimed is kept
+    m = r.measure
+    assert not m.note.startswith("not measured") and m.undecided == len(m.groups) - sum(
+        g.source in ("exact", "untimed", "model") for g in m.groups)
+    assert all(g.source == "budget" and g.effect is None and "not timed within the budget; " in g.why
+               for g in m.groups if g.source not in ("exact", "untimed"))
+    conv_add = [g for g in m.groups if g.rules == ["conv-add-fold"]]
+    assert conv_add and all(g.kept and "op cost" in g.why for g in conv_add)  # removes work into a standard op
+    assert r.validation == "passed"
     onnx.checker.check_model(onnx.load(str(out)))
 
 
@@ -460,7 +465,7 @@ def test_profiles_count_by_weight_not_by_duration(monkeypatch):
     """A fused version 5% faster at prefill (10 s) but 20% slower at decode (1 s) is slower at equal weights:
     each profile counts relative to the original's time there (as seconds, the prefill would hide the decode)."""
     clock = [0.0]
-    monkeypatch.setattr(rs.time, "perf_counter", lambda: clock[0])
+    fake_clocks(monkeypatch, lambda: clock[0])
 
     class Fake:
         def __init__(self, costs):
@@ -481,58 +486,29 @@ def test_profiles_count_by_weight_not_by_duration(monkeypatch):
     assert single["f"][0] == 9.5  # one profile: plain seconds
 
 
-def _plan_run(budget, automatic, session_s, run_s, rebuild_s, weights=10**8):
-    """A RegionRun with only what `plan` reads: the validator's costs, one profile, the budget."""
-    run_ = rr.RegionRun.__new__(rr.RegionRun)
-    run_.validator = type("V", (), {"session_s": session_s, "run_s": run_s})()
-    run_.profiles = [(1.0, {})]
-    run_.t0, run_.budget, run_.automatic = 0.0, budget, automatic
-    run_.deadline, run_.rebuild_s, run_.weights = budget, rebuild_s, weights
-    run_.session_s = run_.latency_s = 0.0  # nothing captured yet
-    return run_
+def test_the_automatic_budget_follows_the_models_run_time_not_the_load():
+    """8 s and 150 runs of the model (the confirmation's and a group's rounds fit), 8-60 s, more past 1 GiB; it is
+    counted on the budget clock, so a loaded machine buys the same runs."""
+    assert rr.automatic_budget(0.0, 10**6) == rr.AUTO_MIN_S
+    assert rr.automatic_budget(0.1, 10**6) == pytest.approx(rr.AUTO_BASE_S + 0.1 * rr.AUTO_RUNS)
+    assert rr.automatic_budget(5.0, 10**6) == rr.AUTO_MAX_S
+    assert rr.automatic_budget(0.1, 2 * 2**30) == pytest.approx(2 * (rr.AUTO_BASE_S + 0.1 * rr.AUTO_RUNS))
 
 
-def _regions_reading(n):
-    return [type("R", (), {"inputs": [f"v{i}"]})() for i in range(n)]
+def test_the_budget_clock_is_thread_cpu_time_until_the_wall_runs_past_its_cap(monkeypatch):
+    from onnxfuse.measure.budget import WALL_CAP, budget_clock
 
-
-def test_the_automatic_budget_makes_room_for_the_steps_around_timing():
-    run_ = _plan_run(4.0, True, session_s=2.0, run_s=0.5, rebuild_s=3.0)
-    assert run_.plan(_regions_reading(10), regions_s=1.0) == ""
-    # one session and one run of capture (2.5 s), one rebuild (3 s) and finding regions (1 s), then 4 s of timing
-    # (the confirmation among it)
-    assert run_.budget == pytest.approx(1.0 + 2.5 + 3.0 + rr.AUTO_MIN_S)
-    assert run_.deadline == run_.t0 + run_.budget
-    far = _plan_run(4.0, True, session_s=30.0, run_s=5.0, rebuild_s=20.0)
-    why = far.plan(_regions_reading(10), regions_s=1.0)
-    assert why.startswith("not measured:") and "--measure-budget" in why and far.budget == 4.0
-    # two groups of rewrites decided on the whole model: a rebuild and a comparison each, and the confirmation
-    # (four sessions and a warm-up round, then MIN_RUNS_FLOOR rounds) they would crowd out, on top
-    # (ON_MODEL_ROUNDS rounds: their effects are a few percent)
-    two = _plan_run(4.0, True, session_s=0.8, run_s=0.1, rebuild_s=1.0)
-    compare = 3.6 + 4 * rr.MIN_RUNS_FLOOR * 0.1
-    group = 3.6 + 4 * rr.ON_MODEL_ROUNDS * 0.1
-    assert two.plan(_regions_reading(10), regions_s=1.0, on_model=2) == ""
-    assert two.budget == pytest.approx(1.0 + 0.9 + 1.0 + compare + 2 * (1.0 + group) + rr.AUTO_MIN_S)
-    # a 10 ms model's rounds are MODEL_ROUND_S of runs per session (ten runs each): its confirmation takes its 8
-    # rounds, a group SHORT_MODEL_ROUNDS (as many as hold the runs of 20 rounds of one run, or more)
-    short = _plan_run(4.0, True, session_s=0.2, run_s=0.01, rebuild_s=0.1)
-    assert short.plan(_regions_reading(10), regions_s=0.1, on_model=1) == ""
-    assert short.rounds(rr.ON_MODEL_ROUNDS) == rr.SHORT_MODEL_ROUNDS < rr.ON_MODEL_ROUNDS
-    assert short.rounds(rr.MIN_RUNS_FLOOR) == rr.MIN_RUNS_FLOOR and two.rounds(rr.ON_MODEL_ROUNDS) == 20
-    # four of its sessions are made in 0.8 s, under REMAKE_S: each comparison makes them twice (in_generations),
-    # with the same runs in all; a 0.8 s session's model (above) makes them once
-    assert generations(4 * 0.2) == 2 and generations(4 * 0.8) == 1
-    confirm = 2 * 0.84 + max(rr.COMPARE_MIN_S, 4 * rr.MIN_RUNS_FLOOR * rr.MODEL_ROUND_S)
-    group = 2 * 0.84 + max(rr.COMPARE_MIN_S, 4 * rr.SHORT_MODEL_ROUNDS * rr.MODEL_ROUND_S)
-    assert short.budget == pytest.approx(0.1 + 0.21 + 0.1 + confirm + group + 0.1 + rr.AUTO_MIN_S)
-
-
-def test_a_given_budget_is_not_raised():
-    run_ = _plan_run(2.0, False, session_s=2.0, run_s=0.5, rebuild_s=3.0)
-    why = run_.plan(_regions_reading(10), regions_s=1.0)
-    assert "more than 60% of the 2 s budget" in why and run_.budget == 2.0
-    assert _plan_run(10.0, False, session_s=2.0, run_s=0.5, rebuild_s=3.0).plan(_regions_reading(10), 1.0) == ""
+    wall, cpu = [100.0], [5.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: wall[0])
+    monkeypatch.setattr(time, "thread_time", lambda: cpu[0])
+    clock = budget_clock("cpu")
+    wall[0], cpu[0] = 102.0, 6.0  # loaded: 2 s of wall for 1 s of CPU
+    assert clock() == 1.0
+    wall[0] = 100.0 + 10 * WALL_CAP  # past the cap: the wall counts
+    assert clock() == pytest.approx(10.0)
+    wall_clock = budget_clock("wall")
+    wall[0] += 3.0
+    assert wall_clock() == pytest.approx(3.0)
 
 
 def test_a_region_input_without_a_known_shape_is_static_only_where_every_profile_agrees():
@@ -630,7 +606,7 @@ def test_only_exact_rewrites_kept_are_timed_where_the_budget_has_the_time(tmp_pa
     fake = _fake_interleaved(1.2)
     fake.whole = whole
     fake_timing(monkeypatch, fake)
-    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))
+    fake_clocks(monkeypatch, stepping_clock(1e-4))
     r = optimize(model, str(tmp_path / "o.onnx"), OptimizeOptions(cache=False))
     m = r.measure
     assert [g.kept for g in m.groups if g.source == "timed"] == [False]
@@ -696,7 +672,7 @@ def test_the_confirmation_runs_on_while_its_verdict_is_undecided(tmp_path, monke
             asked.append(kw.get("settled"))
         return fake(sessions, profiles, **kw)
     fake_timing(monkeypatch, recording)
-    monkeypatch.setattr(rs.time, "perf_counter", stepping_clock(1e-4))
+    fake_clocks(monkeypatch, stepping_clock(1e-4))
     r, _ = _optimize(tmp_path, "o.onnx", cache=False)
     assert r.measure.confirmed == "timed" and asked and asked[-1] is rr._confirmed
 
@@ -712,27 +688,3 @@ def test_the_confirmation_runs_on_while_its_verdict_is_undecided(tmp_path, monke
     assert not rr._confirmed(timings(0.99, 0.02))  # across it: measured longer
 
 
-def test_rewrites_too_small_for_the_whole_model_go_with_the_group_confirmed_alone():
-    """Where the whole selection measured no faster and the best group is confirmed alone, the kept classes whose
-    shares of the model add up to less than MATERIAL go with it (no whole-model comparison can see them, so they
-    cannot be why it measured no faster), and so do the groups of their rules kept on the whole model; classes of
-    unknown share, those not kept, and classes that add up to MATERIAL or more do not."""
-    from types import SimpleNamespace as NS
-
-    from onnxfuse.select.region_run import MATERIAL
-    from onnxfuse.select.region_select import _riders
-    from onnxfuse.select.rounds import GroupEffect
-
-    def cls(key, rule, share, kept=True):
-        return NS(keys=[key], decision=GroupEffect("Slice", [rule], 1, kept, None, share=share))
-
-    best = {("gelu", 0)}
-    classes = [NS(keys=[("gelu", 0)], decision=GroupEffect("FastGelu", ["gelu"], 1, True, None, share=0.02)),
-               cls(("slice", 1), "slice", 0.001), cls(("slice", 2), "slice", 0.002),
-               cls(("slice", 3), "slice", 0.0001, kept=False), cls(("ln", 4), "ln", None)]
-    on_rows = [({("slice", 9)}, GroupEffect("(rewrites that cannot be timed alone)", ["slice"], 1, True, None,
-                                            source="budget")),
-               ({("attn", 8)}, GroupEffect("Attention", ["attn"], 1, True, None, source="model"))]
-    assert _riders(classes, best, on_rows) == {("slice", 1), ("slice", 2), ("slice", 9)}
-    classes.append(cls(("slice", 5), "slice", MATERIAL - 0.003))  # now they add up to MATERIAL: none goes along
-    assert _riders(classes, best, on_rows) == set()

@@ -50,7 +50,7 @@ def _main(version: Annotated[bool, typer.Option("--version", callback=_print_ver
 METAVARS = {"patterns": "FILE", "only": "RULE_ID", "skip": "RULE_ID", "rule": "RULE_ID", "rule_id": "RULE_ID",
             "target": "|".join(names()), "provider": "|".join(names()), "shape": "NAME:1x3x224x224|DIM=V", "inputs": "X.npz",
             "profile": "NAME:DIM=V,...[@WEIGHT]", "rtol": "R", "atol": "A", "threads": "N|auto",
-            "measure_budget": "SECONDS", "budget": "SECONDS", "measure_by": "regions|model", "html": "FILE",
+            "measure_budget": "SECONDS", "budget": "SECONDS", "html": "FILE",
             "jobs": "N", "runs": "N", "level": "all|extended|basic|disable", "batch": "1,2,4,...|N",
             "paths": "IN... OUT", "files": "FILE...", "a": "A.onnx", "b": "B.onnx"}
 
@@ -87,7 +87,7 @@ TargetOpt = Annotated[str, typer.Option("--target", "-t", help=f"The execution p
 # API option names (OnnxfuseError.option) -> the flags that set them: a CLI error names the flag
 FLAGS = {"target": "--target", "provider": "--provider", "measure_threads": "--threads", "threads": "--threads",
          "measure_budget_s": "--measure-budget", "budget_s": "--budget", "min_runs": "--runs", "runs": "--runs",
-         "rtol": "--rtol", "atol": "--atol", "measure_by": "--measure-by", "jobs": "--jobs", "shapes": "--shape",
+         "rtol": "--rtol", "atol": "--atol", "jobs": "--jobs", "shapes": "--shape",
          "profiles": "--profile", "inputs_npz": "--inputs", "level": "--level", "batches": "--batch",
          "patterns": "--patterns", "only": "--only", "skip": "--skip", "rule": "--rule", "html": "--html"}
 

@@ -58,14 +58,12 @@ def optimize(
                                          "or auto (onnxruntime's default: one per physical core). Decisions hold "
                                          "for this count; the report, JSON, HTML and decision cache name it.")] = "1",
     measure_budget: Annotated[float | None, typer.Option("--measure-budget", help="Seconds for the whole "
-                                                         "measuring phase (default: automatic: what keeps optimize "
-                                                         "near 12 s, 4-10 s, raised where the steps around timing "
-                                                         "need more and past 1 GiB of weights; with --measure-by "
-                                                         "model, seconds per round, default 2).")]
+                                                         "measuring phase, on the clock decisions are read on "
+                                                         "(thread CPU time at --threads 1; default: automatic, "
+                                                         "8 s and 150 runs of the model, 8-60 s, more past 1 GiB). "
+                                                         "It limits what is timed, never what is kept: the rest "
+                                                         "follows its prior.")]
     = None,
-    measure_by: Annotated[str, typer.Option("--measure-by", help="regions: time each class of alike regions "
-                                            "alone, then confirm on the whole model; model: rounds of "
-                                            "whole-model variants.")] = "regions",
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither reuse nor record measured decisions "
                                            "(the decision cache: onnxfuse cache show).")] = False,
     bench_after: Annotated[bool, typer.Option("--bench", help="Benchmark the input against the output "
@@ -95,7 +93,7 @@ def optimize(
                            measure=not no_measure, fold=not no_fold, pad_channels=pad_channels, static=static,
                            freeze_weights=freeze_weights,
                            measure_threads=parse_threads(threads), measure_budget_s=measure_budget, profiles=profile or [],
-                           measure_by=measure_by, cache=not no_cache).check()
+                           cache=not no_cache).check()
     if jobs is not None:
         check_count("jobs", jobs)
     if jobs is not None and ray is not None:

@@ -143,8 +143,10 @@ def print_measure(m, console: Console) -> None:
     console.print(t.table)
     if regions:
         phases = ", ".join(f"{k} {v:.1f} s" for k, v in m.phases.items())
-        console.print(f"measure: {m.seconds:.1f} s of a {m.budget_s:.0f} s budget ({phases})"
-                      + (f"; {count(m.undecided, 'decision')} not reached: left as the original" if m.undecided
+        clock = "thread CPU time" if m.estimator == "cpu" else "wall time"
+        console.print(f"measure: {m.spent_s:.1f} s of a {m.budget_s:.0f} s budget on {clock}, {m.seconds:.1f} s of "
+                      f"wall time ({phases})"
+                      + (f"; {count(m.undecided, 'unit')} not timed: decided by their prior" if m.undecided
                          else "") + f"; whole-model confirmation: {m.confirmed or 'not needed'}")
     _print_final(m, console)
     _print_threads(m, console)

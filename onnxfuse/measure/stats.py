@@ -26,6 +26,13 @@ class Ratio:
     def verdict(self) -> str:
         return self.verdict_beyond(0.0)
 
+    def sign(self, margin: float) -> int:
+        """1 where the whole CI lies below 1 - `margin` (faster), -1 above 1 + `margin` (slower), else 0."""
+        return 1 if self.high < 1 - margin else -1 if self.low > 1 + margin else 0
+
+    def faster_beyond(self, floor: float) -> bool:
+        return self.sign(SIGNIFICANT + floor) > 0
+
     def verdict_beyond(self, floor: float) -> str:
         """faster/slower only if the whole CI clears 1 by SIGNIFICANT plus `floor` (an A/A difference)."""
         return judge(self, SIGNIFICANT + floor)
@@ -33,7 +40,7 @@ class Ratio:
     def slower_beyond(self, floor: float) -> bool:
         """Measured slower: beyond the noise floor, or with the whole interval above 1 (by SIGNIFICANT) even where
         the floor is wider (a change measured slower has no evidence that it helps)."""
-        return "slower" in (self.verdict_beyond(floor), self.verdict_beyond(0.0))
+        return self.sign(SIGNIFICANT + floor) < 0 or self.sign(SIGNIFICANT) < 0
 
     def no_better(self, floor: float) -> bool:
         """Measured slower (`slower_beyond`), or no faster at all: the median at or above 1. A kept selection so

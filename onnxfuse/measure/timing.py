@@ -130,42 +130,22 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
                settled: Callable[[Timings], bool] | None = None, progress: Progress | None = None,
                repeat: int | None = None, round_s: float = ROUND_S, keep_runs: bool = False,
                runs_each: int = 0, generations: int = 1, after_s: float = 0.0, median_of: tuple[int, float] = (1, 0.0),
-               ) -> Timings:
-    """Time `sessions` (label -> anything with `run(None, feeds)`) interleaved over `profiles` ((weight,
-    feeds) each) after one warm-up run of each: at least `floor_runs` rounds, then, while `deadline` allows and
-    up to `max_runs`, until `min_runs` rounds and `min_seconds` of rounds are done and `settled(timings so far)`
-    (checked every SETTLE_EVERY rounds) says the verdict is clear. Raises OutOfBudget when, after the warm-up,
-    `floor_runs` rounds would end past `hard_deadline`. `estimator` (clock.py) is the clock the result reads.
-    In a round each session runs `repeat` times, interleaved with the others' runs (passes in the
-    orders of pass_orders, a cycle that runs on across rounds and profiles), and their median counts (round_times); by default as many times as fit in `round_s`
-    (at most MAX_REPEAT), from the warm-up run: once for a model of `round_s` or more; `median_of` = (n, seconds):
-    n times at least where n runs take at most that long (whole models: MEDIAN_OF, model_round_s). With `keep_runs` every
-    run's seconds are kept besides (Timings.runs: a latency's percentiles are of runs). `runs_each` asks for at least
-    that many single runs of each session (bench's --runs): as rounds, after the warm-up, when a round holds
-    several runs, added to the floor and the minimum. `generations` > 1: these are the first of that many
-    generations of sessions (in_generations), each to run as many rounds: where a round holds one run of each
-    session (a model of `generations` x `round_s` or longer), the floor and the minimum are shared out between them (rounded up),
-    so that the comparison takes as many runs in all as one generation would; the hard-deadline check plans for
-    every generation's floor of rounds, and `after_s` seconds of work between them (making the sessions again)."""
-    order = list(sessions)
-    first = [float("inf")] * len(profiles)
-    for s in sessions.values():  # warm-up
-        for p, (_, feeds) in enumerate(profiles):
-            t = time.perf_counter()
-            s.run(None, feeds)
-            first[p] = min(first[p], time.perf_counter() - t)
-    warm = time.perf_counter()
-    # a round of a short model is several interleaved passes (a tenth of a millisecond is shorter than a
-    # scheduler's time slice, a few milliseconds are not)
-    reps = [repeat or max(1, min(MAX_REPEAT, int(round_s / max(f, 1e-9)))) for f in first]
-    if repeat is None:
-        reps = [max(r, median_of[0]) if median_of[0] * f <= median_of[1] else r for r, f in zip(reps, first, strict=True)]
-    if generations > 1 and all(round_s * generations < 2 * f for f in first):  # the whole round holds one run
-        # and a round can hold no fewer: fewer rounds each
-        floor_runs, min_runs = -(-floor_runs // generations), -(-min_runs // generations)
-    if runs_each:  # single runs asked for: the rounds that hold them (a round holds reps[0] runs of each)
-        need = -(-runs_each // reps[0])
-        floor_runs, min_runs = max(floor_runs, need), max(min_runs, need)
+               clock: Callable[[], float] | None = None) -> Timings:
+    """Time `sessions` (label -> anything with `run(None, feeds)`) interleaved over `profiles` ((weight, feeds)
+    each) after one warm-up run of each: at least `floor_runs` rounds, then, while `deadline` allows and up to
+    `max_runs`, until `min_runs` rounds and `min_seconds` are done and `settled(timings so far)` (checked every
+    SETTLE_EVERY rounds or more) says the verdict is clear. OutOfBudget where the floor of rounds would end past
+    `hard_deadline`. A round runs each session `repeat` times (default: as many as fit in `round_s`, at least
+    `median_of` = (n, seconds) where n runs fit in those seconds), in the passes of pass_orders, and their
+    median counts (round_times). `keep_runs`: every run's seconds besides (Timings.runs); `runs_each`: at least
+    that many single runs of each session; `generations` > 1: the first of that many generations of sessions
+    (in_generations), rounds shared out where a round is one run, `after_s` of work between them. Deadlines are
+    read on `clock` (budget.py), the result on `estimator`."""
+    clock = clock or time.perf_counter
+    order, first = list(sessions), _warm_up(sessions, profiles, clock)
+    warm = clock()
+    reps, floor_runs, min_runs = _plan_rounds(first, repeat, round_s, median_of, generations, floor_runs,
+                                              min_runs, runs_each)
     # a round: reps runs of each session per profile, each about as long as the fastest first run there
     round_est = len(order) * sum(r * f for r, f in zip(reps, first, strict=True))
     if hard_deadline is not None and warm + round_est * floor_runs * generations + after_s > hard_deadline:
@@ -174,7 +154,7 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
                                                     for p in range(len(profiles))}
     singles: dict[tuple[str, str, int], list[float]] = {key: [] for key in raw}
     i = 0
-    start = time.perf_counter()
+    start = clock()
     clear = False
     next_check = 0
 
@@ -182,7 +162,7 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
         nonlocal clear, next_check
         if i < floor_runs:
             return True
-        t = time.perf_counter()
+        t = clock()
         if t >= deadline or i >= max_runs:
             return False
         if i < min_runs or t - start < min_seconds:
@@ -198,16 +178,8 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
     passes = 0  # the design's passes run on across rounds and profiles
     while more():
         for p, (_, feeds) in enumerate(profiles):
-            runs: dict[str, dict[str, list[float]]] = {c: {k: [] for k in order} for c in CLOCKS}
-            for _j in range(reps[p]):
-                seq = cycle[passes % len(cycle)]
-                passes += 1
-                for k in (order[x] for x in seq):
-                    w, c = now()
-                    sessions[k].run(None, feeds)
-                    w2, c2 = now()
-                    runs[WALL][k].append(w2 - w)
-                    runs[CPU][k].append(c2 - c)
+            runs = _passes(sessions, order, feeds, [cycle[(passes + j) % len(cycle)] for j in range(reps[p])])
+            passes += reps[p]
             for c, by_session in runs.items():
                 for k, t in round_times(by_session).items():
                     raw[c, k, p].append(t)
@@ -216,7 +188,7 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
         i += 1
         if progress is not None and i % 10 == 0:
             done = max(i / min_runs if i < min_runs else 0,
-                       (time.perf_counter() - start) / min_seconds if min_seconds else 1.0)
+                       (clock() - start) / min_seconds if min_seconds else 1.0)
             progress("timing", min(done, 1.0))
     out = _totals(estimator, raw, order, profiles, i)
     if keep_runs:
@@ -224,12 +196,55 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
     return out
 
 
+def _plan_rounds(first: list[float], repeat: int | None, round_s: float, median_of: tuple[int, float],
+                 generations: int, floor_runs: int, min_runs: int, runs_each: int) -> tuple[list[int], int, int]:
+    """Runs of each session per round and profile, and the floor and minimum of rounds (interleave's rules)."""
+    # a round of a short model is several interleaved passes (a tenth of a millisecond is shorter than a
+    # scheduler's time slice, a few milliseconds are not)
+    reps = [repeat or max(1, min(MAX_REPEAT, int(round_s / max(f, 1e-9)))) for f in first]
+    if repeat is None:
+        reps = [max(r, median_of[0]) if median_of[0] * f <= median_of[1] else r for r, f in zip(reps, first, strict=True)]
+    if generations > 1 and all(round_s * generations < 2 * f for f in first):  # the whole round holds one run
+        # and a round can hold no fewer: fewer rounds each
+        floor_runs, min_runs = -(-floor_runs // generations), -(-min_runs // generations)
+    if runs_each:  # single runs asked for: the rounds that hold them (a round holds reps[0] runs of each)
+        need = -(-runs_each // reps[0])
+        floor_runs, min_runs = max(floor_runs, need), max(min_runs, need)
+    return reps, floor_runs, min_runs
+
+
+def _warm_up(sessions: Mapping[str, object], profiles: list[tuple[float, dict]], clock: Callable[[], float]
+             ) -> list[float]:
+    """One run of each session on each profile; the fastest run per profile, on `clock`."""
+    first = [float("inf")] * len(profiles)
+    for s in sessions.values():
+        for p, (_, feeds) in enumerate(profiles):
+            t = clock()
+            s.run(None, feeds)
+            first[p] = min(first[p], clock() - t)
+    return first
+
+
+def _passes(sessions: Mapping[str, object], order: list[str], feeds: dict, seqs: list[tuple[int, ...]]
+            ) -> dict[str, dict[str, list[float]]]:
+    """One round's passes (one run of each session per pass, in the orders `seqs`), each run on both clocks."""
+    runs: dict[str, dict[str, list[float]]] = {c: {k: [] for k in order} for c in CLOCKS}
+    for seq in seqs:
+        for k in (order[x] for x in seq):
+            w, c = now()
+            sessions[k].run(None, feeds)
+            w2, c2 = now()
+            runs[WALL][k].append(w2 - w)
+            runs[CPU][k].append(c2 - c)
+    return runs
+
+
 def in_generations(open_sessions: Callable[[bool], Mapping[str, object]], profiles: list[tuple[float, dict]], *,
                    estimator: str, min_runs: int, deadline: float = float("inf"), hard_deadline: float | None = None,
                    min_seconds: float = 0.0, floor_runs: int = MIN_RUNS_FLOOR, max_runs: int = MAX_RUNS,
                    progress: Progress | None = None, round_s: float = MODEL_ROUND_S, keep_runs: bool = False,
                    runs_each: int = 0, settled: Callable[[Timings], bool] | None = None,
-                   max_seconds: float = float("inf")) -> Timings:
+                   max_seconds: float = float("inf"), clock: Callable[[], float] | None = None) -> Timings:
     """A whole-model comparison in GENERATIONS of sessions: `open_sessions(False)` makes them in their order
     (A B B2 A2) and they are timed (interleave: half of `round_s` per round, or, for a model whose round is one
     run, half of the rounds; up to half of what is left before `deadline`, half of `min_seconds` and of
@@ -253,18 +268,19 @@ def in_generations(open_sessions: Callable[[bool], Mapping[str, object]], profil
     (silero, quiet, 16 generations of 10 rounds, four sessions each: the contrast of a generation made A B B2 A2
     centred at 0.97-0.99, one made A2 B2 B A at 1.03-1.04 with the places kept, 1.01-1.03 with them reversed; two
     generations' at 1.001-1.012 kept, 0.993-1.006 reversed)."""
-    t = time.perf_counter()
+    clock = clock or time.perf_counter
+    t = clock()
     sessions = open_sessions(False)
-    made = time.perf_counter() - t
+    made = clock() - t
     n_gen = generations(made)
     if n_gen == 1:
         out = interleave(sessions, profiles, estimator=estimator, min_runs=min_runs, floor_runs=floor_runs,
-                         deadline=min(deadline, time.perf_counter() + max_seconds), hard_deadline=hard_deadline, min_seconds=min_seconds,
+                         deadline=min(deadline, clock() + max_seconds), hard_deadline=hard_deadline, min_seconds=min_seconds,
                          max_runs=max_runs, progress=progress, round_s=round_s, keep_runs=keep_runs,
-                         runs_each=runs_each, median_of=(MEDIAN_OF, round_s), settled=settled)
+                         runs_each=runs_each, median_of=(MEDIAN_OF, round_s), settled=settled, clock=clock)
         del sessions
         return out
-    start = time.perf_counter()
+    start = clock()
     share = 1 / n_gen
 
     def part(g: int) -> Progress | None:
@@ -274,13 +290,14 @@ def in_generations(open_sessions: Callable[[bool], Mapping[str, object]], profil
                        deadline=start + min(deadline - start - made, max_seconds) * share, hard_deadline=hard_deadline,
                        min_seconds=min_seconds * share, max_runs=max_runs, progress=part(0),
                        round_s=round_s * share, keep_runs=keep_runs, runs_each=-(-runs_each // n_gen),
-                       generations=n_gen, after_s=made, median_of=(MEDIAN_OF, round_s), settled=settled)
+                       generations=n_gen, after_s=made, median_of=(MEDIAN_OF, round_s), settled=settled,
+                       clock=clock)
     del sessions
     n = first.rounds()
     sessions = open_sessions(True)
     second = interleave(dict(reversed(list(sessions.items()))), profiles, estimator=estimator, min_runs=n, floor_runs=n, max_runs=n,
                         hard_deadline=hard_deadline, progress=part(1), round_s=round_s * share,
-                        keep_runs=keep_runs, median_of=(MEDIAN_OF, round_s))
+                        keep_runs=keep_runs, median_of=(MEDIAN_OF, round_s), clock=clock)
     del sessions
     return first.paired(second)
 

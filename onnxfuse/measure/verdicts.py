@@ -38,7 +38,7 @@ class Verdict:
 
     @property
     def faster(self) -> bool:
-        return self.word == "faster"
+        return self.ratio.sign(self.margin) > 0
 
     @property
     def decided(self) -> bool:

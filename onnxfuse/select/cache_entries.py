@@ -63,7 +63,7 @@ _REPORT = _obj({"groups": (_list(_GROUP), True), "final": (_opt(_RATIO), True), 
                 "undecided": (_int, True), "confirmed": (_str, True), "estimator": (_str, True),
                 "profiles": (_list(_tuple(_str, _num, _RATIO)), True)})  # cached_report.py's format
 SHAPES: dict[str, dict[str, tuple[Check, bool]]] = {
-    "region": {**_COMMON, "keep": (_bool, True), "share": (_num, False)},
+    "region": {**_COMMON, "ratio": (_RATIO, True), "share": (_num, False)},  # evidence, not a decision
     "model": _COMMON,
     "on model": _COMMON,
     "selection": {**_COMMON, "kept": (_list(_KEY), True), "dropped": (_list(_KEY), True),

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from ..measure.stats import Ratio
-from .rounds import GroupEffect, MeasureReport
+from .report import GroupEffect, MeasureReport
 
 __all__ = ["GROUP_FIELDS", "from_cache", "to_cache"]
 

@@ -34,9 +34,10 @@ __all__ = ["DecisionCache", "cache_dir", "environment_key", "shared_store"]
 FORMAT = 2  # 2: a cached selection's report in its own format (cached_report.py), not --json's
 # How decisions are measured: a change that can change a verdict (protocol 2: several shape profiles count
 # relative to the original's time at each; 3: whole-model comparisons run on to about a second, a selection
-# measured slower as a whole is dropped; 4: decisions on thread CPU time at one thread, runs on while undecided)
-# makes earlier decisions miss instead of being reused.
-PROTOCOL = 4
+# measured slower as a whole is dropped; 4: decisions on thread CPU time at one thread, runs on while undecided;
+# 5: evidence cached, not decisions; the budget on the budget clock) makes earlier decisions miss instead of being
+# reused.
+PROTOCOL = 5
 FILE = "decisions.json"
 MAX_BYTES = 256 << 20  # a cache file holding more is ignored (read only up to this bound)
 MAX_ENTRIES = 4096  # decisions kept at most: a save drops the oldest past this (about 4 MB)

@@ -1,7 +1,7 @@
 """One region selection's state and steps (the sequence is region_select.py): the regions' inputs captured from
-runs of the original, each class of alike regions timed (measure/: sessions, one interleave, one verdict),
-decisions cached, the kept selection rebuilt and confirmed on the whole model, all within one budget
-(`automatic_budget` when none is given)."""
+runs of the original, each class of alike regions timed (measure/: sessions, one interleave, one verdict) into
+its Evidence, the kept selection rebuilt and confirmed on the whole model, all within one budget counted on the
+budget clock (measure/budget.py; `automatic_budget` when none is given). Nothing here decides: decide.py does."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ import onnx
 from ..errors import OnnxfuseError
 from ..inputs.budget import default_budget_bytes
 from ..ir import Model
+from ..measure.budget import budget_clock
 from ..measure.clock import WALL, estimator_for, now
 from ..measure.sessions import timing_sessions
-from ..measure.stats import NOISE_PREFIX, SIGNIFICANT, UNDECIDED, Ratio
+from ..measure.stats import UNDECIDED, Ratio
 from ..measure.timing import (
     MIN_RUNS_FLOOR,
     MODEL_ROUND_S,
@@ -40,12 +41,11 @@ from ..rewrite.fold import CLEANUP_STEPS
 from ..rewrite.rebuild import Rewritten, rebuild
 from ..validate.runtime import Candidate, peak_rss_bytes, release_memory, session_with_outputs
 from ..validate.validate import Validator
-from ..words import count
 from .cached_report import from_cache
+from .decide import Evidence, Origin
 from .decision_cache import DecisionCache, digest, environment_key
-from .op_prior import OpCost
 from .regions import Region, region_model, signature
-from .rounds import GroupEffect, Key, MeasureReport
+from .report import Key, MeasureReport
 
 __all__ = ["Comparison", "Phases", "RegionClass", "RegionRun", "automatic_budget"]
 
@@ -62,12 +62,24 @@ SHORT_MODEL_ROUNDS = 16  # a model shorter than a round (MODEL_ROUND_S) runs sev
 # but one; with 16, 1.002-1.005 in 3 of 3, its confirmation 4-8 s of a 10 s budget, was 2.4-5.5)
 CONFIRM_GRACE = 0.5  # the whole-model confirmation may end this share of the budget past it
 COMPARE_MIN_S = 1.0  # and runs on to about this many seconds (a small model's 20 runs are a few milliseconds)
-REGION_BUDGET_S = 10.0  # the automatic budget at most (models up to 1 GiB)
-AUTO_MIN_S = 4.0  # and at least, for timing alone (finding regions, capture and rebuilds come on top)
-AUTO_MAX_S = 40.0  # the automatic budget with those steps at most (per GiB past 1 GiB): else nothing is timed
-TOTAL_TARGET_S = 12.0  # the whole optimize the automatic budget aims at
-CAPTURE_SHARE = 0.6  # capture may take at most this share of the budget, or nothing is measured
+# The automatic budget, on the budget clock: AUTO_BASE_S and AUTO_RUNS runs of the model, between AUTO_MIN_S and
+# AUTO_MAX_S (times the GiB of weights past 1 GiB). A whole-model confirmation takes 8-16 rounds of four sessions
+# (MIN_RUNS_FLOOR, SHORT_MODEL_ROUNDS), about 64 runs of a 100+ ms model, and a group on the whole model 20 rounds
+# more: AUTO_RUNS leaves room for both and the region classes (the figures measured with it are in
+# docs/measured-selection.md and benchmarks/selection_stability.py); the old wall-time 10 s, raised to 40 s by an
+# estimate of the steps around timing, kept nothing on a PicoDet detector under load
+AUTO_BASE_S = 8.0
+AUTO_RUNS = 150
+AUTO_MIN_S = 8.0
+AUTO_MAX_S = 60.0
+CAPTURE_SHARE = 0.3  # capture stops at this share of the budget: the regions not reached follow their prior
+# (a PicoDet detector's 1493-node capture took 1.0 s of its 36 s quiet; capturing is never worth a whole budget)
 SHAPE_VALUES = 64  # a region whose inputs are all integers this small computes shapes (see RegionClass.shape_only)
+# the order classes are timed in (RegionClass.potential) only: not measured, a roofline guess (a core moving
+# ~10 GB/s and computing ~50 GFLOP/s weighs a FLOP a fifth of a byte; a node of unknown types 256 KB); a wrong
+# guess times a class later, and the budget's end leaves it to its prior, never to a coin flip
+FLOPS_PER_BYTE = 5.0
+AVG_BYTES = 256 * 1024
 
 
 def _integer(elem_type: int) -> bool:
@@ -85,8 +97,9 @@ class RegionClass:
     sig: str
     regions: list[Region]
     feeds: list[dict[str, np.ndarray]] = field(default_factory=list)  # per profile, the first region's inputs
-    decision: GroupEffect | None = None
-    measured_why: str | None = None  # the decision's `why` before a prior added to it (follow_peers)
+    evidence: Evidence | None = None  # what timing it showed (None: not timed)
+    seconds_each: float = 0.0  # its first region's original version, per run (estimator clock)
+    failed: str = ""  # why onnxruntime could not run it alone (then its prior decides)
 
     @property
     def shape_only(self) -> bool:
@@ -106,53 +119,70 @@ class RegionClass:
         """Its regions times their nodes (once the regions are decided and their nodes gone: its regions)."""
         return len(self.regions) * max(1, len(self.regions[0].original))
 
+    @property
+    def potential(self) -> float:
+        """What it could save, before timing: its regions times the bytes their original nodes move plus their
+        FLOPs over FLOPS_PER_BYTE (op_prior.py's count, at the larger size of a symbolic dim); by node count
+        (AVG_BYTES each) where a type is unknown. Classes are timed largest first."""
+        cost = self.regions[0].cost
+        work = (cost.bytes[-1][0] + cost.flops[-1][0] / FLOPS_PER_BYTE) if cost is not None else \
+            AVG_BYTES * max(1, len(self.regions[0].original))
+        return len(self.regions) * work
+
 
 class RegionRun:
-    """One region selection: the state shared by its steps."""
+    """One region selection: the state shared by its steps. Times are on the budget clock (`clock`, seconds
+    since the selection began): `budget` is its deadline."""
 
     def __init__(self, input_path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions,
                  deny: set[Key], state: Rewritten, validator: Validator, cache: DecisionCache,
-                 spent_s: float = 0.0, rewrite_s: float = 0.0) -> None:
+                 rewrite_s: float = 0.0) -> None:
         self.input_path, self.rules, self.opts, self.base, self.deny = input_path, rules, opts, base, deny
         self.state, self.validator, self.cache = state, validator, cache
-        self.t0 = time.perf_counter()
+        self.wall0 = time.perf_counter()
+        self.estimator = estimator_for(validator.provider, opts.measure_threads)
+        self.clock = budget_clock(self.estimator)
         self.weights = state.info.size_bytes + state.info.external_bytes
-        self.budget = opts.measure_budget_s if opts.measure_budget_s is not None else \
-            automatic_budget(self.weights, spent_s)
-        self.deadline = self.t0 + self.budget
         self.automatic = opts.measure_budget_s is None
+        # given, or provisional until capture has run the model once (automatic_budget)
+        self.budget = opts.measure_budget_s if not self.automatic else automatic_budget(0.0, self.weights)
         self.rebuild_s = rewrite_s  # one rebuild of the model (about what rewriting it took; then as measured)
         self.env = environment_key(opts.target, opts.measure_threads)
         # what `cache show` lists beside a decision (not part of its key): the model it was first taken on
         self.tag = {"model": os.path.basename(input_path), "threads": opts.measure_threads}
-        self.estimator = estimator_for(validator.provider, opts.measure_threads)
         self.report = MeasureReport(opts.target, opts.measure_threads, 0, strategy="regions",
                                     estimator=self.estimator)
         self.provider = validator.provider
         self.profiles = validator.timing_profiles()
         self.profile_names = [name for name, _, _ in validator.profiles()]
-        self.session_s = 0.0  # creating a session of the original (measured by capture)
-        self.latency_s = 0.0  # one run of the original, slowest profile (measured by capture), wall time
+        self.session_s = 0.0  # creating a session of the original (measured by capture), budget clock
+        self.latency_s = 0.0  # one run of the original, slowest profile (measured by capture), budget clock
         # the same run's weighted total over the profiles on the estimator's clock: what a class's share of the
         # model is of (a region's time is on that clock; wall time under load made the shares 10x smaller)
         self.model_s = 0.0
 
+    @property
+    def deadline(self) -> float:
+        return self.budget
+
     # ---- capture: the values at region boundaries, from runs of the original -----------------------------------
 
-    def capture(self, original: Model, regions: list[Region]) -> list[RegionClass]:
+    def capture(self, original: Model, regions: list[Region]) -> tuple[list[RegionClass], list[Region]]:
         """Run the original with the regions' inputs as extra outputs (CAPTURE_CHUNK at a time) and group the
-        regions into classes by signature; the first region of a class keeps its inputs for timing."""
+        regions into classes by signature; the first region of a class keeps its inputs for timing. Capture
+        stops at CAPTURE_SHARE of the budget: (classes, regions not captured). The first run sets the automatic
+        budget (it knows the model's run time now)."""
         # what the runs feed; an overridable initializer left unfed (its default) is fetched like any value
         feeds_names = {k for _, feeds in self.profiles for k in feeds}
         wanted = [v for v in dict.fromkeys(v for r in regions for v in r.inputs) if v not in feeds_names]
-        t = time.perf_counter()
+        t = self.clock()
+        classes: dict[str, RegionClass] = {}
+        pending = list(regions)
         with session_with_outputs(original.proto, self.state.info, wanted, self.provider,
                                   self.opts.measure_threads) as session:
-            self.session_s = time.perf_counter() - t
-            classes: dict[str, RegionClass] = {}
-            pending = list(regions)
+            self.session_s = self.clock() - t
             model_timed = self.model_s > 0  # (by an earlier pass's capture)
-            while pending:
+            while pending and (not classes or self.clock() < CAPTURE_SHARE * self.budget):
                 chunk: list[Region] = []
                 names: set[str] = set()
                 while pending and (not chunk or len(names | set(pending[0].inputs)) <= CAPTURE_CHUNK):
@@ -161,14 +191,16 @@ class RegionRun:
                 fetch = [v for v in wanted if v in names]
                 per_profile = []
                 for weight, feeds in self.profiles:
-                    w, c = now()
+                    b, (w, c) = self.clock(), now()
                     values = dict(zip(fetch, session.run(fetch, feeds), strict=True)) if fetch else {}
-                    w2, c2 = now()
-                    self.latency_s = max(self.latency_s, w2 - w)
+                    b2, (w2, c2) = self.clock(), now()
+                    self.latency_s = max(self.latency_s, b2 - b)
                     if not model_timed:
                         self.model_s += weight * ((w2 - w) if self.estimator == WALL else (c2 - c))
                     values.update({k: v for k, v in feeds.items() if k in names})
                     per_profile.append(values)
+                if not model_timed and self.automatic:
+                    self.budget = automatic_budget(self.model_s, self.weights)
                 model_timed = True
                 for r in chunk:
                     shapes = [[(str(p[v].dtype), tuple(p[v].shape)) for v in r.inputs] for p in per_profile]
@@ -178,25 +210,27 @@ class RegionRun:
                     classes[sig].regions.append(r)
                 del per_profile, values
             del session  # before the context releases memory
-        return list(classes.values())
+        return list(classes.values()), pending
 
-    def reuse(self, hit: dict, state: Rewritten, rule_ids: set[str]) -> tuple[MeasureReport, Rewritten]:
+    def reuse(self, hit: dict, state: Rewritten) -> tuple[MeasureReport, Rewritten]:
         """The whole selection of an earlier run on this very model (same file, rewrites, shapes, machine):
         rebuilt from its kept and dropped rewrites, reported as it was, every row marked cached. The kept
         selection is validated again (validated)."""
         kept = {tuple(k) for k in hit["kept"]}
         dropped = {tuple(k) for k in hit["dropped"]}
-        if hit["dropped_everything"]:  # the exact rewrites stay (recorded since they do; older entries: none)
-            exact = {tuple(k) for k in hit.get("exact", [])}
-            kept, dropped = exact, (kept | dropped) - exact
         candidate = self.build(kept, dropped) if dropped else state
         r = self.report
         from_cache(hit["report"], r)
         r.dropped_everything = hit["dropped_everything"]
         r.note = "the selection of an earlier run on this model (decision cache)"
-        r.seconds = time.perf_counter() - self.t0
+        self.finish()
         r.budget_s = hit["budget"]
         return r, candidate
+
+    def finish(self) -> None:
+        self.report.seconds = time.perf_counter() - self.wall0
+        self.report.spent_s = self.clock()
+        self.report.budget_s = self.budget
 
     def validated(self, candidate: Rewritten, phase: Phases) -> tuple[MeasureReport, Rewritten]:
         """The kept selection validated again (a subset of validated rewrites can still interact), unless it is
@@ -208,64 +242,20 @@ class RegionRun:
                 raise OnnxfuseError(f"the measured selection does not validate: {outcome.reason}; nothing written")
         return self.report, candidate
 
-    def capture_estimate(self, regions: list[Region]) -> tuple[float, int]:
-        """Seconds and runs capturing the regions' inputs takes, from the validator's session and runs."""
-        values = len({v for r in regions for v in r.inputs})
-        runs = -(-values // CAPTURE_CHUNK) * len(self.profiles)
-        return self.validator.session_s + runs * self.validator.run_s, runs
-
-    def plan(self, regions: list[Region], regions_s: float, on_model: int = 0) -> str:
-        """Fit the budget to the steps around timing, once the regions are found (`regions_s` seconds): capture
-        (estimated), one rebuild (what rewriting took), and a rebuild and a whole-model comparison per group of
-        rewrites decided on the whole model (`on_model` groups), come on top of at least AUTO_MIN_S of timing in
-        the automatic budget, up to AUTO_MAX_S (per GiB past 1 GiB). Why nothing can be timed ("" when something
-        can): capture past CAPTURE_SHARE of a given budget, or those steps past the automatic budget's ceiling."""
-        est, runs = self.capture_estimate(regions)
-        steps = regions_s + est + self.rebuild_s
-        if on_model:  # each group's rebuild and comparison (seconds on a 50 ms model: left out, those groups went
-            # undecided), and the confirmation they would otherwise crowd out of the AUTO_MIN_S of timing (without
-            # groups it fits there: BERT-base's optimize stays near 20 s)
-            steps += self.whole_model_s() + on_model * self.group_s()
-        if self.automatic:
-            ceiling = AUTO_MAX_S * max(1.0, self.weights / 2**30)
-            if steps + AUTO_MIN_S <= ceiling:
-                self.budget = max(self.budget, steps + AUTO_MIN_S)
-                self.deadline = self.t0 + self.budget
-                return ""
-            return (f"not measured: finding the regions, capturing their inputs ({runs} run(s) of the model) and "
-                    f"rebuilding would take about {steps:.0f} s before any timing, past the {ceiling:g} s the "
-                    "automatic budget allows; only exact rewrites are kept (--measure-budget S measures anyway, "
-                    "--no-measure keeps every validated rewrite)")
-        if est <= CAPTURE_SHARE * self.budget:
-            return ""
-        return (f"not measured: capturing the regions' inputs would take about {est:.0f} s (a session of the "
-                f"model and {runs} run(s)), more than {CAPTURE_SHARE:.0%} of the {self.budget:g} s budget; only "
-                "exact rewrites are kept (raise --measure-budget to measure, or --no-measure keeps every "
-                "validated rewrite)")
-
     def time_for_pass(self, pass_s: float) -> bool:
         """Whether another pass (finding regions, capture and timing about as long as the last one took, and
         a rebuild) and the rebuild of this one still end before the deadline."""
-        return time.perf_counter() + 2 * self.rebuild_s + pass_s <= self.deadline
+        return self.clock() + 2 * self.rebuild_s + pass_s <= self.deadline
 
-    def unmeasured(self, why: str, regions: list[Region]) -> tuple[MeasureReport, Rewritten]:
-        """Nothing timed: exact regions kept, the rest left as the original."""
-        self.report.note = why
-        exact = {k for r in regions if r.untimeable.endswith("(exact)") for k in r.keys}
-        dropped = {k for r in regions for k in r.keys} - exact
-        state = self.build(exact, dropped) if dropped else self.state
-        self.report.seconds = time.perf_counter() - self.t0
-        self.report.budget_s = self.budget
-        return self.report, state
+    # ---- timing the classes ----------------------------------------------------------------------------------
 
-    # ---- timing one class ------------------------------------------------------------------------------------
-
-    def time_class(self, c: RegionClass, deadline: float) -> GroupEffect:
+    def time_class(self, c: RegionClass, deadline: float) -> Evidence:
+        """The class's fused version against two sessions of its original, on its first region's inputs."""
         rep = c.regions[0]
         # building and loading its two versions (three sessions) costs about what loading that many bytes of
         # the model did in the capture session
         rate = self.weights / self.session_s if self.session_s > 0 and self.weights else float("inf")
-        if time.perf_counter() + 1.5 * rep.weight_bytes / rate > self.deadline:
+        if self.clock() + 1.5 * rep.weight_bytes / rate > self.deadline:
             raise OutOfBudget
         m = self.state.model
         opsets, ir = dict(m.opsets), m.proto.ir_version
@@ -276,88 +266,60 @@ class RegionRun:
         profiles = [(w, feeds) for (w, _), feeds in zip(self.profiles, c.feeds, strict=True)]
         times = interleave(sessions, profiles, estimator=self.estimator, min_runs=MIN_RUNS, deadline=deadline,
                            hard_deadline=self.deadline, max_runs=UNDECIDED_MAX_RUNS,
-                           settled=lambda t: _region_verdict(t).decided)
+                           settled=lambda t: _region_verdict(t).decided, clock=self.clock)
         self.report.rounds += 1
         v = _region_verdict(times)
-        each = sum(w * float(np.median(times.profile("a", p))) for p, (w, _) in enumerate(profiles))
-        row = GroupEffect(rep.label, rep.rules, len(c.keys), v.faster, v.ratio, source="timed",
-                          instances=len(c.regions), floor=v.floor, seconds_each=each,
-                          share=abs(1 - v.ratio.median) * each * len(c.regions) / self.model_s
-                          if self.model_s > 0 else None)
-        if v.outcome == UNDECIDED:  # the budget ran out with the interval across the line: not "slower"
-            row.source = UNDECIDED
-        elif not v.faster:  # why, in words without numbers (alike rows are one row in the report)
-            row.why = NOISE_PREFIX if v.word.startswith(NOISE_PREFIX) else v.word
-        return row
+        c.seconds_each = sum(w * float(np.median(times.profile("a", p))) for p, (w, _) in enumerate(profiles))
+        share = abs(1 - v.ratio.median) * c.seconds_each * len(c.regions) / self.model_s if self.model_s > 0 else None
+        return Evidence(v.ratio, v.floor, share, settled=v.decided or v.faster)
 
     def _cached(self, key: str, kinds: tuple[str, ...]) -> dict | None:
-        """A cached decision, unless it is "not reached" and this run was given (--measure-budget) a larger
-        budget than the run that did not reach it: then it is timed now. Runs with the automatic budget reuse
-        every decision, so two runs with the same flags write the same model."""
+        """A cached result, unless it is weak evidence (weak_evidence) and this run can do better: a larger
+        --measure-budget, or a quieter machine. Runs with the automatic budget reuse every firm result, so two
+        runs with the same flags write the same model."""
         hit = self.cache.get(key, kinds)
-        if (hit is not None and hit.get("source") == "budget" and self.opts.measure_budget_s is not None
-                and self.budget > hit.get("budget", 0.0)):
-            return None
+        if hit is not None and hit.get("source") == "budget":
+            return None  # not reached: this run may reach it (older entries)
         if hit is not None and weak_evidence(hit) and (self.opts.measure_budget_s is not None and self.budget > hit.get(
                 "budget", float("inf")) or _load_per_core() < hit.get("load", 0.0) - QUIETER):
-            return None  # weak evidence, and this run can do better: a larger budget, or a quieter machine
+            return None
         return hit
 
-    def decide(self, classes: list[RegionClass], region_deadline: float) -> None:
+    def cached_evidence(self, c: RegionClass) -> Evidence | None:
+        hit = self._cached(digest("region", c.sig, self.env), ("region",))
+        if hit is None or not hit.get("ratio"):
+            return None
+        return Evidence(Ratio(*hit["ratio"]), hit.get("floor", 0.0), hit.get("share"), Origin.CACHE,
+                        settled=hit.get("source") != UNDECIDED)
+
+    def time_classes(self, classes: list[RegionClass], region_deadline: float) -> None:
+        """Each class's evidence: cached, or timed now, largest potential first, each within its share of what
+        is left before `region_deadline`; what is not reached has none (its prior decides)."""
         todo = []
         for c in classes:
-            rep = c.regions[0]
-            hit = self._cached(digest("region", c.sig, self.env), ("region",))
-            if hit is not None and hit.get("source") == UNDECIDED:  # as undecided: the prior decides again
-                c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), False,
-                                         Ratio(*hit["ratio"]) if hit.get("ratio") else None, source=UNDECIDED,
-                                         instances=len(c.regions), floor=hit.get("floor", 0.0))
-            elif hit is not None:
-                c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), bool(hit["keep"]),
-                                         Ratio(*hit["ratio"]) if hit.get("ratio") else None,
-                                         source="cached" if hit.get("source") != "budget" else "budget",
-                                         instances=len(c.regions), floor=hit.get("floor", 0.0),
-                                         share=hit.get("share"),
-                                         why="decided by an earlier run" if hit.get("source") != "budget" else
-                                         f"not reached within {hit.get('budget', 0):g} s by an earlier run")
-            elif c.shape_only:
-                c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), True, None, source="exact",
-                                         instances=len(c.regions), why="acts on shape values only")
-            else:
+            c.evidence = self.cached_evidence(c)
+            if c.evidence is None and not c.shape_only:
                 todo.append(c)
-        todo.sort(key=lambda c: -c.weight)
+        todo.sort(key=lambda c: -c.potential)
         for k, c in enumerate(todo):
-            rep = c.regions[0]
-            key = digest("region", c.sig, self.env)
-            now = time.perf_counter()
-            share = (region_deadline - now) / (len(todo) - k)
+            t = self.clock()
+            share = (region_deadline - t) / (len(todo) - k)
+            if share <= 0:
+                break
             try:
-                if share <= 0:
-                    raise OutOfBudget
-                c.decision = self.time_class(c, now + share)
+                c.evidence = self.time_class(c, t + share)
             except OutOfBudget:
-                c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), False, None, source="budget",
-                                         instances=len(c.regions))
-                self.cache.put(key, {"kind": "region", "keep": False, "source": "budget",
-                                     "budget": self.budget, "label": rep.label, "rules": rep.rules, **self.tag})
                 continue
-            except OnnxfuseError as e:  # a region that cannot run alone stays as the original
-                c.decision = GroupEffect(rep.label, rep.rules, len(c.keys), False, None, source="untimed",
-                                         instances=len(c.regions), why=str(e)[:200])
+            except OnnxfuseError as e:  # a region that cannot run alone: its prior decides
+                c.failed = str(e)[:200]
                 continue
-            d = c.decision
-            assert d.effect is not None
-            self.cache.put(key, {"kind": "region", "keep": d.kept, "source": d.source,
-                                 "ratio": [d.effect.median, d.effect.low, d.effect.high], "floor": d.floor,
-                                 **({"share": d.share} if d.share is not None else {}),
-                                 "label": d.group, "rules": d.rules, "budget": self.budget, **self.evidence(),
-                                 **self.tag})
-        self.follow(classes)
-
-    def follow(self, classes: list[RegionClass]) -> None:
-        """The priors of `classes` (follow_peers), with the rules' expectations."""
-        follow_peers(classes, {r.id: r.expect for r in self.rules})
-
+            e = c.evidence
+            rep = c.regions[0]
+            self.cache.put(digest("region", c.sig, self.env), {
+                "kind": "region", "source": "timed" if e.settled else UNDECIDED,
+                "ratio": [e.effect.median, e.effect.low, e.effect.high], "floor": e.floor,
+                **({"share": e.share} if e.share is not None else {}), "label": rep.label, "rules": rep.rules,
+                "budget": self.budget, **self.evidence(), **self.tag})
 
     # ---- the whole model -------------------------------------------------------------------------------------
 
@@ -365,8 +327,11 @@ class RegionRun:
         """The model with the dropped rewrites denied; with `deny_unmeasured`, the kept rewrites are the only
         rule rewrites made (one that was not measured, a rule that fires only once a dropped one is gone, is
         left out), in one rebuild."""
-        return rebuild(self.input_path, self.rules, self.base, set(self.deny) | dropped,
-                       allow=set(kept) if deny_unmeasured else None)
+        t = self.clock()
+        out = rebuild(self.input_path, self.rules, self.base, set(self.deny) | dropped,
+                      allow=set(kept) if deny_unmeasured else None)
+        self.rebuild_s = self.clock() - t
+        return out
 
     def fingerprint(self, original: Model) -> str:
         h = hashlib.sha256()
@@ -439,7 +404,7 @@ class RegionRun:
         limit = self.deadline + (CONFIRM_GRACE * self.budget if kind == "model" else 0.0)
         if SESSIONS * weights > default_budget_bytes():
             why = "skipped: four sessions of the model would not fit the memory budget"
-        elif time.perf_counter() + cost > limit:
+        elif self.clock() + cost > limit:
             why = f"skipped: it would take about {cost:.1f} s, past the budget"
         if why:
             self.cache.put(key, {"kind": kind, "source": "budget", "budget": self.budget, "why": why, **tag})
@@ -455,7 +420,7 @@ class RegionRun:
                                                 control=[("c", "c2"), ("o", "o2")], reverse=reverse),
                 self.profiles, estimator=self.estimator, min_runs=self.rounds(runs),
                 deadline=deadline or self.deadline, hard_deadline=limit, min_seconds=COMPARE_MIN_S,
-                settled=_confirmed if kind == "model" else None)
+                settled=_confirmed if kind == "model" else None, clock=self.clock)
         except OutOfBudget:
             why = "skipped: its runs would end past the budget"
             self.cache.put(key, {"kind": kind, "source": "budget", "budget": self.budget, "why": why, **tag})
@@ -521,128 +486,6 @@ def weak_evidence(hit: dict) -> bool:
     return hit.get("source") == UNDECIDED or (hit.get("estimator") == WALL and hit.get("load", 0.0) > WEAK_LOAD)
 
 
-PRIORED = (UNDECIDED, "budget", "untimed")  # the sources measuring could not decide: a prior decides
-
-
-def measured(effect: Ratio | None, floor: float) -> str | None:
-    """"faster" or "slower" where the whole interval clears 1 by SIGNIFICANT plus the noise floor; None where it
-    does not (no change measuring can tell from what two sessions of one model differ by: a prior decides)."""
-    if effect is None:
-        return None
-    word = effect.verdict_beyond(floor)
-    return word if word in ("faster", "slower") else None
-
-
-def _expected(rules: list[str], expects: dict[str, str] | None) -> set[str]:
-    return {(expects or {}).get(r, "unknown") for r in rules}
-
-
-def _expects_faster(rules: list[str]) -> str:
-    return f"kept: {', '.join(rules)} expect{'s' if len(rules) == 1 else ''} faster (expect:)"
-
-
-def prior(rules: list[str], peers: list[tuple[bool, float]], expects: dict[str, str] | None,
-          cost: OpCost | None) -> tuple[bool, str]:
-    """Whether to keep a rewrite measuring could not decide, and which prior decided, first of: the classes of
-    the same rewrite measured faster or slower in this run (`peers`: (faster, weight) each; kept if most of
-    them by weight were faster); the rules' declared expectation (`expect:`): kept where every rule expects
-    faster, left out where one expects neutral; for rules that declare nothing, the op-cost prior (op_prior.py:
-    fewer kernel calls, no more bytes or FLOPs, into standard ops); else left as the original."""
-    if peers:
-        keep = 2 * sum(w for faster, w in peers if faster) > sum(w for _, w in peers)
-        return keep, (f"follows the {count(len(peers), 'class', 'classes')} of this rewrite measured "
-                      f"{'faster' if keep else 'slower'}")
-    said = _expected(rules, expects)
-    if said == {"faster"}:
-        return True, _expects_faster(rules)
-    if said == {"unknown"} and cost is not None and cost.removes_work:
-        return True, f"kept: {cost.phrase()}"
-    if said == {"unknown"}:
-        return False, "nothing decided to follow"
-    return False, f"nothing decided to follow; {', '.join(rules)} expect {'/'.join(sorted(said))}"
-
-
-# A measured effect that changes the model's time by less than this share is too small for any comparison of the
-# model to see (the confirmation counts a change from SIGNIFICANT plus the floor), and its verdict, clear at the
-# scale of its region, goes either way from run to run: a Slice for one Gather + Unsqueeze in GPT-2's shape
-# arithmetic measured 1.003-1.012 of its 20 us region (0.003% of the model), kept on one run and not the next; a
-# Conv + Relu of ResNet-mini that onnxruntime fuses itself measured 0.973-0.978, decided faster on one run (and
-# four classes of its rule followed it) and undecided on the next
-MATERIAL = 0.005
-
-
-# ... unless the effect is far from the line: an interval that clears 1 by this many margins (SIGNIFICANT plus the
-# floor) is no coin flip, whatever its share. cnn_small's Conv + HardSigmoid + Mul measured 0.838-0.848 alone,
-# 0.47-0.50% of the model: kept quiet, and left out loaded as immaterial with nothing to follow
-CLEAR = 3.0
-
-
-def material(d: GroupEffect) -> bool:
-    """Whether a measured class changes enough of the model for its own verdict to decide it (unknown: yes)."""
-    return d.share is None or d.share >= MATERIAL
-
-
-def far(d: GroupEffect) -> bool:
-    """Whether a measured class's interval lies CLEAR margins from 1: its own verdict decides it, whatever its share."""
-    e, margin = d.effect, SIGNIFICANT + d.floor
-    return e is not None and (e.high < 1 - CLEAR * margin or e.low > 1 + CLEAR * margin)
-
-
-def _rewrite(d: GroupEffect) -> tuple:
-    return d.group, tuple(d.rules)
-
-
-def measured_peers(classes: list[RegionClass], key: Callable[[GroupEffect], tuple]
-                   ) -> tuple[dict[tuple, list[tuple[bool, float]]], dict[tuple, float]]:
-    """The classes measured faster or slower that a prior may follow, per rewrite (`key`): (faster, weight) each,
-    those far from the line (`far`) always, the others where what their rewrite's measured classes save of the
-    model adds up to MATERIAL; and that sum per rewrite, signed (inf where a share is unknown)."""
-    firm: dict[tuple, list[tuple[bool, float, bool]]] = {}
-    net: dict[tuple, float] = {}
-    for c in classes:
-        d = c.decision
-        if d is not None and d.source in ("timed", "cached") and (m := measured(d.effect, d.floor)):
-            k = key(d)
-            firm.setdefault(k, []).append((m == "faster", c.weight, far(d)))
-            net[k] = net.get(k, 0.0) + (float("inf") if d.share is None else d.share if m == "faster" else -d.share)
-    peers = {k: [(f, w) for f, w, clear in v if clear or abs(net[k]) >= MATERIAL] for k, v in firm.items()}
-    return {k: v for k, v in peers.items() if v}, net
-
-
-def follow_peers(classes: list[RegionClass], expects: dict[str, str] | None = None) -> None:
-    """Decide the classes measuring could not: those the budget left undecided, did not reach, or that cannot
-    run alone; those measured with no change beyond the noise floor either way (a 1-3% effect the noise
-    decides run by run would otherwise be kept on one run and dropped on the next); and those whose effect is
-    immaterial to the model (MATERIAL). Each follows its prior (`prior`): first the classes of the same rewrite
-    measured faster or slower, by weight: those far from the line always, the others where what they change of
-    the model adds up to MATERIAL or more; where nothing is left to follow, the rules' expectation and the
-    op-cost prior. `why` says which decided. The source stays what it was: a prior is never cached as a
-    decision, and a measured class is cached with its interval and share, from which the next run derives the
-    same choice. Deciding the same classes again (with more of them) gives the same `why` as deciding once."""
-    peers, net = measured_peers(classes, _rewrite)
-    for c in classes:
-        d = c.decision
-        if d is None or d.source not in PRIORED + ("timed", "cached"):
-            continue
-        if c.measured_why is None:
-            c.measured_why = d.why
-        key = _rewrite(d)
-        counts = abs(net.get(key, 0.0)) >= MATERIAL
-        m = measured(d.effect, d.floor) if d.source in ("timed", "cached") else None
-        if d.source in ("timed", "cached"):
-            if d.effect is None:
-                continue  # a cached decision without its interval, as it was
-            if m and (far(d) or material(d) and counts):
-                continue  # measured faster or slower, far from the line or by enough of the model to count
-        lead = "" if d.source == UNDECIDED or not c.measured_why else f"{c.measured_why}; "
-        if m and not material(d):
-            lead = f"{m} by {d.share:.3%} of the model (immaterial); "
-        elif m:
-            lead = f"{m}, but its rewrite's classes change {abs(net[key]):.2%} of the model in all (immaterial); "
-        d.kept, why = prior(d.rules, peers.get(key, []), expects, c.regions[0].cost)
-        d.why = lead + why
-
-
 def aa_contrast(times) -> np.ndarray:
     """Per round, the four sessions' A/A contrast sqrt(c2/c x o2/o): a comparison of two sessions against two in
     which no change is (each side holds one session of each model), independent of the comparison itself and with
@@ -676,13 +519,11 @@ def _load_per_core() -> float:
         return 0.0
 
 
-def automatic_budget(weights: int, spent_s: float) -> float:
-    """The budget when none is given: what keeps the whole optimize near TOTAL_TARGET_S (`spent_s`, what loading,
-    rewriting and validating took plus the final validation still to come, is subtracted), between AUTO_MIN_S
-    and REGION_BUDGET_S; past 1 GiB of weights, REGION_BUDGET_S per GiB (loading the model is part of it)."""
-    if weights > 2**30:
-        return REGION_BUDGET_S * weights / 2**30
-    return min(REGION_BUDGET_S, max(AUTO_MIN_S, TOTAL_TARGET_S - spent_s))
+def automatic_budget(run_s: float, weights: int) -> float:
+    """The budget when none is given, on the budget clock, for a model whose run takes `run_s` (on the
+    estimator's clock: load does not change it): AUTO_BASE_S and AUTO_RUNS runs, between AUTO_MIN_S and
+    AUTO_MAX_S, times the GiB of weights past 1 GiB (loading a session of the model is part of it)."""
+    return min(AUTO_MAX_S, max(AUTO_MIN_S, AUTO_BASE_S + AUTO_RUNS * run_s)) * max(1.0, weights / 2**30)
 
 
 class Phases:

@@ -1,28 +1,23 @@
-"""Measured selection by region: each class of alike regions (see regions.py) is timed once, its original
-version against its fused one, as two small models on the inputs they had when the original model ran; then one
-whole-model confirmation, candidate against original. The whole phase keeps to one budget (--measure-budget):
-what the budget did not reach stays as the original, and the report says so. Decisions go to the persistent
-decision cache (decision_cache.py), so a second run, or a model of the same architecture, times nothing it has
-decided before and writes the same output.
+"""Measured selection by region, as a sequence: find the regions where rewrites act and make them units
+(units.py); capture their inputs from runs of the original; time the classes of alike regions, largest
+potential first, within the budget (region_run.py); time the groups decided on the whole model (on_model.py);
+`decide` (decide.py) keeps or leaves out every unit from its evidence or its prior; the whole-model
+confirmation guards the result and, where the whole measures no faster, falls back once, to what was kept on
+its own firm measurement; the report is built from the decisions at the end.
 
-A region's decision: its fused version is kept where it is faster than its original by more than SIGNIFICANT plus
-the noise floor (the difference between two sessions of the original version, timed alongside), and left out
-where it is slower by as much. Between the two, measuring cannot tell the rewrite from what two sessions of one
-model differ by, and a decision by the interval would be a coin flip that changes from run to run (and with the
-load on the machine): a prior decides (region_run.prior: the classes of the same rewrite measured either way,
-the rules' `expect:`, the op-cost prior), and the report says which.
+A budget limits what is timed, never what is kept: a unit it does not reach follows its prior. Evidence is
+cached (decision_cache.py), and so is the whole selection of a model, so that a second run times nothing and
+writes the same bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import time
 
 import onnx
 
 from ..load.loader import load_model
-from ..measure.stats import UNDECIDED
 from ..options import OptimizeOptions
 from ..patterns.rules import Rule
 from ..progress import Phase, quiet
@@ -32,11 +27,14 @@ from ..tensors import all_tensors
 from ..validate.runtime import release_memory
 from ..validate.validate import Validator
 from .cached_report import to_cache
+from .decide import Decision, Evidence, Origin, Reason, best_alone, decide, fall_back, firm_faster, why
 from .decision_cache import DecisionCache, digest
-from .on_model import decide_on_model, groups_on_model, split_on_model
-from .region_run import CONFIRM_GRACE, MATERIAL, Phases, RegionClass, RegionRun, automatic_budget
+from .on_model import groups_on_model, split_on_model, time_on_model
+from .op_prior import total
+from .region_run import CONFIRM_GRACE, Phases, RegionClass, RegionRun, automatic_budget
 from .regions import Region, find_regions
-from .rounds import GroupEffect, Key, MeasureReport
+from .report import GroupEffect, Key
+from .units import Kind, Unit
 
 __all__ = ["automatic_budget", "region_selection"]
 
@@ -44,206 +42,250 @@ MAX_PASSES = 3  # rounds of region finding: the rewrites of the full run, then t
 
 
 def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions,
-                     deny: set[Key], state: Rewritten, validator: Validator,
-                     cache: DecisionCache, spent_s: float = 0.0, rewrite_s: float = 0.0,
-                     progress: Phase = quiet) -> tuple[MeasureReport, Rewritten]:
-    """Keep the region classes that are faster (timed, or decided before), confirm on the whole model, and
-    return the report and the rewritten model to write. `spent_s`: what optimize took before measuring;
-    `rewrite_s`: what rewriting took (a rebuild costs about as much); `progress("measure: <step>", budget_s)` as
-    each step starts."""
-    run = RegionRun(input_path, rules, opts, base, deny, state, validator, cache, spent_s, rewrite_s)
-    report = run.report
-    phase = Phases(report.phases, report.phase_peaks, lambda name: progress(f"measure: {name}", run.budget))
-    rule_ids = {r.id for r in rules}
-    on_model_ids = {r.id for r in rules if r.measure == "model"}  # decided on the whole model (on_model.py)
-    selection_key = digest("selection", _file_digest(input_path, state.info.external_data), repr(sorted(a.key for a in state.eng.applications)),
-                           repr([sorted((k, v.dtype.str, v.shape) for k, v in f.items()) for _, f in run.profiles]),
-                           run.env)
-    hit = cache.get(selection_key, ("selection",)) if cache.enabled else None
+                     deny: set[Key], state: Rewritten, validator: Validator, cache: DecisionCache,
+                     rewrite_s: float = 0.0, progress: Phase = quiet) -> tuple[object, Rewritten]:
+    """Keep the units that are faster (measured, or by their prior), confirm on the whole model, and return the
+    report and the rewritten model to write. `rewrite_s`: what rewriting took (a rebuild costs about as much);
+    `progress("measure: <step>", budget_s)` as each step starts."""
+    run = RegionRun(input_path, rules, opts, base, deny, state, validator, cache, rewrite_s)
+    phase = Phases(run.report.phases, run.report.phase_peaks, lambda name: progress(f"measure: {name}", run.budget))
+    key = digest("selection", _file_digest(input_path, state.info.external_data),
+                 repr(sorted(a.key for a in state.eng.applications)),
+                 repr([sorted((k, v.dtype.str, v.shape) for k, v in f.items()) for _, f in run.profiles]), run.env)
+    hit = cache.get(key, ("selection",)) if cache.enabled else None
     if hit is not None and (not hit["undecided"] or opts.measure_budget_s is None
                             or opts.measure_budget_s <= hit["budget"]):
         with phase("rebuild"):
-            _, candidate = run.reuse(hit, state, rule_ids)
+            _, candidate = run.reuse(hit, state)
         return run.validated(candidate, phase)
-    kept: set[Key] = set()
-    dropped: set[Key] = set()
-    all_regions: list[Region] = []
-    all_classes: list[RegionClass] = []
-    on_model: list[Region] = []
-    current, apps = state, state.eng.applications
-    for pass_no in range(MAX_PASSES):
-        # later passes: rules that fire only once a dropped rewrite is gone (a MultiHeadAttention, then a
-        # FusedMatMul, inside an Attention that did not pay) are measured too; after the last pass, or when
-        # another would not fit the budget, they are left out
-        pass_t0 = time.perf_counter()
-        with phase("regions"):
-            original, _ = load_model(input_path)
-            fingerprint = run.fingerprint(original)
-            regions, whole = split_on_model(find_regions(original, current.model, apps, rule_ids), on_model_ids)
-            timeable = [r for r in regions if not r.untimeable]
-        on_model += whole
-        if pass_no == 0 and (why := run.plan(timeable, time.perf_counter() - pass_t0,
-                                             len(groups_on_model(whole)))):
-            return run.validated(run.unmeasured(why, regions + whole)[1], phase)
-        with phase("capture"):
-            classes = run.capture(original, timeable) if timeable else []
-            del original
-        if pass_no == 0:  # keep time for the confirmation (four sessions of the models and its minimum runs),
-            # and for each group of rewrites decided on the whole model a rebuild and ON_MODEL_ROUNDS rounds
-            reserve = run.whole_model_s() + run.rebuild_s
-            region_deadline = max(run.deadline - reserve - run.group_s() * len(groups_on_model(whole)),
-                                  time.perf_counter() + 0.3 * run.budget)
-        with phase("time regions"):
-            run.decide(classes, region_deadline)
-        for r in regions:  # decided: what timing needed (constants of the models, captured inputs) goes
-            r.drop_models()
-        for c in classes:
-            c.feeds = []
-        release_memory()
-        all_regions += regions
-        all_classes += classes
-        kept |= _kept_keys(regions, classes)
-        dropped |= {k for r in regions for k in r.keys} - kept
-        dropped |= {k for r in whole for k in r.keys}  # left out until decided on the whole model, below
-        if not dropped:
-            candidate = current
-            break
-        last = pass_no == MAX_PASSES - 1 or not run.time_for_pass(time.perf_counter() - pass_t0)
-        with phase("rebuild"):
-            current = None  # a candidate of the previous pass is not needed any more
-            state.__dict__.pop("proto", None)  # nor the full rewrite's export (re-made if it is written)
-            t = time.perf_counter()
-            candidate = run.build(kept, dropped, deny_unmeasured=last)
-            run.rebuild_s = time.perf_counter() - t
-        new = {a.key for a in candidate.eng.applications if a.rule in rule_ids} - kept
-        if not new or last:
-            break
-        current, apps = candidate, [a for a in candidate.eng.applications if a.key in new]
-    if len(all_classes) > len(classes):
-        # a later pass's classes are peers of the earlier passes' too: a rewrite whose one class was decided by its
-        # rule's expectation in the first pass (rmsnorm-zero-skip, 1.26 alone, 0.4% of an int8 BERT) follows its
-        # classes measured in the next
-        run.follow(all_classes)
-        now_kept = _kept_keys(all_regions, all_classes)
-        if now_kept != kept:
-            kept = now_kept
-            dropped = ({k for r in all_regions for k in r.keys} - kept) | {k for r in on_model for k in r.keys}
-            with phase("rebuild"):
-                candidate = run.build(kept, dropped)
-    report.groups = [c.decision for c in all_classes if c.decision is not None] + _untimed_rows(all_regions)
-    on_rows: list[tuple[set[Key], GroupEffect]] = []  # the groups decided on the whole model: keys, row
-    if on_model:
-        with phase("on model"):
-            candidate, rows = decide_on_model(run, on_model, kept, dropped, candidate, rule_ids, fingerprint,
-                                              reserve, all_classes)
-        report.groups += rows
-        on_rows = [({k for r in rs for k in r.keys}, row)
-                   for rs, row in zip(groups_on_model(on_model).values(), rows, strict=True)]
-    regions = all_regions + on_model
-    applied = {a.key for a in candidate.eng.applications if a.rule in rule_ids}
-    report.undecided = sum(1 for g in report.groups if g.source == "budget")
-    timed_kept = any(g.kept and g.source != "exact" for g in report.groups)  # (a prior's too: confirmed)
-    exact_only = applied and not timed_kept  # removing nodes, shape arithmetic
-    # only exact rewrites are timed too where the time a confirmation may take (the budget, and CONFIRM_GRACE of
-    # it past it) allows: the effect said is then the one measured, as bench and profile of the pair measure it
-    room = run.deadline + CONFIRM_GRACE * run.budget - time.perf_counter()
-    if exact_only and run.whole_model_s() > room:
-        report.confirmed = "not needed: only exact rewrites kept"
-    elif applied:
-        with phase("confirm"):
-            ratio = run.confirm(candidate, digest("model", fingerprint, repr(sorted(applied)), run.env))
-        report.final = ratio
-        # never slower: beyond the noise floor, or with the whole interval above 1 (by SIGNIFICANT) even where two
-        # sessions of one candidate differ as much: a selection measured slower has no evidence that it helps.
-        # Nor has one measured no faster at all (its median at 1 or above) where something is kept for its timing
-        # or a prior: its parts did not compose (transformer_small kept Attention, EmbedLayerNormalization and
-        # BiasGelu at 1.008 [1.004, 1.010] with a 1% floor, where the Attention alone measured 0.893; an int8 BERT
-        # kept a BiasGelu by its rule's expectation at 1.013 [1.004, 1.027])
-        measured_slower = ratio is not None and ratio.slower_beyond(report.floor)
-        no_better = ratio is not None and ratio.no_better(report.floor) and not exact_only
-        # not measured faster (within the noise floor): the best group alone is tried as well, and kept if it
-        # measures faster, whichever side of 1 the selection's median fell (transformer_small: the same regions'
-        # decisions measured 0.992 as a whole quiet, kept, and 1.004 loaded, where the Attention alone measured
-        # 0.913 and was kept alone: a median a hair either side of 1 decided between two outputs 8% apart)
-        unproven = ratio is not None and not exact_only and ratio.verdict_beyond(report.floor) != "faster"
-        everything = {k for r in regions for k in r.keys}
-        if measured_slower and exact_only:  # no evidence that even these help: none is made
-            report.note = (f"only exact rewrites were kept, and they measured {ratio.median:.3f} as a whole "
-                           "(slower): none is made")
-            report.dropped_everything = True
-            for gr in report.groups:
-                gr.kept = False
-            kept = set()
-            with phase("rebuild"):
-                candidate = run.build(set(), everything)
-        elif no_better or unproven:
-            how = "slower" if measured_slower else "no faster than the original" if no_better else \
-                "within the noise floor"
-            exact = _exact_keys(all_regions, all_classes)
-            # regions timed alone need not compose (a pair of fusions can let onnxruntime's own session fusions
-            # make a slow kernel, as an Attention with an EmbedLayerNormalization did on Electra): the group that
-            # saved the most alone is confirmed alone before all is undone
-            best = _best_group(all_classes)
-            alone = None
-            if best is not None and applied - exact <= best[1]:
-                best = None  # the group is the whole selection: measured already
-            riders: set[Key] = set()
-            if best is not None and time.perf_counter() + run.rebuild_s + run.whole_model_s() <= \
-                    run.deadline + 0.5 * run.budget:
-                label, keys = best
-                riders = _riders(all_classes, keys, on_rows)
-                keys = keys | riders
-                with phase("rebuild"):
-                    trial = run.build(exact | keys, everything - exact - keys)
-                applied_alone = {a.key for a in trial.eng.applications if a.rule in rule_ids}
-                with phase("confirm"):
-                    alone = run.confirm(trial, digest("model", fingerprint, repr(sorted(applied_alone)), run.env))
-            if alone is not None and alone.verdict_beyond(report.floor) == "faster":
-                along = f" (with {len(riders)} rewrite(s) too small for the whole model to see)" if riders else ""
-                report.note = (f"the kept selection measured {ratio.median:.3f} as a whole ({how}); {label}, "
-                               f"the group that saved the most alone, measured {alone.median:.3f} alone{along}: "
-                               "kept alone")
-                report.final, candidate = alone, trial
-                kept, dropped = exact | keys, everything - exact - keys
-                for c in all_classes:
-                    if c.decision is not None and c.decision.kept and not set(c.keys) <= keys:
-                        c.decision.kept = False
-                        c.decision.why = f"dropped: the selection with it measured {how} as a whole"
-                for group_keys, gr in on_rows:
-                    if gr.kept and not group_keys <= keys:
-                        gr.kept = False
-                        gr.why = f"dropped: the selection with it measured {how} as a whole"
-            elif not no_better:  # the selection stays as it is: nothing measured better
-                report.note = (f"the kept selection measured {ratio.median:.3f} as a whole ({how})"
-                               + (f"; {best[0]}, the group that saved the most alone, measured {alone.median:.3f}"
-                                  " alone" if alone is not None and best is not None else "")
-                               + ": kept as it is")
-            else:
-                # every timed decision is undone; the exact rewrites (removing nodes, shape arithmetic), which
-                # cannot have made it slower, stay, as where nothing is measured (RegionRun.unmeasured)
-                report.dropped_everything = True
-                report.final = ratio
-                report.note = (f"the kept selection measured {ratio.median:.3f} as a whole ({how})"
-                               + (f"; {best[0]}, the group that saved the most alone, measured {alone.median:.3f}"
-                                  " alone" if alone is not None and best is not None else "")
-                               + ": every timed rewrite is undone")
-                for gr in report.groups:
-                    gr.kept = gr.source == "exact"
-                with phase("rebuild"):
-                    candidate = run.build(exact, everything - exact)
-    else:
-        report.dropped_everything = True
-        report.confirmed = "not needed: no rewrite kept"
-    if not any(g.source == UNDECIDED for g in report.groups):  # else found again class by class (region_run)
-        cache.put(selection_key, {
-            "kind": "selection", "kept": sorted(map(list, kept)), "dropped": sorted(map(list, dropped)),
-            "report": to_cache(report), "undecided": report.undecided, "budget": run.budget,
-            "dropped_everything": report.dropped_everything, **run.tag,
-            "exact": sorted(map(list, _exact_keys(all_regions, all_classes))), "rules": sorted({k[0] for k in kept})})
+    sel = _Selection(run, rules)
+    candidate = sel.units_and_evidence(state, phase)
+    candidate = sel.confirmed(candidate, phase)
+    sel.report_rows()
+    if not any(e is not None and not e.settled for e in sel.evidence.values()):  # else timed again next run
+        cache.put(key, {"kind": "selection", "kept": sorted(map(list, sel.kept)),
+                        "dropped": sorted(map(list, sel.all_keys - sel.kept)), "report": to_cache(run.report),
+                        "undecided": run.report.undecided, "budget": run.budget,
+                        "dropped_everything": run.report.dropped_everything, **run.tag,
+                        "rules": sorted({k[0] for k in sel.kept})})
     cache.save()
-    report.seconds = time.perf_counter() - run.t0
-    report.budget_s = run.budget
+    run.finish()
     return run.validated(candidate, phase)
+
+
+class _Selection:
+    """The units found so far, their evidence and decisions, and the rewrites those keep."""
+
+    def __init__(self, run: RegionRun, rules: list[Rule]) -> None:
+        self.run = run
+        self.rule_ids = {r.id for r in rules}
+        self.on_model_ids = {r.id for r in rules if r.measure == "model"}
+        self.expects = {r.id: r.expect for r in rules}
+        self.units: list[Unit] = []
+        self.evidence: dict[str, Evidence] = {}
+        self.seconds_each: dict[str, float] = {}
+        self.decisions: dict[str, Decision] = {}
+        self.fingerprint = ""
+        self.built: tuple[frozenset[Key], Rewritten] | None = None  # the last rebuild: its kept rewrites, model
+
+    def build(self, kept: set[Key], deny_unmeasured: bool = True) -> Rewritten:
+        """The model with `kept` and none of the other rewrites found (one rebuild per distinct selection)."""
+        if self.built is None or self.built[0] != kept:
+            self.built = frozenset(kept), self.run.build(kept, self.all_keys - kept, deny_unmeasured)
+        return self.built[1]
+
+    def decide(self) -> dict[str, Decision]:
+        self.decisions = decide(self.units, self.evidence, self.expects)
+        return self.decisions
+
+    @property
+    def all_keys(self) -> set[Key]:
+        return {k for u in self.units for k in u.keys}
+
+    @property
+    def kept(self) -> set[Key]:
+        return {k for u in self.units if self.decisions[u.id].kept for k in u.keys}
+
+    def units_and_evidence(self, state: Rewritten, phase: Phases) -> Rewritten:
+        """The passes: regions found, captured and timed, decided; rules a dropped rewrite had shadowed fire in
+        the next pass (a FusedMatMul inside an Attention that did not pay); then the groups on the whole model.
+        Returns the candidate with the kept rewrites."""
+        run = self.run
+        current, apps, whole_units = state, state.eng.applications, []
+        reserve = region_deadline = 0.0
+        for pass_no in range(MAX_PASSES):
+            pass_t0 = run.clock()
+            with phase("regions"):
+                original, _ = load_model(run.input_path)
+                self.fingerprint = run.fingerprint(original)
+                others, whole = split_on_model(find_regions(original, current.model, apps, self.rule_ids),
+                                               self.on_model_ids)
+                timeable = [r for r in others if r.untimeable is None]
+            with phase("capture"):
+                classes, uncaptured = run.capture(original, timeable) if timeable else ([], [])
+                del original
+            if pass_no == 0:  # keep time for the confirmation and each group on the whole model
+                reserve = run.whole_model_s() + run.rebuild_s
+                region_deadline = max(run.deadline - reserve - run.group_s() * len(groups_on_model(whole)),
+                                      run.clock() + 0.3 * run.budget)
+            with phase("time regions"):
+                run.time_classes(classes, region_deadline)
+            for r in others:  # timed: what timing needed (the models' constants, captured inputs) goes
+                r.drop_models()
+            release_memory()
+            self._add(pass_no, classes, uncaptured, [r for r in others if r.untimeable is not None])
+            whole_units += _group_units(f"m{pass_no}", groups_on_model(whole).items(), Kind.ON_MODEL)
+            self.decide()
+            dropped = (self.all_keys - self.kept) | {k for u in whole_units for k in u.keys}
+            if not dropped:
+                return current
+            last = pass_no == MAX_PASSES - 1 or not run.time_for_pass(run.clock() - pass_t0)
+            with phase("rebuild"):
+                state.__dict__.pop("proto", None)  # the full rewrite's export is re-made if it is written
+                self.built = None
+                candidate = run.build(self.kept, dropped, deny_unmeasured=last)
+                self.built = frozenset(self.kept), candidate
+            new = {a.key for a in candidate.eng.applications if a.rule in self.rule_ids} - self.kept
+            if not new or last:
+                break
+            current, apps = candidate, [a for a in candidate.eng.applications if a.key in new]
+        self.units += whole_units
+        self.decide()
+        if whole_units:
+            with phase("on model"):
+                kept = self.kept - {k for u in whole_units for k in u.keys}
+                on = time_on_model(run, whole_units, kept, self.all_keys - kept, self.fingerprint, reserve,
+                                   self.rule_ids, self.evidence, self.decide)
+            self.decide()
+            if on is not None:
+                self.built = frozenset(_applied(on, self.rule_ids)), on
+        with phase("rebuild"):
+            return self.build(self.kept)
+
+    def _add(self, pass_no: int, classes: list[RegionClass], uncaptured: list[Region], untimeable: list[Region]
+             ) -> None:
+        for c in classes:
+            rep = c.regions[0]
+            kind = Kind.EXACT if c.shape_only else Kind.UNTIMEABLE if c.failed else Kind.CLASS
+            u = Unit(f"c{pass_no}:{c.sig}", rep.label, tuple(rep.rules), kind, frozenset(c.keys), len(c.regions),
+                     c.weight, rep.cost is not None and rep.cost.removes_work,
+                     rep.cost.phrase() if rep.cost is not None else "", detail=c.failed)
+            self.units.append(u)
+            if c.evidence is not None:
+                self.evidence[u.id] = c.evidence
+                self.seconds_each[u.id] = c.seconds_each
+        alike: dict[tuple, list[Region]] = {}
+        for r in uncaptured:
+            alike.setdefault((r.label, tuple(r.rules)), []).append(r)
+        self.units += _group_units(f"u{pass_no}", alike.items(), Kind.CLASS)
+        for kind in (Kind.EXACT, Kind.UNTIMEABLE):
+            alike = {}
+            for r in untimeable:
+                if r.untimeable.exact == (kind is Kind.EXACT):
+                    alike.setdefault((r.label, tuple(r.rules), r.untimeable, r.detail), []).append(r)
+            self.units += _group_units(f"{kind.value[0]}{pass_no}", alike.items(), kind)
+
+    def confirmed(self, candidate: Rewritten, phase: Phases) -> Rewritten:
+        """The kept selection against the original on the whole model; where it measures no faster, one
+        fallback: only what was kept on its own firm measurement, confirmed in turn; where neither is faster
+        and the whole is no better than the original, the exact rewrites alone."""
+        run, report = self.run, self.run.report
+        applied = _applied(candidate, self.rule_ids)
+        exact_only = all(self.decisions[u.id].reason is Reason.EXACT for u in self.units
+                         if self.decisions[u.id].kept)
+        if not applied:
+            report.dropped_everything = True
+            report.confirmed = "not needed: no rewrite kept"
+            return candidate
+        room = run.deadline + CONFIRM_GRACE * run.budget - run.clock()
+        if exact_only and run.whole_model_s() > room:
+            report.confirmed = "not needed: only exact rewrites kept"
+            return candidate
+        with phase("confirm"):
+            ratio = report.final = run.confirm(candidate, digest("model", self.fingerprint, repr(sorted(applied)),
+                                                                 run.env))
+        if ratio is None or ratio.faster_beyond(report.floor):
+            return candidate
+        slower, no_better = ratio.slower_beyond(report.floor), ratio.no_better(report.floor)
+        how = "slower" if slower else "no faster than the original" if no_better else "within the noise floor"
+        if exact_only:
+            if slower:  # no evidence that even these help: none is made
+                report.note = f"only exact rewrites were kept, and they measured {ratio.median:.3f} as a whole " \
+                              "(slower): none is made"
+                return self._undo(phase, how, exact_too=True)
+            return candidate
+        said = f"the kept selection measured {ratio.median:.3f} as a whole ({how})"
+        fallback = self._fallback(how)
+        if fallback is not None:
+            what, decisions = fallback
+            keys = {k for u in self.units if decisions[u.id].kept for k in u.keys}
+            with phase("rebuild"):
+                trial = self.build(keys)
+            with phase("confirm"):
+                alone = run.confirm(trial, digest("model", self.fingerprint,
+                                                  repr(sorted(_applied(trial, self.rule_ids))), run.env))
+            if alone is not None and alone.faster_beyond(report.floor):
+                report.note = f"{said}; {what} measured {alone.median:.3f} alone: kept alone"
+                report.final, self.decisions = alone, decisions
+                return trial
+            said += f"; {what} measured {alone.median:.3f} alone" if alone else ""
+            report.final = ratio
+        if not no_better:
+            report.note = f"{said}: kept as it is"
+            return candidate
+        report.note = f"{said}: every timed rewrite is undone"
+        return self._undo(phase, how, exact_too=False)
+
+    def _fallback(self, how: str) -> tuple[str, dict[str, Decision]] | None:
+        """The one fallback by groups: what was kept on its own firm measurement, where priors kept more; else
+        the rewrite that saved the most alone (decide.best_alone). None where neither differs from the whole."""
+        firm = fall_back(self.units, self.decisions, how)
+        if {u.id for u in self.units if firm[u.id].kept} != {u.id for u in self.units if self.decisions[u.id].kept} \
+                and any(firm_faster(d) and d.reason is not Reason.EXACT and d.kept for d in firm.values()):
+            return "what was measured faster on its own", firm
+        best = best_alone(self.units, self.decisions, self.evidence, how)
+        return None if best is None else (f"{best[0]}, the group that saved the most alone,", best[1])
+
+    def _undo(self, phase: Phases, how: str, exact_too: bool) -> Rewritten:
+        """Leave out every kept unit but the exact ones (or those too)."""
+        self.run.report.dropped_everything = True
+        self.decisions = fall_back(self.units, self.decisions, how, firm_only=False, exact_too=exact_too)
+        with phase("rebuild"):
+            return self.build(self.kept)
+
+    def report_rows(self) -> None:
+        report = self.run.report
+        report.groups = []
+        for u in self.units:
+            e, d = self.evidence.get(u.id), self.decisions[u.id]
+            source = {Kind.EXACT: "exact", Kind.UNTIMEABLE: "untimed"}.get(u.kind) or (
+                "budget" if e is None else "model" if u.kind is Kind.ON_MODEL else "undecided" if not e.settled
+                else "cached" if e.origin is Origin.CACHE else "timed")
+            how = why(u, e, d, self.expects)
+            if u.kind is Kind.ON_MODEL and e is not None and e.origin is Origin.CACHE and not how:
+                how = "cached"
+            report.groups.append(GroupEffect(
+                u.label, list(u.rules), len(u.keys), d.kept, e.effect if e else None, source, u.instances,
+                e.floor if e else 0.0, self.seconds_each.get(u.id, 0.0), e.share if e else None, how))
+        report.undecided = sum(1 for u in self.units if u.kind in (Kind.CLASS, Kind.ON_MODEL)
+                               and u.id not in self.evidence)
+
+
+def _group_units(prefix: str, groups, kind: Kind) -> list[Unit]:
+    """One unit per group of regions ((label, rules, ...) -> regions), with their op-cost prior."""
+    out = []
+    for k, rs in groups:
+        label, rules = k[0], k[1]
+        cost = total([r.cost for r in rs])
+        out.append(Unit(f"{prefix}:{label}:{','.join(rules)}:{k[2:]}", label, tuple(rules), kind,
+                        frozenset(x for r in rs for x in r.keys), len(rs), float(len(rs)),
+                        cost is not None and cost.removes_work, cost.phrase() if cost is not None else "",
+                        rs[0].untimeable, rs[0].detail))
+    return out
+
+
+def _applied(candidate: Rewritten, rule_ids: set[str]) -> set[Key]:
+    return {a.key for a in candidate.eng.applications if a.rule in rule_ids}
 
 
 def _file_digest(path: str, external: bool) -> str:
@@ -260,73 +302,3 @@ def _file_digest(path: str, external: bool) -> str:
             st = os.stat(os.path.join(folder, loc))
             h.update(f"{loc}:{st.st_size}:{st.st_mtime_ns}".encode())
     return h.hexdigest()
-
-
-def _best_group(classes: list[RegionClass]) -> tuple[str, set[Key]] | None:
-    """The kept timed group (fused ops and rules alike) whose classes saved the most time alone, with its keys."""
-    saved: dict[tuple, float] = {}
-    keys: dict[tuple, set[Key]] = {}
-    for c in classes:
-        d = c.decision
-        if d is None or not d.kept or d.source not in ("timed", "cached") or d.gain is None:
-            continue
-        g = (d.group, tuple(d.rules))
-        saved[g] = saved.get(g, 0.0) + d.gain * max(d.seconds_each, 1e-9) * len(c.regions)
-        keys.setdefault(g, set()).update(c.keys)
-    if not saved:
-        return None
-    g = max(saved, key=lambda k: saved[k])
-    return f"{g[0]} ({', '.join(g[1])})", keys[g]
-
-
-def _riders(classes: list[RegionClass], best: set[Key], on_rows: list[tuple[set[Key], GroupEffect]]) -> set[Key]:
-    """The kept rewrites outside the best group that no whole-model comparison can see: the kept classes timed
-    alone whose shares of the model (what each changes of it) add up to less than MATERIAL, and the groups of the
-    same rules kept on the whole model (they follow those classes). They go with the best group where it is
-    confirmed alone, for they cannot be why the whole selection measured no faster; left out, which side of the
-    faster line the whole selection's interval fell decided them. gpt2_tiny, with 2 busy loops on 2 cores: its
-    selection measured 0.988 as a whole (the line at 0.990), its FastGelu 0.983 alone, and 49 Slices for Gather +
-    Unsqueeze (0.01-0.03% of the model per class) left with the rest, where quiet they were kept (0.986)."""
-    keys: set[Key] = set()
-    rules: set[str] = set()
-    total = 0.0
-    for c in classes:
-        d = c.decision
-        if d is None or not d.kept or d.source not in ("timed", "cached") or d.share is None or set(c.keys) <= best:
-            continue
-        total += d.share
-        keys.update(c.keys)
-        rules.update(d.rules)
-    if total >= MATERIAL:
-        return set()
-    for group_keys, row in on_rows:
-        if row.kept and set(row.rules) <= rules:
-            keys.update(group_keys)
-    return keys - best
-
-
-def _kept_keys(regions: list[Region], classes: list[RegionClass]) -> set[Key]:
-    """The rewrites of classes decided kept, and of regions kept without timing because they only remove nodes."""
-    return ({k for c in classes if c.decision and c.decision.kept for k in c.keys}
-            | {k for r in regions if r.untimeable.endswith("(exact)") for k in r.keys})
-
-
-def _exact_keys(regions: list[Region], classes: list[RegionClass]) -> set[Key]:
-    """The rewrites kept without timing because they are exact: regions that only remove nodes, and classes that
-    act on shape values only."""
-    return ({k for r in regions if r.untimeable.endswith("(exact)") for k in r.keys}
-            | {k for c in classes if c.decision is not None and c.decision.source == "exact" for k in c.keys})
-
-
-def _untimed_rows(regions: list[Region]) -> list[GroupEffect]:
-    """One report row per kind of region that was not timed alone (exact ones are kept)."""
-    alike: dict[tuple, list[Region]] = {}
-    for r in regions:
-        if r.untimeable:
-            alike.setdefault((r.label, tuple(r.rules), r.untimeable), []).append(r)
-    rows = []
-    for (label, rules_, why), rs in alike.items():
-        exact = why.endswith("(exact)")
-        rows.append(GroupEffect(label, list(rules_), sum(len(r.keys) for r in rs), exact, None,
-                                source="exact" if exact else "untimed", instances=len(rs), why=why))
-    return rows

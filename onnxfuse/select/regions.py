@@ -25,6 +25,7 @@ from ..ir import Graph, Model, Node, make_model
 from ..rewrite.apply import Application
 from ..tensors import TensorType
 from .op_prior import OpCost, op_cost
+from .units import Untimeable
 
 __all__ = ["Region", "const_bytes", "find_regions", "region_model", "signature"]
 
@@ -71,7 +72,8 @@ class Region:
     inputs: list[str] = field(default_factory=list)  # runtime values either version reads (from a run)
     outputs: list[str] = field(default_factory=list)
     types: dict[str, TensorType] = field(default_factory=dict)  # declared types of inputs/outputs (original)
-    untimeable: str = ""  # why this region cannot be timed alone ("" when it can)
+    untimeable: Untimeable | None = None  # why this region cannot be timed alone (None when it can)
+    detail: str = ""  # what that reason names (a value)
     cost: OpCost | None = None  # the op-cost prior's count (op_prior.py), where every type is known
 
     def drop_models(self) -> None:
@@ -87,9 +89,7 @@ class Region:
 
     @property
     def label(self) -> str:
-        from .rounds import group_key
-
-        return group_key(tuple(self.ops))
+        return "+".join(sorted(set(self.ops))) or "(removes nodes only)"
 
 
 class _Clusters:
@@ -139,7 +139,7 @@ def find_regions(original: Model, final: Model, apps: list[Application], rule_id
         region = Region([a.key for a in group], sorted({a.rule for a in group}),
                         sorted({o for a in group for o in a.ops}))
         if any(a.graph != root_name for a in group):
-            region.untimeable = "inside a subgraph"
+            region.untimeable = Untimeable.IN_SUBGRAPH
         else:
             _fill(region, group, og, fg, orig_by_name, fused_by_name, in_any)
         regions.append(region)
@@ -151,27 +151,27 @@ def _fill(region: Region, group: list[Application], og: Graph, fg: Graph, orig_b
     replaced = {n for a in group for n in a.replaced}
     orig = [orig_by_name[n] for n in sorted(replaced) if n in orig_by_name]
     if len(orig) != len(replaced):
-        region.untimeable = "replaces nodes that folding had made"
+        region.untimeable = Untimeable.FOLDED
         return
     created = [n for a in group for n in a.created]
     fused = [fused_by_name[n] for n in created if n in fused_by_name]
     if not created:
-        region.untimeable = "removes nodes only (exact)"
+        region.untimeable = Untimeable.REMOVES_ONLY
         return
     if not fused:  # made nodes that a later rewrite replaced again: not exact, and not timeable alone
-        region.untimeable = "its new nodes were rewritten again by a later rule"
+        region.untimeable = Untimeable.REWRITTEN_AGAIN
         return
     region.cost = op_cost(orig, fused, og, fg)
     if any(n.subgraphs for n in orig + fused):
-        region.untimeable = "holds a subgraph"
+        region.untimeable = Untimeable.HOLDS_SUBGRAPH
         return
     f_in, f_out = _boundary(fused, fg)
     if any(not _known(v, og) and not fg.is_constant(v) for v in f_in):
-        region.untimeable = "reads a value another rewrite renamed"
+        region.untimeable = Untimeable.READS_RENAMED
         return
     o_produced = {o for n in orig for o in n.outputs if o}
     if any(v not in o_produced for v in f_out):
-        region.untimeable = "writes a value the original nodes do not"
+        region.untimeable = Untimeable.WRITES_NEW
         return
     o_in = [v for v in dict.fromkeys(i for n in orig for i in n.inputs if i) if v not in o_produced]
     # context: readers of the outputs and producers of the runtime inputs, from the original model
@@ -189,8 +189,14 @@ def _fill(region: Region, group: list[Application], og: Graph, fg: Graph, orig_b
     fused_all = _graph_order(context) + fused  # fused nodes are in a valid order among themselves
     fused_all = _topo(fused_all)
     if fused_all is None:
-        region.untimeable = "its context depends on itself"
+        region.untimeable = Untimeable.SELF_CONTEXT
         return
+    _cut(region, orig_all, fused_all, og, fg, in_any)
+
+
+def _cut(region: Region, orig_all: list[Node], fused_all: list[Node], og: Graph, fg: Graph, in_any: set[str]
+         ) -> None:
+    """The region's two versions (nodes with context), their constants, run-time inputs, outputs and types."""
     region.original = [n.proto for n in orig_all]
     region.fused = [n.proto for n in fused_all]
     o_in2, _ = _boundary(orig_all, og)
@@ -213,7 +219,7 @@ def _fill(region: Region, group: list[Application], og: Graph, fg: Graph, orig_b
     region.outputs = list(dict.fromkeys(o_out))
     missing = [v for v in region.outputs if v not in {o for n in fused_all for o in n.outputs}]
     if missing:
-        region.untimeable = f"the fused nodes do not write {missing[0]}"
+        region.untimeable, region.detail = Untimeable.MISSING_OUTPUT, missing[0]
         return
     for v in region.inputs + region.outputs:
         t = og.type_of(v)
@@ -221,8 +227,8 @@ def _fill(region: Region, group: list[Application], og: Graph, fg: Graph, orig_b
             region.types[v] = t
     odd = next((v for v, t in region.types.items() if t.elem_type in NO_NUMPY), None)
     if odd is not None:
-        region.untimeable = (f"reads or writes {onnx.TensorProto.DataType.Name(region.types[odd].elem_type).lower()} "
-                             f"value {odd!r}, which onnxruntime's Python API cannot hand over as an array")
+        region.untimeable = Untimeable.NO_ARRAY
+        region.detail = f"{onnx.TensorProto.DataType.Name(region.types[odd].elem_type).lower()} {odd!r}"
 
 
 # element types onnxruntime's Python API returns no numpy array for (a region reading or writing one is not timed)
