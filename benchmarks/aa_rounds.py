@@ -29,7 +29,7 @@ from onnxfuse.inputs import timing_feeds  # noqa: E402
 from onnxfuse.inputs.discover import discover  # noqa: E402
 from onnxfuse.measure.clock import CPU  # noqa: E402
 from onnxfuse.measure.sessions import timing_sessions  # noqa: E402
-from onnxfuse.select.region_run import aa_contrast  # noqa: E402
+from onnxfuse.measure.verdicts import aa_contrast  # noqa: E402
 
 LABELS = ("c", "o", "c2", "o2")  # timing_sessions' labels (control twins last)
 

@@ -14,10 +14,10 @@ from onnxfuse.measure import timing as T
 from onnxfuse.measure.clock import CPU, WALL, estimator_for
 from onnxfuse.measure.lock import timing_lock
 from onnxfuse.measure.stats import UNDECIDED, Ratio
-from onnxfuse.measure.verdicts import Verdict, verdict
+from onnxfuse.measure.verdicts import Verdict, aa_contrast, verdict
 from onnxfuse.select import decision_cache as DC
 from onnxfuse.select.op_prior import OpCost
-from onnxfuse.select.region_run import aa_contrast, weak_evidence
+from onnxfuse.select.region_run import weak_evidence
 
 
 def test_the_estimator_is_thread_cpu_time_only_where_onnxruntime_runs_on_the_calling_thread():
@@ -180,7 +180,7 @@ def test_the_decision_cache_keeps_the_newest_decisions_up_to_its_bound(tmp_path,
     c = DC.DecisionCache(directory=str(tmp_path))
     for i in range(5):
         c.entries = {}
-        c.new = {f"k{i}": {"kind": "region", "keep": True, "when": f"2026-01-0{i + 1}T00:00:00"}}
+        c.new = {f"k{i}": {"kind": "region", "ratio": [0.9, 0.8, 1.0], "when": f"2026-01-0{i + 1}T00:00:00"}}
         c.new[f"k{i}"]["when"] = f"2026-01-0{i + 1}T00:00:00"
         # put() stamps the time; the file's order is what the bound reads
         c.save()

@@ -17,12 +17,12 @@ from onnxfuse.load.loader import load_model
 from onnxfuse.measure import timing as rt
 from onnxfuse.measure.stats import Ratio
 from onnxfuse.measure.timing import Timings, interleave
-from onnxfuse.measure.verdicts import MIN_FLOOR, verdict
+from onnxfuse.measure.verdicts import MIN_FLOOR, model_settled, verdict
 from onnxfuse.rewrite.engine import EngineOptions, run
 from onnxfuse.rewrite.ruleset import load_rules
 from onnxfuse.select import region_run as rr
 from onnxfuse.select.decision_cache import DecisionCache
-from onnxfuse.select.regions import find_regions, region_model, signature
+from onnxfuse.select.regions import RegionClass, find_regions, region_model, signature
 from onnxfuse.tensors import TensorType
 from onnxfuse.validate.compare import default_tolerance
 
@@ -535,7 +535,7 @@ def test_a_region_reading_a_few_integers_is_shape_arithmetic_only_if_it_writes_i
     def cls(out_type):
         region = type("R", (), {})()
         region.outputs, region.types = ["y"], {"y": TensorType(out_type, (1, 64, 32))}
-        return rr.RegionClass("sig", [region], [{"ids": np.zeros((1, 64), np.int64)}])
+        return RegionClass("sig", [region], [{"ids": np.zeros((1, 64), np.int64)}])
     assert not cls(onnx.TensorProto.FLOAT).shape_only
     assert cls(onnx.TensorProto.INT64).shape_only
 
@@ -674,7 +674,7 @@ def test_the_confirmation_runs_on_while_its_verdict_is_undecided(tmp_path, monke
     fake_timing(monkeypatch, recording)
     fake_clocks(monkeypatch, stepping_clock(1e-4))
     r, _ = _optimize(tmp_path, "o.onnx", cache=False)
-    assert r.measure.confirmed == "timed" and asked and asked[-1] is rr._confirmed
+    assert r.measure.confirmed == "timed" and asked and asked[-1] is model_settled
 
     rng = np.random.default_rng(0)
     base = 1e-3 * (1 + 0.01 * rng.standard_normal(12))
@@ -683,8 +683,8 @@ def test_the_confirmation_runs_on_while_its_verdict_is_undecided(tmp_path, monke
         noise = 1 + spread * rng.standard_normal(12)
         return Timings.of({"o": list(base), "o2": list(base), "c": list(base * ratio * noise),
                            "c2": list(base * ratio * noise)}, "cpu", 1)
-    assert rr._confirmed(timings(0.90, 0.002))  # clear of 0.99: faster
-    assert rr._confirmed(timings(1.00, 0.002))  # clear of it the other way: not faster, whatever more show
-    assert not rr._confirmed(timings(0.99, 0.02))  # across it: measured longer
+    assert model_settled(timings(0.90, 0.002))  # clear of 0.99: faster
+    assert model_settled(timings(1.00, 0.002))  # clear of it the other way: not faster, whatever more show
+    assert not model_settled(timings(0.99, 0.02))  # across it: measured longer
 
 

@@ -1,14 +1,14 @@
-"""Select: measured selection, keeping only the rewrites that make the model faster on the target.
+"""Select: measured selection, keeping only the rewrites that make the model faster on the target
+(docs/measured-selection.md).
 
-- `regions.py`: where rewrites act: clusters of applied rewrites cut out (with one edge of context) as two small
-  models, and their class signature.
-- `region_select.py`: selection by region (the default): the regions' inputs captured from runs of the
-  original, each class timed once within the budget, the choice confirmed on the whole model (the sequence);
-  `region_run.py`: one selection's state and steps (timing goes through measure/).
-- `rounds.py`: selection by whole-model rounds (`--measure-by model`), and the report types both strategies
-  share (`MeasureReport`, `GroupEffect`).
-- `decision_cache.py`: the persistent decision cache; `cache_entries.py` its entries' shape; `cached_report.py`
-  a selection's report as the cache keeps it.
+- `units.py`: what is decided (`Unit`, `Kind`) and why a region cannot be timed alone (`Untimeable`).
+- `decide.py`: `Evidence`, and the one pure decision policy `decide(units, evidence, expects)`.
+- `regions.py`: where rewrites act, cut out as two small models; classes of alike regions.
+- `region_select.py`: the sequence (units, capture, timing, decide, confirm, report);
+  `region_run.py`: one selection's state and steps (timing goes through measure/); `on_model.py`: units timed
+  on the whole model; `op_prior.py`: the op-cost prior; `report.py`: the report types.
+- `decision_cache.py`: the persistent cache of evidence; `cache_entries.py` its entries' shape;
+  `cached_report.py` a selection's report as the cache keeps it.
 
 May import: measure/, validate/, rewrite/, load/, inputs/ and the base modules. Nothing from inspect/.
 """

@@ -5,16 +5,13 @@ budget clock (measure/budget.py; `automatic_budget` when none is given). Nothing
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
 
 from ..errors import OnnxfuseError
 from ..inputs.budget import default_budget_bytes
@@ -33,21 +30,21 @@ from ..measure.timing import (
     interleave,
     model_round_s,
 )
-from ..measure.verdicts import Verdict, verdict
+from ..measure.verdicts import aa_contrast, model_settled, model_verdict, region_verdict, verdict
 from ..options import OptimizeOptions
 from ..patterns.rules import Rule
 from ..rewrite.engine import EngineOptions
 from ..rewrite.fold import CLEANUP_STEPS
 from ..rewrite.rebuild import Rewritten, rebuild
-from ..validate.runtime import Candidate, peak_rss_bytes, release_memory, session_with_outputs
+from ..validate.runtime import Candidate, release_memory, session_with_outputs
 from ..validate.validate import Validator
 from .cached_report import from_cache
 from .decide import Evidence, Origin
 from .decision_cache import DecisionCache, digest, environment_key
-from .regions import Region, region_model, signature
-from .report import Key, MeasureReport
+from .regions import Region, RegionClass, region_model, signature
+from .report import Key, MeasureReport, Phases
 
-__all__ = ["Comparison", "Phases", "RegionClass", "RegionRun", "automatic_budget"]
+__all__ = ["Comparison", "RegionRun", "automatic_budget"]
 
 MIN_RUNS = 20  # interleaved rounds per region class, budget permitting (more while its verdict is undecided)
 SESSIONS = 4  # in a whole-model comparison: two of the candidate, two of its base (measure/sessions.py)
@@ -74,62 +71,6 @@ AUTO_MIN_S = 8.0
 AUTO_MAX_S = 60.0
 CAPTURE_SHARE = 0.3  # capture stops at this share of the budget: the regions not reached follow their prior
 # (a PicoDet detector's 1493-node capture took 1.0 s of its 36 s quiet; capturing is never worth a whole budget)
-SHAPE_VALUES = 64  # a region whose inputs are all integers this small computes shapes (see RegionClass.shape_only)
-# the order classes are timed in (RegionClass.potential) only: not measured, a roofline guess (a core moving
-# ~10 GB/s and computing ~50 GFLOP/s weighs a FLOP a fifth of a byte; a node of unknown types 256 KB); a wrong
-# guess times a class later, and the budget's end leaves it to its prior, never to a coin flip
-FLOPS_PER_BYTE = 5.0
-AVG_BYTES = 256 * 1024
-
-
-def _integer(elem_type: int) -> bool:
-    """An integer or bool element type (shape arithmetic's)."""
-    try:
-        return onnx.helper.tensor_dtype_to_np_dtype(elem_type).kind in "iub"
-    except (KeyError, ValueError):
-        return False
-
-
-@dataclass
-class RegionClass:
-    """Alike regions, timed once through the first."""
-
-    sig: str
-    regions: list[Region]
-    feeds: list[dict[str, np.ndarray]] = field(default_factory=list)  # per profile, the first region's inputs
-    evidence: Evidence | None = None  # what timing it showed (None: not timed)
-    seconds_each: float = 0.0  # its first region's original version, per run (estimator clock)
-    failed: str = ""  # why onnxruntime could not run it alone (then its prior decides)
-
-    @property
-    def shape_only(self) -> bool:
-        """The region reads only a few integers and writes integers (shape arithmetic): there is nothing to time;
-        it is kept. (An embedding lookup also reads a few integers at a short sequence, but writes floats.)"""
-        rep = self.regions[0]
-        outs = [rep.types.get(v) for v in rep.outputs]
-        return all(t is not None and _integer(t.elem_type) for t in outs) and all(
-            a.size <= SHAPE_VALUES and a.dtype.kind in "iu" for feeds in self.feeds for a in feeds.values())
-
-    @property
-    def keys(self) -> list[Key]:
-        return [k for r in self.regions for k in r.keys]
-
-    @property
-    def weight(self) -> int:
-        """Its regions times their nodes (once the regions are decided and their nodes gone: its regions)."""
-        return len(self.regions) * max(1, len(self.regions[0].original))
-
-    @property
-    def potential(self) -> float:
-        """What it could save, before timing: its regions times the bytes their original nodes move plus their
-        FLOPs over FLOPS_PER_BYTE (op_prior.py's count, at the larger size of a symbolic dim); by node count
-        (AVG_BYTES each) where a type is unknown. Classes are timed largest first."""
-        cost = self.regions[0].cost
-        work = (cost.bytes[-1][0] + cost.flops[-1][0] / FLOPS_PER_BYTE) if cost is not None else \
-            AVG_BYTES * max(1, len(self.regions[0].original))
-        return len(self.regions) * work
-
-
 class RegionRun:
     """One region selection: the state shared by its steps. Times are on the budget clock (`clock`, seconds
     since the selection began): `budget` is its deadline."""
@@ -266,9 +207,9 @@ class RegionRun:
         profiles = [(w, feeds) for (w, _), feeds in zip(self.profiles, c.feeds, strict=True)]
         times = interleave(sessions, profiles, estimator=self.estimator, min_runs=MIN_RUNS, deadline=deadline,
                            hard_deadline=self.deadline, max_runs=UNDECIDED_MAX_RUNS,
-                           settled=lambda t: _region_verdict(t).decided, clock=self.clock)
+                           settled=lambda t: region_verdict(t).decided, clock=self.clock)
         self.report.rounds += 1
-        v = _region_verdict(times)
+        v = region_verdict(times)
         c.seconds_each = sum(w * float(np.median(times.profile("a", p))) for p, (w, _) in enumerate(profiles))
         share = abs(1 - v.ratio.median) * c.seconds_each * len(c.regions) / self.model_s if self.model_s > 0 else None
         return Evidence(v.ratio, v.floor, share, settled=v.decided or v.faster)
@@ -420,7 +361,7 @@ class RegionRun:
                                                 control=[("c", "c2"), ("o", "o2")], reverse=reverse),
                 self.profiles, estimator=self.estimator, min_runs=self.rounds(runs),
                 deadline=deadline or self.deadline, hard_deadline=limit, min_seconds=COMPARE_MIN_S,
-                settled=_confirmed if kind == "model" else None, clock=self.clock)
+                settled=model_settled if kind == "model" else None, clock=self.clock)
         except OutOfBudget:
             why = "skipped: its runs would end past the budget"
             self.cache.put(key, {"kind": kind, "source": "budget", "budget": self.budget, "why": why, **tag})
@@ -430,9 +371,9 @@ class RegionRun:
                 c.close()
             release_memory()
         self.report.rounds += 1
-        v = _model_verdict(times)
+        v = model_verdict(times)
         aa = aa_contrast(times)
-        out = Comparison(v.ratio, v.floor, wall=_model_verdict(times.read_on(WALL)).ratio,
+        out = Comparison(v.ratio, v.floor, wall=model_verdict(times.read_on(WALL)).ratio,
                          aa_spread=(float(np.percentile(aa, 10)), float(np.percentile(aa, 90))))
         if len(self.profiles) > 1:  # prefill and decode each, not only their weighted total
             for p, (weight, _) in enumerate(self.profiles):
@@ -486,32 +427,6 @@ def weak_evidence(hit: dict) -> bool:
     return hit.get("source") == UNDECIDED or (hit.get("estimator") == WALL and hit.get("load", 0.0) > WEAK_LOAD)
 
 
-def aa_contrast(times) -> np.ndarray:
-    """Per round, the four sessions' A/A contrast sqrt(c2/c x o2/o): a comparison of two sessions against two in
-    which no change is (each side holds one session of each model), independent of the comparison itself and with
-    the same per-round noise and the same variance of session offsets. Its spread is what the comparison shows of
-    a change that is not there; one pair's ratio (c2 / c) spreads sqrt(2) times as wide."""
-    c, c2, o, o2 = (np.asarray(times[k]) for k in ("c", "c2", "o", "o2"))
-    return np.sqrt(c2 / c * (o2 / o))
-
-
-def _region_verdict(times) -> Verdict:
-    """A region's fused version ("f") against the mean of two sessions of its original ("a", "b")."""
-    return verdict(times, "f", ("a", "b"))
-
-
-def _model_verdict(times) -> Verdict:
-    """A candidate (two sessions, "c", "c2") against its base (two, "o", "o2") on the whole model."""
-    return verdict(times, ("c", "c2"), ("o", "o2"))
-
-
-def _confirmed(times) -> bool:
-    """Whether a confirmation's verdict is clear of the faster line: while it is not, it runs on within the
-    budget (a selection 1.6-2.4% faster against a 1% margin, gpt2_tiny's, was kept whole when its interval
-    cleared the line and cut to its best group when it did not: two outputs for one model, by the load)."""
-    return _model_verdict(times).decided
-
-
 def _load_per_core() -> float:
     try:
         return os.getloadavg()[0] / (os.cpu_count() or 1)
@@ -524,21 +439,3 @@ def automatic_budget(run_s: float, weights: int) -> float:
     estimator's clock: load does not change it): AUTO_BASE_S and AUTO_RUNS runs, between AUTO_MIN_S and
     AUTO_MAX_S, times the GiB of weights past 1 GiB (loading a session of the model is part of it)."""
     return min(AUTO_MAX_S, max(AUTO_MIN_S, AUTO_BASE_S + AUTO_RUNS * run_s)) * max(1.0, weights / 2**30)
-
-
-class Phases:
-    """Seconds per phase, added up (a phase may run twice)."""
-
-    def __init__(self, into: dict[str, float], peaks: dict[str, int],
-                 starting: Callable[[str], None] = lambda name: None) -> None:
-        self.into, self.peaks, self.starting = into, peaks, starting
-
-    @contextlib.contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        self.starting(name)
-        t = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.into[name] = self.into.get(name, 0.0) + time.perf_counter() - t
-            self.peaks[name] = peak_rss_bytes()

@@ -31,10 +31,10 @@ from .decide import Decision, Evidence, Origin, Reason, best_alone, decide, fall
 from .decision_cache import DecisionCache, digest
 from .on_model import groups_on_model, split_on_model, time_on_model
 from .op_prior import total
-from .region_run import CONFIRM_GRACE, Phases, RegionClass, RegionRun, automatic_budget
-from .regions import Region, find_regions
-from .report import GroupEffect, Key
-from .units import Kind, Unit
+from .region_run import CONFIRM_GRACE, RegionRun, automatic_budget
+from .regions import Region, RegionClass, find_regions
+from .report import GroupEffect, Key, Phases
+from .units import Kind, Unit, Untimeable
 
 __all__ = ["automatic_budget", "region_selection"]
 
@@ -169,7 +169,8 @@ class _Selection:
             kind = Kind.EXACT if c.shape_only else Kind.UNTIMEABLE if c.failed else Kind.CLASS
             u = Unit(f"c{pass_no}:{c.sig}", rep.label, tuple(rep.rules), kind, frozenset(c.keys), len(c.regions),
                      c.weight, rep.cost is not None and rep.cost.removes_work,
-                     rep.cost.phrase() if rep.cost is not None else "", detail=c.failed)
+                     rep.cost.phrase() if rep.cost is not None else "",
+                     Untimeable.FAILED if c.failed else None, c.failed)
             self.units.append(u)
             if c.evidence is not None:
                 self.evidence[u.id] = c.evidence

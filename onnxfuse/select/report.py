@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
 from ..measure.stats import Ratio
+from ..validate.runtime import peak_rss_bytes
 
-__all__ = ["GroupEffect", "Key", "MeasureReport"]
+__all__ = ["GroupEffect", "Key", "MeasureReport", "Phases"]
 
 Key = tuple[str, str]  # one applied rewrite: (rule id, root value)
 
@@ -83,3 +87,21 @@ class MeasureReport:
         """Rules of dropped groups, except those a group kept in part (by region) still needs."""
         needed = {r for g in self.groups if g.kept for r in g.rules}
         return sorted({r for g in self.groups if not g.kept for r in g.rules} - needed)
+
+
+class Phases:
+    """Seconds per phase, added up (a phase may run twice)."""
+
+    def __init__(self, into: dict[str, float], peaks: dict[str, int],
+                 starting: Callable[[str], None] = lambda name: None) -> None:
+        self.into, self.peaks, self.starting = into, peaks, starting
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        self.starting(name)
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.into[name] = self.into.get(name, 0.0) + time.perf_counter() - t
+            self.peaks[name] = peak_rss_bytes()

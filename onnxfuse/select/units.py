@@ -30,6 +30,7 @@ class Untimeable(Enum):
     SELF_CONTEXT = "its context depends on itself"
     MISSING_OUTPUT = "the fused nodes do not write a value its readers need"
     NO_ARRAY = "reads or writes a type onnxruntime's Python API cannot hand over as an array"
+    FAILED = "onnxruntime could not run its two versions alone"
 
     @property
     def exact(self) -> bool:
