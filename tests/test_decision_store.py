@@ -23,17 +23,17 @@ class DictStore:
 
 def test_a_shared_store_replaces_the_file(tmp_path):
     on_disk = DecisionCache(directory=str(tmp_path))
-    on_disk.put("from-file", {"kind": "region", "keep": True})
+    on_disk.put("from-file", {"kind": "region", "ratio": [0.9, 0.8, 1.0]})
     on_disk.save()
     before = open(on_disk.path).read()
-    store = DictStore({"shared": {"kind": "region", "keep": False}})
+    store = DictStore({"shared": {"kind": "region", "ratio": [1.1, 1.0, 1.2]}})
     with shared_store(store):
         cache = DecisionCache(directory=str(tmp_path))
-        assert cache.get("shared") == {"kind": "region", "keep": False}
+        assert cache.get("shared") == {"kind": "region", "ratio": [1.1, 1.0, 1.2]}
         assert cache.get("from-file") is None  # the file is not read
-        cache.put("new", {"kind": "region", "keep": True})
+        cache.put("new", {"kind": "region", "ratio": [0.9, 0.8, 1.0]})
         cache.save()
-        assert cache.get("new")["keep"] is True
+        assert cache.get("new")["ratio"] == [0.9, 0.8, 1.0]
     assert [list(m) for m in store.merged] == [["new"]]
     assert open(on_disk.path).read() == before  # nor written
     after = DecisionCache(directory=str(tmp_path))  # outside the block: the file again
