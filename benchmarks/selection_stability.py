@@ -30,7 +30,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.path.join(ROOT, "..", "shared", "models")
+SHARED = os.environ.get("ONNXFUSE_SHARED_MODELS", os.path.join(ROOT, "..", "shared", "models"))  # the load's models
 # one load process: an onnxruntime session of a model run in a loop until its deadline or its parent is gone
 LOAD = """
 import os, sys, time
@@ -56,6 +56,9 @@ def start_load(n: int, seconds: float) -> list[subprocess.Popen]:
         procs.append(subprocess.Popen([sys.executable, "-c", LOAD, path, str(seconds)],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     time.sleep(3.0)  # sessions made, loops running
+    dead = [p.args[3] for p in procs if p.poll() is not None]
+    if dead:
+        raise SystemExit(f"load processes ended at once: {', '.join(dead)}")
     return procs
 
 

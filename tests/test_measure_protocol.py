@@ -213,7 +213,7 @@ def test_the_confirmation_may_run_past_the_budget_by_its_grace_but_an_on_model_g
     from onnxfuse.select import region_run as rr
 
     run = rr.RegionRun.__new__(rr.RegionRun)
-    run.budget, run.clock = 10.0, lambda: 9.0  # 1 s left of a 10 s budget
+    run.cap, run.clock = 15.0, lambda: 9.0  # 1 s left of the 10 s before the confirmation's third of a 15 s budget
     # a comparison costs about 5.6 s before its runs: two generations of four sessions of 0.5 s and a 0.2 s run each
     run.session_s, run.latency_s, run.profiles = 0.5, 0.2, [(1.0, {})]
     run.cache = DC.DecisionCache(enabled=False)

@@ -487,7 +487,7 @@ def test_profiles_count_by_weight_not_by_duration(monkeypatch):
 
 
 def test_the_automatic_budget_follows_the_models_run_time_not_the_load():
-    """8 s and 150 runs of the model (the confirmation's and a group's rounds fit), 8-60 s, more past 1 GiB; it is
+    """12 s and 225 runs of the model (the confirmation's and a group's rounds fit), 12-90 s, more past 1 GiB; it is
     counted on the budget clock, so a loaded machine buys the same runs."""
     assert rr.automatic_budget(0.0, 10**6) == rr.AUTO_MIN_S
     assert rr.automatic_budget(0.1, 10**6) == pytest.approx(rr.AUTO_BASE_S + 0.1 * rr.AUTO_RUNS)

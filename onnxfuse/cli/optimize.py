@@ -60,7 +60,7 @@ def optimize(
     measure_budget: Annotated[float | None, typer.Option("--measure-budget", help="Seconds for the whole "
                                                          "measuring phase, on the clock decisions are read on "
                                                          "(thread CPU time at --threads 1; default: automatic, "
-                                                         "8 s and 150 runs of the model, 8-60 s, more past 1 GiB). "
+                                                         "12 s and 225 runs of the model, 12-90 s, more past 1 GiB). "
                                                          "It limits what is timed, never what is kept: the rest "
                                                          "follows its prior.")]
     = None,

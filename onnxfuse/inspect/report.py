@@ -130,12 +130,13 @@ def print_measure(m, console: Console) -> None:
         gain = _span([a.gain * 100 for a in timed], "+.1f") + "%" if timed else ""
         effect = _span([a.effect.median for a in timed], ".3f") if len(timed) > 1 else str(g.effect or "")
         floors = _span([a.floor * 100 for a in alike], ".1f")
-        how = {"timed": "timed" + (f": {g.why} (±{floors}%)" if g.why else ""),
-               "undecided": f"[yellow]undecided[/yellow] (its interval crosses 1 - 0.5% - noise floor ±{floors}%): "
-                            + ("kept: " if g.kept else "original: ") + g.why + "; timed again next run",
-               "cached": "[cyan]cached[/cyan]", "exact": "exact, not timed",
-               "budget": "[yellow]budget ran out[/yellow]" + (f" ({g.why})" if g.why.startswith("whole") else ""),
-               "model": "whole model" + (f", [cyan]{g.why}[/cyan]" if g.why else "")}.get(g.source, g.why or g.source)
+        # the decision's own words (select/decide.py why); a unit its measurement decided has none: its source
+        how = escape(g.why) or {"timed": "timed", "cached": "[cyan]cached[/cyan]", "model": "whole model"}.get(
+            g.source, g.source)
+        if g.effect is not None and g.why:  # measured, not decided by it: the floor it did not clear
+            how += f" (noise floor ±{floors}%)"
+        if g.source == "undecided":
+            how = f"[yellow]{how}[/yellow]; timed again next run"
         how += f" ({count(len(alike), 'class', 'classes')})" if len(alike) > 1 else ""
         t.row(g.group, ", ".join(g.rules), str(sum(a.rewrites for a in alike)),
               *([str(sum(a.instances for a in alike))] if regions else []), gain, effect,

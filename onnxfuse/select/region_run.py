@@ -57,18 +57,20 @@ SHORT_MODEL_ROUNDS = 16  # a model shorter than a round (MODEL_ROUND_S) runs sev
 # rounds as take the time that the rounds above take of one of MODEL_ROUND_S, or this many at least (with 10,
 # cnn_small's reported A/A p90 under load was 1.016-1.021 in 3 runs of 4: the p90 of ten rounds is their largest
 # but one; with 16, 1.002-1.005 in 3 of 3, its confirmation 4-8 s of a 10 s budget, was 2.4-5.5)
-CONFIRM_GRACE = 0.5  # the whole-model confirmation may end this share of the budget past it
+CONFIRM_GRACE = 0.5  # the whole-model confirmation may end this share of the timing deadline past it (so the
+# deadline of the rest is the budget / 1.5): a kept selection is never left unconfirmed for want of a few seconds
 COMPARE_MIN_S = 1.0  # and runs on to about this many seconds (a small model's 20 runs are a few milliseconds)
 # The automatic budget, on the budget clock: AUTO_BASE_S and AUTO_RUNS runs of the model, between AUTO_MIN_S and
-# AUTO_MAX_S (times the GiB of weights past 1 GiB). A whole-model confirmation takes 8-16 rounds of four sessions
-# (MIN_RUNS_FLOOR, SHORT_MODEL_ROUNDS), about 64 runs of a 100+ ms model, and a group on the whole model 20 rounds
-# more: AUTO_RUNS leaves room for both and the region classes (the figures measured with it are in
-# docs/measured-selection.md and benchmarks/selection_stability.py); the old wall-time 10 s, raised to 40 s by an
-# estimate of the steps around timing, kept nothing on a PicoDet detector under load
-AUTO_BASE_S = 8.0
-AUTO_RUNS = 150
-AUTO_MIN_S = 8.0
-AUTO_MAX_S = 60.0
+# AUTO_MAX_S (times the GiB of weights past 1 GiB), of which the confirmation may take the last third
+# (CONFIRM_GRACE). A whole-model confirmation takes 8-16 rounds of four sessions (MIN_RUNS_FLOOR,
+# SHORT_MODEL_ROUNDS), about 64 runs of a 100+ ms model, and a group on the whole model 20 rounds more: AUTO_RUNS
+# leaves room for both and the region classes (benchmarks/selection_stability.py: on 11 models, 5 of them of
+# realistic size, the same kept op counts quiet and loaded; docs/measured-selection.md); the old wall-time 10 s,
+# raised to 40 s by an estimate of the steps around timing, kept nothing on a PicoDet detector under load
+AUTO_BASE_S = 12.0
+AUTO_RUNS = 225
+AUTO_MIN_S = 12.0
+AUTO_MAX_S = 90.0
 CAPTURE_SHARE = 0.3  # capture stops at this share of the budget: the regions not reached follow their prior
 # (a PicoDet detector's 1493-node capture took 1.0 s of its 36 s quiet; capturing is never worth a whole budget)
 class RegionRun:
@@ -85,8 +87,9 @@ class RegionRun:
         self.clock = budget_clock(self.estimator)
         self.weights = state.info.size_bytes + state.info.external_bytes
         self.automatic = opts.measure_budget_s is None
-        # given, or provisional until capture has run the model once (automatic_budget)
-        self.budget = opts.measure_budget_s if not self.automatic else automatic_budget(0.0, self.weights)
+        # the budget said (given, or provisional until capture has run the model once: automatic_budget); all but
+        # the confirmation's share of it is the deadline of everything else (budget)
+        self.cap = opts.measure_budget_s if not self.automatic else automatic_budget(0.0, self.weights)
         self.rebuild_s = rewrite_s  # one rebuild of the model (about what rewriting it took; then as measured)
         self.env = environment_key(opts.target, opts.measure_threads)
         # what `cache show` lists beside a decision (not part of its key): the model it was first taken on
@@ -101,6 +104,11 @@ class RegionRun:
         # the same run's weighted total over the profiles on the estimator's clock: what a class's share of the
         # model is of (a region's time is on that clock; wall time under load made the shares 10x smaller)
         self.model_s = 0.0
+
+    @property
+    def budget(self) -> float:
+        """The deadline of everything but the confirmation, on the budget clock."""
+        return self.cap / (1 + CONFIRM_GRACE)
 
     @property
     def deadline(self) -> float:
@@ -141,7 +149,7 @@ class RegionRun:
                     values.update({k: v for k, v in feeds.items() if k in names})
                     per_profile.append(values)
                 if not model_timed and self.automatic:
-                    self.budget = automatic_budget(self.model_s, self.weights)
+                    self.cap = automatic_budget(self.model_s, self.weights)
                 model_timed = True
                 for r in chunk:
                     shapes = [[(str(p[v].dtype), tuple(p[v].shape)) for v in r.inputs] for p in per_profile]
@@ -171,7 +179,7 @@ class RegionRun:
     def finish(self) -> None:
         self.report.seconds = time.perf_counter() - self.wall0
         self.report.spent_s = self.clock()
-        self.report.budget_s = self.budget
+        self.report.budget_s = self.cap
 
     def validated(self, candidate: Rewritten, phase: Phases) -> tuple[MeasureReport, Rewritten]:
         """The kept selection validated again (a subset of validated rewrites can still interact), unless it is
@@ -221,7 +229,7 @@ class RegionRun:
         hit = self.cache.get(key, kinds)
         if hit is not None and hit.get("source") == "budget":
             return None  # not reached: this run may reach it (older entries)
-        if hit is not None and weak_evidence(hit) and (self.opts.measure_budget_s is not None and self.budget > hit.get(
+        if hit is not None and weak_evidence(hit) and (self.opts.measure_budget_s is not None and self.cap > hit.get(
                 "budget", float("inf")) or _load_per_core() < hit.get("load", 0.0) - QUIETER):
             return None
         return hit
@@ -260,7 +268,7 @@ class RegionRun:
                 "kind": "region", "source": "timed" if e.settled else UNDECIDED,
                 "ratio": [e.effect.median, e.effect.low, e.effect.high], "floor": e.floor,
                 **({"share": e.share} if e.share is not None else {}), "label": rep.label, "rules": rep.rules,
-                "budget": self.budget, **self.evidence(), **self.tag})
+                "budget": self.cap, **self.evidence(), **self.tag})
 
     # ---- the whole model -------------------------------------------------------------------------------------
 
@@ -342,13 +350,13 @@ class RegionRun:
         cost = self.comparison_s()
         # the confirmation is what makes "never slower" true: it may run past the budget, by up to
         # CONFIRM_GRACE of it, rather than leave a kept selection unconfirmed
-        limit = self.deadline + (CONFIRM_GRACE * self.budget if kind == "model" else 0.0)
+        limit = self.cap if kind == "model" else self.deadline
         if SESSIONS * weights > default_budget_bytes():
             why = "skipped: four sessions of the model would not fit the memory budget"
         elif self.clock() + cost > limit:
             why = f"skipped: it would take about {cost:.1f} s, past the budget"
         if why:
-            self.cache.put(key, {"kind": kind, "source": "budget", "budget": self.budget, "why": why, **tag})
+            self.cache.put(key, {"kind": kind, "source": "budget", "budget": self.cap, "why": why, **tag})
             return Comparison(None, status=why)
         cands: list[Candidate] = []
         try:  # files onnxruntime maps: no copy held here
@@ -364,7 +372,7 @@ class RegionRun:
                 settled=model_settled if kind == "model" else None, clock=self.clock)
         except OutOfBudget:
             why = "skipped: its runs would end past the budget"
-            self.cache.put(key, {"kind": kind, "source": "budget", "budget": self.budget, "why": why, **tag})
+            self.cache.put(key, {"kind": kind, "source": "budget", "budget": self.cap, "why": why, **tag})
             return Comparison(None, status=why)
         finally:
             for c in cands:

@@ -31,7 +31,7 @@ from .decide import Decision, Evidence, Origin, Reason, best_alone, decide, fall
 from .decision_cache import DecisionCache, digest
 from .on_model import groups_on_model, split_on_model, time_on_model
 from .op_prior import total
-from .region_run import CONFIRM_GRACE, RegionRun, automatic_budget
+from .region_run import RegionRun, automatic_budget
 from .regions import Region, RegionClass, find_regions
 from .report import GroupEffect, Key, Phases
 from .units import Kind, Unit, Untimeable
@@ -48,7 +48,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     report and the rewritten model to write. `rewrite_s`: what rewriting took (a rebuild costs about as much);
     `progress("measure: <step>", budget_s)` as each step starts."""
     run = RegionRun(input_path, rules, opts, base, deny, state, validator, cache, rewrite_s)
-    phase = Phases(run.report.phases, run.report.phase_peaks, lambda name: progress(f"measure: {name}", run.budget))
+    phase = Phases(run.report.phases, run.report.phase_peaks, lambda name: progress(f"measure: {name}", run.cap))
     key = digest("selection", _file_digest(input_path, state.info.external_data),
                  repr(sorted(a.key for a in state.eng.applications)),
                  repr([sorted((k, v.dtype.str, v.shape) for k, v in f.items()) for _, f in run.profiles]), run.env)
@@ -65,7 +65,7 @@ def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, 
     if not any(e is not None and not e.settled for e in sel.evidence.values()):  # else timed again next run
         cache.put(key, {"kind": "selection", "kept": sorted(map(list, sel.kept)),
                         "dropped": sorted(map(list, sel.all_keys - sel.kept)), "report": to_cache(run.report),
-                        "undecided": run.report.undecided, "budget": run.budget,
+                        "undecided": run.report.undecided, "budget": run.cap,
                         "dropped_everything": run.report.dropped_everything, **run.tag,
                         "rules": sorted({k[0] for k in sel.kept})})
     cache.save()
@@ -184,7 +184,7 @@ class _Selection:
             for r in untimeable:
                 if r.untimeable.exact == (kind is Kind.EXACT):
                     alike.setdefault((r.label, tuple(r.rules), r.untimeable, r.detail), []).append(r)
-            self.units += _group_units(f"{kind.value[0]}{pass_no}", alike.items(), kind)
+            self.units += _group_units(('e' if kind is Kind.EXACT else 'x') + str(pass_no), alike.items(), kind)
 
     def confirmed(self, candidate: Rewritten, phase: Phases) -> Rewritten:
         """The kept selection against the original on the whole model; where it measures no faster, one
@@ -198,7 +198,7 @@ class _Selection:
             report.dropped_everything = True
             report.confirmed = "not needed: no rewrite kept"
             return candidate
-        room = run.deadline + CONFIRM_GRACE * run.budget - run.clock()
+        room = run.cap - run.clock()
         if exact_only and run.whole_model_s() > room:
             report.confirmed = "not needed: only exact rewrites kept"
             return candidate
