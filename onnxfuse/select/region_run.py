@@ -64,9 +64,10 @@ COMPARE_MIN_S = 1.0  # and runs on to about this many seconds (a small model's 2
 # AUTO_MAX_S (times the GiB of weights past 1 GiB), of which the confirmation may take the last third
 # (CONFIRM_GRACE). A whole-model confirmation takes 8-16 rounds of four sessions (MIN_RUNS_FLOOR,
 # SHORT_MODEL_ROUNDS), about 64 runs of a 100+ ms model, and a group on the whole model 20 rounds more: AUTO_RUNS
-# leaves room for both and the region classes (benchmarks/selection_stability.py: on 11 models, 5 of them of
-# realistic size, the same kept op counts quiet and loaded; docs/measured-selection.md); the old wall-time 10 s,
-# raised to 40 s by an estimate of the steps around timing, kept nothing on a PicoDet detector under load
+# leaves room for both and the region classes: on 7 models of realistic size (benchmarks/selection_stability.py,
+# docs/measured-selection.md) measuring spent 22-62 s of budgets of 26-90 s, 24-92 s of wall time quiet or loaded;
+# the old wall-time 10 s, raised to 40 s by an estimate of the steps around timing, kept nothing on a PicoDet
+# detector under load
 AUTO_BASE_S = 12.0
 AUTO_RUNS = 225
 AUTO_MIN_S = 12.0
