@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..rewrite.rebuild import Rewritten
 from .decide import Decision, Evidence, Origin
 from .decision_cache import digest
 from .region_run import RegionRun
@@ -50,33 +51,26 @@ def groups_on_model(regions: list[Region]) -> dict[tuple[str, tuple[str, ...]], 
     return groups
 
 
-def time_on_model(run: RegionRun, units: list[Unit], kept: set[Key], dropped: set[Key], fingerprint: str,
-                  reserve_s: float, rule_ids: set[str], evidence: dict[str, Evidence],
-                  decide_now: Callable[[], dict[str, Decision]]):
+def time_on_model(run: RegionRun, units: list[Unit], kept: set[Key], build: Callable[[set[Key]], Rewritten],
+                  fingerprint: str, reserve_s: float, rule_ids: set[str], evidence: dict[str, Evidence],
+                  decide_now: Callable[[], dict[str, Decision]]) -> None:
     """Time each on-model unit (in order) on top of the kept selection, its evidence into `evidence`, and keep it
-    where `decide_now()` (decide over every unit's evidence so far) says so; `kept`/`dropped` are updated.
-    Returns the selection to write (None: the one built without these units)."""
-    current = None
+    where `decide_now()` (decide over every unit's evidence so far) says so. `build(kept)`: the model with those
+    rewrites and no other (memoized by the caller)."""
     for i, u in enumerate(units):
-        base = current or run.build(kept, dropped)
+        base = build(kept)
         applied = sorted(a.key for a in base.eng.applications if a.rule in rule_ids)
         key = digest("on model", fingerprint, repr(applied), repr(sorted(u.keys)), run.env)
         hit = run.compared(key)
         t = run.clock()
         # this group's share of what is left bounds its runs past their minimum
         deadline = t + (run.deadline - reserve_s - t) / (len(units) - i)
-        with_group = None
-        if hit is not None and hit.ratio is not None:
+        if hit is not None:
             evidence[u.id] = Evidence(hit.ratio, hit.floor, abs(1 - hit.ratio.median), Origin.CACHE)
         elif t + run.rebuild_s + run.comparison_s() <= run.deadline - reserve_s:
-            with_group = run.build(kept | u.keys, dropped - u.keys)
+            with_group = build(kept | u.keys)
             c = run.compare(base, with_group, key, "on model", {**run.tag, "rules": list(u.rules)}, deadline, RUNS)
             if c.ratio is not None:
                 evidence[u.id] = Evidence(c.ratio, c.floor, abs(1 - c.ratio.median))
         if decide_now()[u.id].kept:
-            kept |= u.keys
-            dropped -= u.keys
-            current = with_group or run.build(kept, dropped)
-        else:
-            current = base
-    return current
+            kept = kept | u.keys

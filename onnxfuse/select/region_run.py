@@ -228,8 +228,6 @@ class RegionRun:
         --measure-budget, or a quieter machine. Runs with the automatic budget reuse every firm result, so two
         runs with the same flags write the same model."""
         hit = self.cache.get(key, kinds)
-        if hit is not None and hit.get("source") == "budget":
-            return None  # not reached: this run may reach it (older entries)
         if hit is not None and weak_evidence(hit) and (self.opts.measure_budget_s is not None and self.cap > hit.get(
                 "budget", float("inf")) or _load_per_core() < hit.get("load", 0.0) - QUIETER):
             return None
@@ -330,12 +328,10 @@ class RegionRun:
     def compared(self, key: str) -> Comparison | None:
         """A whole-model comparison decided by an earlier run (see _cached)."""
         hit = self._cached(key, ("model", "on model"))
-        if hit is None:
+        if hit is None or not hit.get("ratio"):
             return None
-        timed = hit.get("source") != "budget"
-        return Comparison(Ratio(*hit["ratio"]) if hit.get("ratio") else None, hit.get("floor", 0.0),
-                          [(n, w, Ratio(*r)) for n, w, r in hit.get("profiles", [])],
-                          "cached" if timed else hit.get("why", "skipped"))
+        return Comparison(Ratio(*hit["ratio"]), hit.get("floor", 0.0),
+                          [(n, w, Ratio(*r)) for n, w, r in hit.get("profiles", [])], "cached")
 
     def compare(self, base: str | Rewritten, candidate: Rewritten, key: str, kind: str, tag: dict,
                 deadline: float | None = None, runs: int = CONFIRM_RUNS) -> Comparison:
@@ -356,8 +352,7 @@ class RegionRun:
             why = "skipped: four sessions of the model would not fit the memory budget"
         elif self.clock() + cost > limit:
             why = f"skipped: it would take about {cost:.1f} s, past the budget"
-        if why:
-            self.cache.put(key, {"kind": kind, "source": "budget", "budget": self.cap, "why": why, **tag})
+        if why:  # not cached: a skip is no evidence
             return Comparison(None, status=why)
         cands: list[Candidate] = []
         try:  # files onnxruntime maps: no copy held here
@@ -372,9 +367,7 @@ class RegionRun:
                 deadline=deadline or self.deadline, hard_deadline=limit, min_seconds=COMPARE_MIN_S,
                 settled=model_settled if kind == "model" else None, clock=self.clock)
         except OutOfBudget:
-            why = "skipped: its runs would end past the budget"
-            self.cache.put(key, {"kind": kind, "source": "budget", "budget": self.cap, "why": why, **tag})
-            return Comparison(None, status=why)
+            return Comparison(None, status="skipped: its runs would end past the budget")
         finally:
             for c in cands:
                 c.close()

@@ -33,7 +33,7 @@ from .on_model import groups_on_model, split_on_model, time_on_model
 from .op_prior import total
 from .region_run import RegionRun, automatic_budget
 from .regions import Region, RegionClass, find_regions
-from .report import GroupEffect, Key, Phases
+from .report import GroupEffect, Key, MeasureReport, Phases
 from .units import Kind, Unit, Untimeable
 
 __all__ = ["automatic_budget", "region_selection"]
@@ -43,7 +43,7 @@ MAX_PASSES = 3  # rounds of region finding: the rewrites of the full run, then t
 
 def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions,
                      deny: set[Key], state: Rewritten, validator: Validator, cache: DecisionCache,
-                     rewrite_s: float = 0.0, progress: Phase = quiet) -> tuple[object, Rewritten]:
+                     rewrite_s: float = 0.0, progress: Phase = quiet) -> tuple[MeasureReport, Rewritten]:
     """Keep the units that are faster (measured, or by their prior), confirm on the whole model, and return the
     report and the rewritten model to write. `rewrite_s`: what rewriting took (a rebuild costs about as much);
     `progress("measure: <step>", budget_s)` as each step starts."""
@@ -142,7 +142,7 @@ class _Selection:
             last = pass_no == MAX_PASSES - 1 or not run.time_for_pass(run.clock() - pass_t0)
             with phase("rebuild"):
                 state.__dict__.pop("proto", None)  # the full rewrite's export is re-made if it is written
-                self.built = None
+                self.built = None  # the previous pass's candidate goes before the next is built (peak memory)
                 candidate = run.build(self.kept, dropped, deny_unmeasured=last)
                 self.built = frozenset(self.kept), candidate
             new = {a.key for a in candidate.eng.applications if a.rule in self.rule_ids} - self.kept
@@ -153,12 +153,9 @@ class _Selection:
         self.decide()
         if whole_units:
             with phase("on model"):
-                kept = self.kept - {k for u in whole_units for k in u.keys}
-                on = time_on_model(run, whole_units, kept, self.all_keys - kept, self.fingerprint, reserve,
-                                   self.rule_ids, self.evidence, self.decide)
+                time_on_model(run, whole_units, self.kept - {k for u in whole_units for k in u.keys}, self.build,
+                              self.fingerprint, reserve, self.rule_ids, self.evidence, self.decide)
             self.decide()
-            if on is not None:
-                self.built = frozenset(_applied(on, self.rule_ids)), on
         with phase("rebuild"):
             return self.build(self.kept)
 
