@@ -47,13 +47,13 @@ def link_folder(path: str) -> str | None:
     """Where a private folder can hold a hard link to `path` (onnxruntime refuses symbolic links that resolve
     outside a model's folder, and a copy per candidate would cost the weights each time): TMPDIR, else (TMPDIR on
     another file system, a tmpfs /tmp) the folder of `path` itself, else None."""
-    for base in (tempfile.gettempdir(), os.path.dirname(os.path.abspath(path))):
+    for base in (tempfile.gettempdir(), os.path.dirname(os.path.abspath(path))):  # candidates go beside the link
         try:
             folder = tempfile.mkdtemp(prefix=".onnxfuse-link-", dir=base)
         except OSError:
             continue
         try:
-            os.link(path, os.path.join(folder, "probe"))
+            os.link(os.path.realpath(path), os.path.join(folder, "probe"))  # the file, not a symbolic link
             return base
         except OSError:
             continue

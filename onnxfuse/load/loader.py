@@ -105,7 +105,6 @@ def _check_external_data(proto: onnx.ModelProto, base_dir: str, path: str) -> in
     """Every external tensor's fields are well formed (tensors.external_ref), its file is a regular file inside
     the model's folder, and it holds the bytes; returns their total."""
     total = 0
-    real_base = os.path.realpath(base_dir)
     for t in all_tensors(proto.graph):
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
@@ -114,11 +113,19 @@ def _check_external_data(proto: onnx.ModelProto, base_dir: str, path: str) -> in
         except ModelError as e:
             raise ModelError(f"{path}: {e.message}") from None
         loc = ref.location
-        full = os.path.realpath(os.path.join(base_dir, loc))
-        if os.path.isabs(loc) or os.path.commonpath([real_base, full]) != real_base:
+        full = os.path.join(base_dir, loc)
+        if os.path.isabs(loc) or os.path.normpath(loc).split(os.sep)[0] == os.pardir:
             raise ModelError(
                 f"{path}: tensor {t.name!r} has external data location {loc!r} outside the model's folder (refused)"
             )
+        # through symbolic links, as onnxruntime checks it: the data's real file inside the model file's real
+        # folder (the Hugging Face hub cache links snapshots/<rev>/model.onnx and model.onnx_data into blobs/)
+        real_dir = os.path.dirname(os.path.realpath(path))
+        if os.path.exists(full) and os.path.commonpath([real_dir, os.path.realpath(full)]) != real_dir:
+            raise ModelError(
+                f"{path}: tensor {t.name!r} has external data {loc!r} that a symbolic link places outside the model "
+                f"file's real folder {real_dir} (onnxruntime refuses it too)",
+                hint="link the folder instead of each file, or put the data file beside the model's real file")
         if not os.path.exists(full):
             raise ModelError(f"{path}: external data file {loc!r} for tensor {t.name!r} is missing")
         if not os.path.isfile(full):

@@ -52,7 +52,7 @@ def validate_with_rollback(input_path: str, rules: list[Rule], base: EngineOptio
                                     "reduced precision onnxfuse did not recognize), give the tolerance with --rtol "
                                     "and --atol; --skip RULE leaves a rule out")
             bisections += 1
-            culprit = bisect(input_path, rules, base, deny, validator)
+            culprit = bisect(input_path, rules, base, deny, validator, outcome.reason)
             rolled_back.append(Rollback(culprit.rule, culprit.root, outcome.reason))
         deny.add(culprit.key)
         state = rebuild(input_path, rules, base, deny)
@@ -86,11 +86,12 @@ def _first_failing(n: int, fails) -> int:
 
 
 def bisect(input_path: str, rules: list[Rule], base: EngineOptions, deny: set[tuple[str, str]],
-           validator: Validator) -> Application:
+           validator: Validator, reason: str) -> Application:
     """The culprit among the rules' rewrites: the last rewrite of the smallest failing prefix. A prefix is the
     first k rule rewrites with the exact passes (folding) before and after them, as in the full run, so a fused
     node is checked with the inputs folding gives it and an exact pass is never blamed for a rule's node. Only
-    when folding alone fails (no rule rewrite at all) is a folding step the culprit (bisect_exact)."""
+    when folding alone fails (no rule rewrite at all) is a folding step the culprit (bisect_exact). `reason`: the
+    failure, said if no rewrite is left to blame."""
     ids = {r.id for r in rules}
 
     def rule_apps(k: int | None) -> list[Application]:
@@ -102,16 +103,16 @@ def bisect(input_path: str, rules: list[Rule], base: EngineOptions, deny: set[tu
 
     hi = _first_failing(len(rule_apps(None)), fails)
     if hi == 0 or (hi == 1 and fails(0)):
-        return bisect_exact(input_path, rules, base, deny, validator)
+        return bisect_exact(input_path, rules, base, deny, validator, reason)
     return rule_apps(hi)[hi - 1]
 
 
 def bisect_exact(input_path: str, rules: list[Rule], base: EngineOptions, deny: set[tuple[str, str]],
-                 validator: Validator) -> Application:
+                 validator: Validator, reason: str) -> Application:
     """Folding alone fails validation: the exact step whose prefix (the later steps denied) first fails."""
     steps = rebuild(input_path, rules, base, deny, max_rewrites=0).eng.applications
     if not steps:
-        raise OnnxfuseError("validation fails, but no rewrite is left to roll back; nothing written")
+        raise OnnxfuseError(f"validation fails ({reason}), but no rewrite is left to roll back; nothing written")
 
     def fails(k: int) -> bool:
         s = rebuild(input_path, rules, base, deny | {a.key for a in steps[k:]}, max_rewrites=0)

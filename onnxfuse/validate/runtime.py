@@ -308,7 +308,10 @@ def session_with_outputs(proto: onnx.ModelProto, info: LoadInfo, names: list[str
 
 
 def _place(src: str, dst: str) -> None:
-    """`src` at `dst` as a file of its own: a hard link, else (another file system) a copy."""
+    """`src` at `dst` as a file of its own: a hard link to the file a symbolic link names (Linux's link(2) links
+    the symbolic link itself, which dangles once it is elsewhere: every Hugging Face hub cache file is a relative
+    link into ../../blobs), else (another file system) a copy."""
+    src = os.path.realpath(src)
     try:
         os.link(src, dst)
     except OSError:

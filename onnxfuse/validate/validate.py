@@ -5,6 +5,7 @@ candidate) and returning an Outcome on failure (None when it passes), and append
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -304,15 +305,29 @@ def checker_accepts(v: Validator, cand: Candidate, proto: onnx.ModelProto) -> Ou
     return None
 
 
+def _after_label(message: str) -> str:
+    """make_session's "onnxruntime cannot load <temporary path>: why" and run's "onnxruntime failed to run the
+    model: why" without their first part (the caller says what failed)."""
+    heads = ("onnxruntime cannot load ", "onnxruntime failed to run ")
+    message = message.split(": ", 1)[1] if message.startswith(heads) and ": " in message else message
+    return re.sub(r"Load model from \S+ failed: ?", "", message)  # the candidate's temporary path says nothing
+
+
 def _matches_at(level: str) -> Check:
     def matches(v: Validator, cand: Candidate, proto: onnx.ModelProto) -> Outcome | None:
         """onnxruntime loads and runs the candidate at this level, and every output matches the original's."""
-        try:
+        try:  # the step that failed is named: a file onnxruntime cannot load is not a numeric failure
             sess = make_session(cand.source, level, v.provider, arena=False)
-            outs = [run(sess, r.plan.feeds) for r in v.runs]
-            del sess  # one session at a time: big models must not be held twice
         except OnnxfuseError as e:
-            return Outcome(False, [], f"onnxruntime ({level}) fails: {e.message}", node=failing_node(e.message))
+            return Outcome(False, [], f"onnxruntime cannot load the rewritten model at ORT level {level}: "
+                                      f"{_after_label(e.message)}", node=failing_node(e.message))
+        try:
+            outs = [run(sess, r.plan.feeds) for r in v.runs]
+        except OnnxfuseError as e:
+            return Outcome(False, [], f"onnxruntime cannot run the rewritten model at ORT level {level}: "
+                                      f"{_after_label(e.message)}", node=failing_node(e.message))
+        finally:
+            del sess  # one session at a time: big models must not be held twice
         notes: list[str] = []
         first: list[OutputCheck] = []
         for r, got in zip(v.runs, outs, strict=True):
