@@ -80,13 +80,16 @@ def op_types(model) -> list[str]:
 @pytest.fixture
 def cli(capsys):
     """Run the CLI in-process: returns (exit code, stdout, stderr). `optimize` runs with --no-measure unless
-    measure=True."""
+    measure=True; `optimize`, `bench` and `explain` print their tables (--details) unless details=False (the first screen's
+    own tests)."""
     from onnxfuse.cli import main
 
-    def run(*args: str, measure: bool = False) -> tuple[int, str, str]:
+    def run(*args: str, measure: bool = False, details: bool = True) -> tuple[int, str, str]:
         argv = [str(a) for a in args]
         if argv and argv[0] == "optimize" and not measure:
             argv.append("--no-measure")  # exact-rewrite tests must not depend on timing
+        if argv and argv[0] in ("optimize", "bench", "explain") and details and "--details" not in argv:
+            argv.append("--details")
         code = main(argv)
         captured = capsys.readouterr()
         return code, captured.out, captured.err

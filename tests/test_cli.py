@@ -14,12 +14,15 @@ CNN = os.path.join(MODELS, "cnn_small.onnx")
 
 def test_optimize_prints_summary(cli, tmp_path):
     out = tmp_path / "o.onnx"
-    code, stdout, stderr = cli("optimize", CNN, out)
+    code, stdout, stderr = cli("optimize", CNN, out, details=False)
     assert code == 0, stderr
-    assert "nodes 36 -> 16" in stdout
-    assert "conv-bn-fold" in stdout and "validation: passed" in stdout
-    assert "logits" in stdout  # the per-output validation table
+    assert stdout.splitlines()[0] == f"wrote {out}"
+    assert "nodes 36 -> 16; kept 14 rewrites: conv-bn-fold x3" in stdout
+    assert "not measured (--no-measure): every validated rewrite kept; validated" in stdout
     assert out.exists()
+    code, stdout, stderr = cli("optimize", CNN, out, "--details")
+    assert "nodes 36 -> 16" in stdout and "validation: passed" in stdout
+    assert "logits" in stdout  # the per-output validation table
 
 
 def test_optimize_json(cli, tmp_path):

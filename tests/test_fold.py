@@ -338,7 +338,7 @@ def test_cleanup_steps_are_reported_apart_from_rules(cli, tmp_path):
     data = json.loads(stdout)
     assert data["cleanups"] == {"merge-duplicates": 1, "constant-fold": 1}
     assert data["fired"] == {"silu": 1}
-    code, stdout, _ = cli("optimize", path, tmp_path / "o.onnx")
+    code, stdout, _ = cli("optimize", path, tmp_path / "o.onnx", "--details")
     assert "cleanups (exact steps, not rules; --no-fold turns them off): constant-fold x1, merge-duplicates x1" \
         in stdout
     rules_table = stdout.split("rules fired")[1].split("cleanups")[0]

@@ -280,7 +280,7 @@ def test_issue_model_text_report(cli, tmp_path):
     """The issue's model: its output has no `shape` field. It used to be refused by onnx.checker."""
     src = save(output_without_shape(), tmp_path / "noshape.onnx")
     assert "Field 'shape' of 'type' is required but missing" in _checker_error(onnx.load(src))
-    code, stdout, stderr = cli("optimize", src, tmp_path / "out.onnx")
+    code, stdout, stderr = cli("optimize", src, tmp_path / "out.onnx", "--details")
     assert code == 0 and stderr == ""
     assert "repaired on load: graph output 'y' had no shape: set to [1, 4, 8, 8] (from shape inference)" in stdout
     assert "validation: passed" in stdout

@@ -35,7 +35,7 @@ def test_threads_auto_is_measured_reported_and_keyed(cli, tmp_path, fake_timer):
     assert code == 0, stderr
     assert json.loads(stdout)["measure"]["threads"] == n
     code, stdout, stderr = cli("optimize", CNN, tmp_path / "b.onnx", "--threads", "1", "--measure-budget", "2",
-                               measure=True)
+                               "--details", measure=True)
     assert code == 0, stderr
     text = " ".join(stdout.split())
     assert "measured on cpu, 1 thread(s)" in text

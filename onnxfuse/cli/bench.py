@@ -57,6 +57,8 @@ def bench(
                                                       "with a KV cache: prefill and decode).")] = None,
     html: Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (docs/json.md).")] = False,
+    details: Annotated[bool, typer.Option("--details", "-v", help="Print the latency table (session, first "
+                                          "run, p99, min, spread) and what the noise floor is.")] = False,
 ) -> None:
     """Latency of A (and B, interleaved): median, p90, p99, min, spread, speedup with a 95% CI and a verdict;
     a decoder with a KV cache at prefill and at decode."""
@@ -81,10 +83,16 @@ def bench(
             print(f"report written to {os.path.abspath(html)}", file=sys.stderr)
     if as_json:
         print(json.dumps(res.to_json(), indent=2))
-    else:
+    elif details or res.batches:
         from ..inspect.report import print_bench
 
         print_bench(res, out)
+    else:
+        from ..inspect.summary import bench_summary, more
+
+        for line in [*bench_summary(res, out.width), more(out.width, "--details (the latency table), --json, "
+                                                                        "--html FILE")]:
+            out.print(line, markup=False, soft_wrap=True)
 
 
 @app.command()

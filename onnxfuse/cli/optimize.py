@@ -16,6 +16,7 @@ from ..load.collisions import check_report_path
 from ..measure.lock import REPORT_WAIT_S, WAIT_KEY, busy_lock, timing_lock
 from ..options import check_count
 from ..targets import HOST
+from . import app as cli_app
 from .app import PatternsOpt, TargetOpt, app, bench_status, out, parse_target, parse_threads, profile_status
 
 
@@ -71,6 +72,9 @@ def optimize(
     html: Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report (implies "
                                              "--bench; adds the op-time profile of both models).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    details: Annotated[bool, typer.Option("--details", "-v", help="Print every table (rules fired, op counts, "
+                                          "validation per output, the measured selection) after the summary's "
+                                          "facts; the default is a few lines, the answer first.")] = False,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Several models: worker processes that "
                                              "rewrite and validate side by side (default: min(4, CPUs)); "
                                              "measuring stays one model at a time.")] = None,
@@ -105,7 +109,7 @@ def optimize(
         raise UsageError("Missing argument 'OUT': onnxfuse optimize IN OUT, or IN... OUTDIR", ctx)
     inputs, output = paths[:-1], paths[-1]
     if len(inputs) > 1 or os.path.isdir(inputs[0]) or ray is not None:
-        _optimize_batch(inputs, output, opts, jobs, recursive, bench_after, html, as_json, ray)
+        _optimize_batch(inputs, output, opts, jobs, recursive, bench_after, html, as_json, ray, details)
         return
     input = inputs[0]
     from ..progress import status_line
@@ -120,11 +124,11 @@ def optimize(
         result = run_optimize(input, output, opts, progress=progress)
     if waited > REPORT_WAIT_S:
         result.timings[WAIT_KEY] = result.timings.get(WAIT_KEY, 0.0) + waited
-    _report_optimize(result, input, output, opts, bench_after or bool(html), html, as_json)
+    _report_optimize(result, input, output, opts, bench_after or bool(html), html, as_json, details)
 
 
 def _report_optimize(result, input: str, output: str, opts, bench_after: bool, html: str | None,
-                     as_json: bool) -> None:
+                     as_json: bool, details: bool = False) -> None:
     """Print the result (text or JSON), after benchmarking and profiling input against output if asked; its
     warnings go to stderr, one line each (JSON has them too)."""
     for w in result.warnings:
@@ -158,16 +162,24 @@ def _report_optimize(result, input: str, output: str, opts, bench_after: bool, h
         if profiles:
             data["profile"] = [p.to_json() for p in profiles]
         print(json.dumps(data, indent=2, default=str))
-    else:
+    elif details:
         from ..inspect.report import print_bench, print_result
 
         print_result(result, out)
         if bench_res is not None:
             print_bench(bench_res, out)
+    else:
+        from ..inspect.summary import bench_summary, optimize_summary
+
+        for line in optimize_summary(result, out.width, f"onnxfuse explain {input}"):
+            out.print(line, markup=False, soft_wrap=True)
+        if bench_res is not None:
+            for line in bench_summary(bench_res, out.width):
+                out.print(line, markup=False, soft_wrap=True)
 
 
 def _optimize_batch(inputs: list[str], out_dir: str, opts, jobs: int | None, recursive: bool, bench_after: bool,
-                    html: str | None, as_json: bool, ray: str | None = None) -> None:
+                    html: str | None, as_json: bool, ray: str | None = None, details: bool = False) -> None:
     """Several models (or folders) into the folder OUT_DIR: one line per model as it finishes, then a total;
     with --json, the list of per-model results. Exit code 1 if any model failed. With `ray` (an address or
     auto) on a Ray cluster (fleet/), with a bar of done, failed, running and queued models on a terminal."""
@@ -193,7 +205,7 @@ def _optimize_batch(inputs: list[str], out_dir: str, opts, jobs: int | None, rec
         for w in d.get("warnings", []):
             print(f"onnxfuse: warning: {d['input']}: {w}", file=sys.stderr, flush=True)
         if not as_json:
-            print(_batch_line(d), flush=True)
+            print(_batch_line(d) if details else _short_batch_line(d, out.width), flush=True)
 
     how = f"--jobs {n_jobs}"
     try:
@@ -211,10 +223,14 @@ def _optimize_batch(inputs: list[str], out_dir: str, opts, jobs: int | None, rec
     if as_json:
         print(json.dumps(results, indent=2, default=str))
     else:
-        done = "checked (dry run: nothing written)" if opts.dry_run else f"written to {out_dir}"
-        print(f"{len(results)} model(s): {len(results) - len(failed)} {done}, {len(failed)} failed"
-              + (f" ({', '.join(os.path.basename(d['input']) for d in failed)})" if failed else "")
-              + f"; {time.perf_counter() - t0:.1f} s with {how}")
+        from ..inspect.summary import fit, fit_list, short_path
+
+        width = out.width if not details else cli_app.PIPED_WIDTH
+        done = "checked (dry run: nothing written)" if opts.dry_run else f"written to {short_path(out_dir, max(30, width - 60))}"
+        tail = f"; {time.perf_counter() - t0:.1f} s with {how}"
+        head = f"{len(results)} model(s): {len(results) - len(failed)} {done}, {len(failed)} failed"
+        print(fit_list(head + " (", [os.path.basename(d["input"]) for d in failed], width, ")" + tail)
+              if failed else fit(head + tail, width))
     if failed:
         raise typer.Exit(1)
 
@@ -277,6 +293,20 @@ def _batch_line(d: dict) -> str:
     parts.append(f"{d['seconds']:.1f} s")
     where = d["output"] or "(dry run)"
     return f"{d['input']} -> {where}: " + ", ".join(parts)
+
+
+def _short_batch_line(d: dict, width: int) -> str:
+    """One model of a batch in one line of the terminal's width: the verdict, nodes, validation, seconds (the
+    rest is --details and --json)."""
+    from ..inspect.summary import fit, short_path, validation_word
+
+    m = d.get("measure")
+    r = m and m.get("final_ratio")
+    verdict = (f"{m.get('final_verdict')} {r['median']:.3f}x" if r else "measured: no whole-model ratio" if m
+               else "not measured")
+    tail = (f": {verdict}, nodes {d['nodes_before']} -> {d['nodes_after']}, "
+            f"{validation_word(d['validation']['status'], short=True)}, {d['seconds']:.1f} s")
+    return fit(short_path(os.path.basename(d["input"]), max(12, width - len(tail))) + tail, width)
 
 
 def _bench_batch(results: list[dict], opts, as_json: bool) -> None:

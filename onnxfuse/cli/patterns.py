@@ -25,6 +25,8 @@ def explain(
     show_all: Annotated[bool, typer.Option("--all", help="Also the near misses of rules that cannot apply on "
                                            "this model and target (outside their opset range, not declared for "
                                            "the target, no kernel).")] = False,
+    details: Annotated[bool, typer.Option("--details", "-v", help="Print the near misses as a table, every "
+                                          "one, with the node each failed at.")] = False,
 ) -> None:
     """Why fusions did not happen: the near misses of the rules that can apply here, closest first, with the
     node and constraint that failed."""
@@ -37,11 +39,17 @@ def explain(
     from ..inspect.report import print_near_misses
     from ..words import count
 
+    skipped = [s for s in ex.skipped if rule is None or s.rule == rule]
+    shown = ex.near_misses if show_all or rule is not None else [m for m in ex.near_misses if not m.hidden]
+    if not details:
+        from ..inspect.summary import explain_summary
+
+        for line in explain_summary(ex, shown, skipped, target, out.width, every=show_all or rule is not None):
+            out.print(line, markup=False, soft_wrap=True)
+        return
     if ex.fired:
         out.print("would fire (rewriting alone, before validation and measured selection; optimize reports what "
                   "it keeps): " + ", ".join(f"{k} x{v}" for k, v in sorted(ex.fired.items())))
-    skipped = [s for s in ex.skipped if rule is None or s.rule == rule]
-    shown = ex.near_misses if show_all or rule is not None else [m for m in ex.near_misses if not m.hidden]
     if show_all or rule is not None:
         for s in skipped:
             out.print(f"[dim]rule {s.rule} not used for {target}: {s.reason}[/dim]")
