@@ -80,7 +80,7 @@ def op_types(model) -> list[str]:
 @pytest.fixture
 def cli(capsys):
     """Run the CLI in-process: returns (exit code, stdout, stderr). `optimize` runs with --no-measure unless
-    measure=True; `optimize`, `bench` and `explain` print their tables (--details) unless details=False (the first screen's
+    measure=True; `optimize`, `bench`, `explain` and `profile` print their tables (--details) unless details=False (the first screen's
     own tests)."""
     from onnxfuse.cli import main
 
@@ -88,7 +88,7 @@ def cli(capsys):
         argv = [str(a) for a in args]
         if argv and argv[0] == "optimize" and not measure:
             argv.append("--no-measure")  # exact-rewrite tests must not depend on timing
-        if argv and argv[0] in ("optimize", "bench", "explain") and details and "--details" not in argv:
+        if argv and argv[0] in ("optimize", "bench", "explain", "profile") and details and "--details" not in argv:
             argv.append("--details")
         code = main(argv)
         captured = capsys.readouterr()

@@ -166,3 +166,14 @@ def test_explain_answers_in_a_screen_with_where_and_why_of_the_closest_near_miss
     near = json.loads(cli("explain", model, "--json")[1])["near_misses"]
     shown = [m for m in near if not m.get("hidden")][0]
     assert lines[2].startswith(f"  {shown['rule']} (") and lines[3].startswith("    " + shown["reason"][:40])
+
+
+def test_profile_answers_in_a_screen(cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    code, stdout, _ = cli("profile", ROOT / "models" / "cnn_small.onnx", "--runs", "3", details=False)
+    assert code == 0
+    lines = stdout.splitlines()
+    assert lines[0] == "A models/cnn_small.onnx" or lines[0].startswith("A ")
+    assert lines[1].startswith("  ") and " ms a run; GEMM-bound limit " in lines[1]
+    assert lines[2].startswith("  most time: Conv ")
+    assert len(lines) <= 15 and all(len(line) <= 80 for line in lines), lines

@@ -110,6 +110,8 @@ def profile(
     = None,
     html: Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (docs/json.md).")] = False,
+    details: Annotated[bool, typer.Option("--details", "-v", help="Print the op-time table, the memory-bound "
+                                          "signals and the headroom split.")] = False,
 ) -> None:
     """Op-time table (onnxruntime profiler), bytes and FLOPs per op, utilization against measured peaks, and
     the memory-bound signals."""
@@ -148,7 +150,12 @@ def profile(
     if as_json:
         print(json.dumps({"schema": "onnxfuse.profile/1", "models": [r.to_json() for r in results],
                           "comparison": comparison.to_json() if comparison else None}, indent=2))
-    else:
+    elif details or nodes:
         from ..inspect.report import print_profile
 
         print_profile(results, labels, out, nodes, comparison)
+    else:
+        from ..inspect.summary import profile_summary
+
+        for line in profile_summary(results, labels, out.width, comparison):
+            out.print(line, markup=False, soft_wrap=True)

@@ -11,7 +11,7 @@ from collections import Counter
 from ..result import Result
 from ..words import count
 
-__all__ = ["bench_summary", "explain_summary", "fit", "fit_list", "more", "optimize_summary", "short_path", "validation_word"]
+__all__ = ["bench_summary", "explain_summary", "fit", "fit_list", "more", "optimize_summary", "profile_summary", "short_path", "validation_word"]
 
 ELLIPSIS = "..."
 
@@ -170,4 +170,26 @@ def explain_summary(ex, shown: list, skipped: list, target: str, width: int, eve
         lines.append(fit(f"alignment: {count(len(ex.misaligned), 'conv/matmul dim')} not a multiple of "
                          f"{ex.vector_width} (--details names them)", width))
     lines.append(more(width, "--details (the near-miss table), --rule ID, --json"))
+    return lines
+
+
+def profile_summary(profiles: list, labels: list[str], width: int, comparison=None) -> list[str]:
+    """`onnxfuse profile`'s first screen: per model its latency, GEMM-bound limit and headroom, where the time
+    goes and what outside GEMM work takes it; with two models, B against A."""
+    lines: list[str] = []
+    for p, lab in zip(profiles, labels, strict=True):
+        share = p.headroom_ms / p.latency_ms * 100 if p.latency_ms else 0.0
+        lines.append(f"{lab} {short_path(p.path, max(12, width - len(lab) - 1))}")
+        lines.append(fit(f"  {p.latency_ms:.3f} ms a run; GEMM-bound limit {p.gemm_bound_ms:.3f} ms; headroom "
+                         f"{p.headroom_ms:.3f} ms ({share:.0f}%)", width))
+        lines.append(fit_list("  most time: ", [f"{s.op} {s.share * 100:.0f}%" for s in p.by_type], width))
+        rest = p.remaining_costs()
+        if rest:
+            lines.append(fit_list("  outside GEMM work: ", [f"{s.op} {s.total_us / 1e3:.3f} ms" for s in rest],
+                                  width))
+    if comparison is not None and comparison.ratio is not None:
+        r = comparison.ratio
+        lines.insert(0, fit(f"{comparison.verdict}: {labels[1]} runs in {r.median:.3f}x {labels[0]}'s time "
+                            f"[{r.low:.3f}, {r.high:.3f}]", width))
+    lines.append(more(width, "--details (the op table, signals), --nodes, --json, --html FILE"))
     return lines
