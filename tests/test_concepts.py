@@ -222,3 +222,24 @@ def test_a_bad_concept_is_one_line_with_its_column(tmp_path, line, col, message)
     with pytest.raises(OnnxfuseError) as e:
         load_file(str(f))
     assert f"{f}:4:{col}:" in str(e.value) and message in str(e.value), str(e.value)
+
+
+def test_a_shape_shape_inference_made_up_far_back_is_worked_out_from_the_graph_inputs():
+    """A deep model's last layer: its values' dims are made up by shape inference (unk__N) all the way back to
+    the graph input, 200 nodes away. The shape is worked out from the producers (iteratively, any depth), so
+    the head split is proved on the model's own dims; a depth-limited walk gave up, guessed, and a 12-layer
+    BERT export fused attention in its first three layers only."""
+    from onnxfuse.tensors import TensorType
+
+    depth = 200
+    nodes = [oh.make_node("Relu", ["x" if i == 0 else f"r{i - 1}"], [f"r{i}"]) for i in range(depth)]
+    last = f"r{depth - 1}"
+    nodes += [oh.make_node("Shape", [last], ["sh"]), oh.make_node("Gather", ["sh", "zero"], ["b0"], axis=0),
+              oh.make_node("Gather", ["sh", "one"], ["s0"], axis=0),
+              oh.make_node("Concat", ["b0", "s0", "nd"], ["tgt"], axis=0),
+              oh.make_node("Reshape", [last, "tgt"], ["r"]), oh.make_node("Transpose", ["r"], ["y"], perm=[0, 2, 1, 3])]
+    g = _graph(nodes, {"zero": _i64(0), "one": _i64(1), "nd": _i64(4, 16)})
+    for i in range(depth):  # what shape inference leaves on such a chain: dims of its own making
+        g.types[f"r{i}"] = TensorType(TensorProto.FLOAT, (f"unk__{2 * i}", f"unk__{2 * i + 1}", 64))
+    proof = prove_layout(g, last, "y", frozenset(), parse_layout("b s (n d) -> b n s d"))
+    assert proof.atoms == {"b": "batch", "s": "seq", "n": 4, "d": 16}

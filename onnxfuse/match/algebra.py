@@ -37,6 +37,7 @@ __all__ = ["Interpreter", "Opaque", "Proof", "RankMismatch", "Sizes", "Unprovabl
            "static_dims"]
 
 MAX_ELEMENTS = 1 << 22  # a chain whose source has more elements at the proof's sizes is not proved
+MAX_ANCESTORS = 1 << 16  # values one shape is worked out from, at most (a 12-layer BERT export's last layer: 390)
 _PRIMES = tuple(p for p in range(3, 8000) if all(p % q for q in range(2, int(p ** 0.5) + 1)))
 
 
@@ -133,11 +134,12 @@ class _Interpreter:
         t = self.g.type_of(value)
         if t is None and self.g.initializer(value) is not None:
             return tuple(int(d) for d in self.g.initializer(value).dims)
-        declared = self.g.model.input_dim_names
         out: tuple[int, ...] | None = None
-        if t is not None and t.shape is not None and all(isinstance(d, int) or d in declared for d in t.shape):
+        if self._declared(t):
             out = tuple(d if isinstance(d, int) else self.sizes(d) for d in t.shape)
         else:
+            if depth == 0:
+                self._work_out_ancestors(value)
             node = self.g.producer.get(value)
             if node is not None and depth < 48:
                 out = self._infer(node, value, depth + 1)
@@ -153,6 +155,35 @@ class _Interpreter:
             out = None  # a type with a negative dim (-1 written as a dim value) says nothing
         self.shapes[value] = out
         return out
+
+    def _declared(self, t) -> bool:
+        """A type whose dims are numbers or the model's own input dim names: read as it is."""
+        declared = self.g.model.input_dim_names
+        return t is not None and t.shape is not None and all(isinstance(d, int) or d in declared for d in t.shape)
+
+    def _work_out_ancestors(self, value: str) -> None:
+        """The shapes `value`'s shape is worked out from, deepest first, without recursion: the producers back to
+        values whose types say their shapes (the last layer of a 12-layer BERT export reads dims shape inference
+        made up in the first: 390 values back); each is then one step from its memoized inputs. Recursing instead
+        (depth-limited) gave up after three layers there, guessed the dims, and no later layer fused."""
+        order: list[str] = []
+        seen: set[str] = set()
+        stack: list[tuple[str, bool]] = [(value, False)]
+        while stack and len(seen) < MAX_ANCESTORS:
+            v, done = stack.pop()
+            if done:
+                order.append(v)
+                continue
+            if v in seen or v in self.shapes:
+                continue
+            seen.add(v)
+            node = self.g.producer.get(v)
+            if node is None or self._declared(self.g.type_of(v)):
+                continue
+            stack.append((v, True))
+            stack.extend((i, False) for i in node.inputs if i)
+        for v in order[:-1]:  # the last is `value` itself: its caller works it out
+            self.shape_of(v, 1)
 
     def _infer(self, node: Node, value: str, depth: int) -> tuple[int, ...] | None:
         op = node.op_type if node.domain in ("", "com.microsoft") else ""
