@@ -12,7 +12,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "onnxfuse"
 STAGES = [("errors", "files", "cache_folder", "options", "progress", "signals", "words", "ir", "tensors", "opschema", "op_cost", "targets",
            "kernels", "patterns", "match"),
           ("inputs", "load"), ("rewrite",), ("validate",), ("measure",), ("select",), ("result",), ("inspect",),
-          ("pipeline", "batch", "forkserver_guard", "fleet", "cli", "")]
+          ("pipeline", "batch", "forkserver_guard", "ir_pass", "fleet", "cli", "")]
 
 
 def _stage(module: str) -> int:

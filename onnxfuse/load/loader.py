@@ -4,6 +4,7 @@ from the model file: lazy.py)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import onnx
@@ -15,7 +16,7 @@ from ..ir import Graph, Model, shell_copy
 from ..opschema import runtime_only
 from ..tensors import all_tensors, external_ref, iter_nodes, type_from_proto
 from .lazy import lazy_weights
-from .ort_check import file_key, ort_probe
+from .ort_check import OrtProbe, file_key, ort_probe
 from .repair import repair_model, unrepairable
 from .shape_values import slice_types
 
@@ -62,19 +63,29 @@ def load_model(path: str) -> tuple[Model, LoadInfo]:
         raise ModelError(f"{path}: not a valid ONNX model (no graph)")
     base_dir = os.path.dirname(os.path.abspath(path))
     ext_bytes = _check_external_data(proto, base_dir, path)
-    refused = _check_model(proto, path, ext_bytes > 0)
+    return checked_model(proto, path, base_dir, ext_bytes, lambda: ort_probe(path), file_key(path), size,
+                         lazy_file=path)
+
+
+def checked_model(proto: onnx.ModelProto, shown: str, base_dir: str, ext_bytes: int, probe: Callable[[], OrtProbe],
+                  key: tuple | None, size: int, lazy_file: str | None = None) -> tuple[Model, LoadInfo]:
+    """The loader's checks, repairs and shape inference on `proto`, the loader's own copy (repaired in place), read
+    from `shown` (its file, or a name for a model in memory: load/from_proto.py). `probe` asks onnxruntime about the
+    original as it was read; `key` caches per file (None: nothing cached); `lazy_file`: the file its large
+    embedded weights may be read from lazily (lazy.py)."""
+    refused = _check_model(proto, shown, ext_bytes > 0)
     if refused:  # onnx.checker rejects it: the bar is whether onnxruntime loads it
-        probe = ort_probe(path)
-        if probe.error:
-            raise ModelError(f"{path}: invalid model: onnxruntime cannot load it ({probe.error})")
-    fixed = repair_model(proto, (lambda: ort_probe(path)) if refused else None, file_key(path))
+        found = probe()
+        if found.error:
+            raise ModelError(f"{shown}: invalid model: onnxruntime cannot load it ({found.error})")
+    fixed = repair_model(proto, probe if refused else None, key)
     if fixed.suspect and not refused:  # defects onnxruntime usually refuses: it says so in one line
-        probe = ort_probe(path)
-        if probe.error:
-            raise ModelError(f"{path}: invalid model: onnxruntime cannot load it ({probe.error})")
+        found = probe()
+        if found.error:
+            raise ModelError(f"{shown}: invalid model: onnxruntime cannot load it ({found.error})")
     if refused or fixed.done:
-        _recheck(proto, path, refused)
-    lazy = ext_bytes == 0 and lazy_weights(proto, path)
+        _recheck(proto, shown, refused)
+    lazy = lazy_file is not None and ext_bytes == 0 and lazy_weights(proto, lazy_file)
     if lazy:  # the parsed weights are freed: the stripped model is parsed again on its own
         proto = onnx.load_from_string(proto.SerializeToString())
     inferred = infer_types(proto)
@@ -83,7 +94,7 @@ def load_model(path: str) -> tuple[Model, LoadInfo]:
     if inferred is not None:
         merge_types(model.graph, inferred.graph)
     model.graph.types.update(slice_types(model.graph, [n.proto for n in model.graph.nodes]))
-    return model, LoadInfo(path, size, ext_bytes > 0, ext_bytes, tuple(fixed.done), tuple(fixed.notes), lazy)
+    return model, LoadInfo(shown, size, ext_bytes > 0, ext_bytes, tuple(fixed.done), tuple(fixed.notes), lazy)
 
 
 def _recheck(proto: onnx.ModelProto, path: str, refused: str | None) -> None:

@@ -45,7 +45,12 @@ def ort_probe(path: str) -> OrtProbe:
     return _PROBES[key] if key in _PROBES else remember(_PROBES, key, _probe(path))
 
 
-def _probe(path: str) -> OrtProbe:
+def ort_probe_bytes(data: bytes) -> OrtProbe:
+    """ort_probe for a serialized model in memory (not cached: its loader keeps the answer)."""
+    return _probe(data)
+
+
+def _probe(path: str | bytes) -> OrtProbe:
     import onnxruntime as ort
 
     ort.set_default_logger_severity(4)  # its warnings (unused initializers, ...) would add lines to stderr

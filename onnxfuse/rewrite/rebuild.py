@@ -4,6 +4,7 @@ some rewrites denied (or stopped after the first k)."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import onnx
@@ -15,7 +16,11 @@ from ..opschema import undefined_at
 from ..patterns.rules import Rule
 from .engine import EngineOptions, EngineResult, RuleSkip, run
 
-__all__ = ["Rewritten", "defined_ops_only", "rebuild", "undefined_left"]
+__all__ = ["Rewritten", "Source", "defined_ops_only", "rebuild", "undefined_left"]
+
+# what a run loads again: the input model's file, or (a model in memory: rewrite/in_memory.py) a function
+# giving a fresh (Model, LoadInfo) of it each call
+Source = str | Callable[[], tuple[Model, LoadInfo]]
 
 
 @dataclass
@@ -44,9 +49,9 @@ def rebuild(input_path: str, rules: list[Rule], base: EngineOptions, deny: set[t
     return state if max_rewrites is not None else defined_ops_only(input_path, rules, base, deny, state, allow)
 
 
-def _run(input_path: str, rules: list[Rule], base: EngineOptions, deny: set[tuple[str, str]],
+def _run(input_path: Source, rules: list[Rule], base: EngineOptions, deny: set[tuple[str, str]],
          max_rewrites: int | None = None, allow: set[tuple[str, str]] | None = None) -> Rewritten:
-    model, info = load_model(input_path)
+    model, info = load_model(input_path) if isinstance(input_path, str) else input_path()
     result = run(model, rules, replace(base, deny=set(deny), max_rewrites=max_rewrites,
                                        allow=None if allow is None else set(allow)))
     return Rewritten(model, info, result)
@@ -68,7 +73,7 @@ def undefined_left(model: Model) -> dict[tuple[str, str], str]:
     return made
 
 
-def defined_ops_only(input_path: str, rules: list[Rule], base: EngineOptions, deny: set[tuple[str, str]],
+def defined_ops_only(input_path: Source, rules: list[Rule], base: EngineOptions, deny: set[tuple[str, str]],
                      state: Rewritten, allow: set[tuple[str, str]] | None = None) -> Rewritten:
     """`state`, or the same run again with the rewrites left out whose result keeps an op the model's opset does
     not define (undefined_left): the output passes onnx.checker. The rules left out that way are reported in

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 
 from ..errors import OnnxfuseError
 from ..kernels.applicable import rule_issue
-from ..patterns.parser import load_path
+from ..patterns.parser import load_path, parse_text
 from ..patterns.rules import Rule
 from ..patterns.spec import json_schema_text
 from ..patterns.syntax import Call, Ref
 from .engine import MAX_SWEEPS
 from .fold import CLEANUP_STEPS
 
-__all__ = ["builtin_patterns_dir", "load_rules", "pattern_schema"]
+__all__ = ["RulesArg", "builtin_patterns_dir", "chosen_rules", "load_rules", "pattern_schema", "rules_from_yaml"]
+
+# what the library calls (rewrite_model, FusionPass) take as `rules`: None (the built-in rules), or Rule objects
+# and pattern file or folder paths (one alone, or a list of them mixed)
+RulesArg = Rule | str | os.PathLike | Iterable[Rule | str | os.PathLike] | None
 
 
 def builtin_patterns_dir() -> str:
@@ -40,9 +46,7 @@ def load_rules(patterns: list[str] | None = None, builtin: bool = True, only: li
     ids = {r.id for r in rules}
     seen: dict[str, Rule] = {}
     for r in rules:
-        if r.id in CLEANUP_STEPS:
-            raise OnnxfuseError(f"{r.span}: error: rule id {r.id!r} is the name of an internal step",
-                                hint="rename the rule")
+        _not_a_cleanup_step(r)
         if r.id in seen:
             first = seen[r.id]
             raise OnnxfuseError(f"{r.span}: error: rule id {r.id!r} is already defined at {first.span}"
@@ -62,6 +66,54 @@ def load_rules(patterns: list[str] | None = None, builtin: bool = True, only: li
     if skip:
         rules = [r for r in rules if r.id not in skip]
     return rules
+
+
+def rules_from_yaml(text: str, name: str = "<yaml>") -> list[Rule]:
+    """The rules of a pattern file given as text (the YAML of patterns/*.yaml, docs/patterns.md): rules made in
+    Python, e.g. `onnxfuse.load_rules() + onnxfuse.rules_from_yaml(text)`. A bad rule raises PatternError at
+    `name`:line:col."""
+    if not isinstance(text, str):
+        raise OnnxfuseError(f"expected the YAML text of a pattern file, got {type(text).__name__}", option="text")
+    rules = parse_text(text, name)
+    for r in rules:
+        _not_a_cleanup_step(r)
+    return rules
+
+
+def chosen_rules(rules: RulesArg) -> list[Rule]:
+    """The rules a library call applies, exactly: None is every built-in rule (load_rules(); those that do not apply
+    to the target are skipped by the engine); otherwise each item is a Rule (from load_rules or rules_from_yaml,
+    filtered as you like) or a pattern file or folder, which adds its own rules only (list builtin_patterns_dir()
+    too for the built-in ones). The list's order is the file order the engine breaks ties by."""
+    if rules is None:
+        return load_rules()
+    items = [rules] if isinstance(rules, Rule | str | os.PathLike) else rules
+    if not isinstance(items, Iterable):
+        raise OnnxfuseError(f"expected Rule objects or pattern file paths, not {type(rules).__name__}",
+                            option="rules", value=rules)
+    out: list[Rule] = []
+    for item in items:
+        if isinstance(item, Rule):
+            out.append(item)
+        elif isinstance(item, str | os.PathLike):
+            out.extend(load_rules([os.fspath(item)], builtin=False))
+        else:
+            raise OnnxfuseError(f"expected a Rule or a pattern file path, not {type(item).__name__}",
+                                option="rules", value=item)
+    seen: dict[str, Rule] = {}
+    for r in out:
+        _not_a_cleanup_step(r)
+        if r.id in seen:
+            raise OnnxfuseError(f"{r.span}: error: rule id {r.id!r} is given twice (also at {seen[r.id].span})",
+                                hint="rule ids are global: leave one of them out, or rename one")
+        seen[r.id] = r
+    return [r if r.order == i else dataclasses.replace(r, order=i) for i, r in enumerate(out)]
+
+
+def _not_a_cleanup_step(r: Rule) -> None:
+    if r.id in CLEANUP_STEPS:
+        raise OnnxfuseError(f"{r.span}: error: rule id {r.id!r} is the name of an internal step",
+                            hint="rename the rule")
 
 
 def _collision_hint(rule_id: str, first: Rule) -> str:
