@@ -65,7 +65,7 @@ CASES = [
     ("unknown expect", GOOD + "  expect: sometimes\n", 11, 11,
      "unknown expect 'sometimes' (hint: expect is one of: faster, neutral, unknown)"),
     ("unknown value field", GOOD + "  require: ['X.shapes[0] > 1']\n", 11, 14,
-     "values have no field 'shapes' (hint: fields: value, shape, dims, rank, dtype, size)"),
+     "values have no field 'shapes' (hint: fields: value, shape, dims, rank, dtype, size, constant)"),
     ("condition without reason", GOOD + "  require: [{check: 'W.rank == 4'}]\n", 11, 13,
      "a 'require' condition as a mapping needs 'check' and 'reason'"),
     ("condition key misspelt", GOOD + "  require: [{check: 'W.rank == 4', reson: x}]\n", 11, 13,

@@ -212,6 +212,9 @@ VALUE_FIELDS: Table[Field] = Table("Value fields", "What `X.<field>` reads from 
     Field("dtype", "value", "The element type's ONNX name in lowercase: float, float16, bfloat16, double, int64, ...",
           "X.dtype == Y.dtype"),
     Field("size", "value", "The number of elements (static shapes only).", "W.size"),
+    Field("constant", "value", "Whether the value is a constant (an initializer, or folded to one), not computed at "
+          "run time: what a kernel that takes a tensor input does not need, and `X.value` does.",
+          "not B.constant or any(B.value != 0)"),
 ])
 NODE_FIELDS: Table[Field] = Table("Node fields", "What `line.<field>` reads from a match line's node.", [
     Field("op_type", "line", "The matched node's operator (which alternative matched).", "Y.op_type == 'Relu'"),

@@ -239,6 +239,9 @@ class _Names:
 
     def expr(self, expr: CompiledExpr, span: Span, known_compute: set[str], what: str) -> None:
         c = self.c
+        # an expression that asks `X.constant` reads X's value only where it is one (`not B.constant or
+        # any(B.value != 0)`); a read it did not guard fails the match at run time, never the output
+        asked = {name for name, fld, _ in expr.names if fld == "constant"}
         for name, fld, off in expr.names:
             if name in known_compute:
                 self.used_compute.add(name)
@@ -254,7 +257,7 @@ class _Names:
             elif name in self.values:
                 if fld is not None and fld not in VALUE_FIELDS:
                     c.error(span.shifted(off), f"values have no field {fld!r}", f"fields: {', '.join(VALUE_FIELDS)}")
-                elif fld in (None, "value") and name not in self.constant_ok:
+                elif fld in (None, "value") and name not in self.constant_ok and name not in asked:
                     c.error(span.shifted(off), f"{what} reads the value of {name!r}, which may not be constant",
                             f"add '{name}: {{constant: true}}' under 'where'")
             else:

@@ -78,6 +78,8 @@ def _env(rule: Rule, graph: Graph, b: Binding, computed: dict[str, object]) -> E
         value = b.values.get(name, ABSENT)
         if value == ABSENT:
             return None  # an absent optional value: default(X.dims, ...) picks the fallback
+        if fld == "constant":
+            return graph.is_constant(value)
         t = graph.type_of(value)
         if t is None:
             raise ComputeError(f"type of {name} ({value!r}) is unknown")

@@ -336,8 +336,11 @@ def test_skip_layernorm_near_misses(rule_id, kw, reason):
     check_misses(_skip_ln(bias=rule_id.endswith("bias"), **kw), rule_id, reason)
 
 
-def test_skip_layernorm_bias_needs_a_constant_bias():
-    check_misses(_skip_ln(bias=True, bias_input=True), "skip-layernorm-bias")
+def test_skip_layernorm_bias_takes_a_bias_computed_at_run_time():
+    """The kernel's bias is a tensor input: one that arrives at run time fuses as a constant one does."""
+    got = check_fires(_skip_ln(bias=True, bias_input=True), "skip-layernorm-bias",
+                      ["com.microsoft.SkipLayerNormalization"], rtol=1e-4, atol=1e-4)
+    assert list(got.graph.node[0].input)[-1] == "bias"
 
 
 def _embeddings(pbuf=None, start=0, rank1_buffer=False, axes=True, steps=True, ids_type=TensorProto.INT64,
