@@ -21,7 +21,7 @@ import onnx
 from ..ir import Graph, Node
 from .algebra import MAX_ELEMENTS, Interpreter, Opaque, Sizes, Unprovable, static_dims
 
-__all__ = ["prove_causal"]
+__all__ = ["prove_causal", "prove_rows_keep_a_key"]
 
 MASKED = -1e30  # an additive mask value at most this (or -inf) masks its key
 
@@ -32,6 +32,7 @@ class _Fed(Interpreter):
     dim name, "total_sequence", says nothing of that); a float input's values are not known."""
 
     keys = 0  # the scores' key count at these sizes
+    ones = True  # int and bool inputs read as ones; False: every input is whatever the caller feeds
 
     def _own(self, name: str, symbol: str) -> bool:
         """Whether `symbol` is a dim of no other graph input (nothing but this mask ties it to a length)."""
@@ -54,7 +55,7 @@ class _Fed(Interpreter):
                 self.shapes[name] = shape
             dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type))
             # a floating input's shape may be read (Shape of the cache), its values are whatever the caller feeds
-            self.memo[name] = Opaque(shape) if dtype.kind == "f" else np.ones(shape, dtype=dtype)
+            self.memo[name] = Opaque(shape) if dtype.kind == "f" or not self.ones else np.ones(shape, dtype=dtype)
         return super().value(name, depth)
 
 
@@ -62,9 +63,39 @@ def prove_causal(graph: Graph, terms: list[tuple[str, str | None, bool]], scores
     """Raise Unprovable (with the reason) unless the mask made of `terms` masks every later key of the scores
     [.., s, t]. A term is (value, None, _): the value added; or (fill, condition, fill_first): Where(condition,
     0, fill) (Where(condition, fill, 0) when fill_first), the additive form of a masked_fill."""
+    for total in _totals(graph, terms, scores):
+        s, t = total.shape
+        rows = np.arange(s)[:, None]
+        cols = np.arange(t)[None, :]
+        later = cols > t - s + rows
+        open_ = later & ~(total <= MASKED)
+        if open_.any():
+            i, j = (int(v[0]) for v in np.nonzero(open_))
+            raise Unprovable(f"query row {i} of {s} (position {t - s + i}) sees key {j} after it: the mask is not "
+                             "causal")
+
+
+def prove_rows_keep_a_key(graph: Graph, terms: list[tuple[str, str | None, bool]], scores: str, masked: float) -> None:
+    """Raise Unprovable unless every query row keeps a key the mask of `terms` leaves open (above `masked`), in
+    every batch and head row: what makes a finite fill (GPT-2's Where(causal, w, -10000)) a mask minimum, since
+    a softmax row with one open key gives the masked ones exp(fill - max) = 0 where the open scores are within
+    the fill's reach (float32: exp underflows to 0 below -104)."""
+    for total in _totals(graph, terms, scores, least=False, ones=False):
+        shut = ~(total > masked).any(axis=-1)
+        if shut.any():
+            i = int(np.nonzero(shut)[0][0])
+            raise Unprovable(f"query row {i} of {total.shape[0]} has every key masked")
+
+
+def _totals(graph: Graph, terms: list[tuple[str, str | None, bool]], scores: str, least: bool = True,
+            ones: bool = True):
+    """The mask of `terms` as [s, t] at each of two sets of sizes: of every batch and head row, the least masked
+    one (`least`) or the most masked one. `ones`: int and bool graph inputs read as ones (padding only masks
+    more: right for causality), else a mask that reads one is not computed (padding may mask a whole row)."""
     avoid = static_dims(graph)
     for variant in (0, 1):
         interp = _Fed(graph, Sizes(avoid, variant), big_constants=True)
+        interp.ones = ones
         shape = interp.shape_of(scores)
         if shape is None or len(shape) < 2:
             raise Unprovable("the scores' shape is not known")
@@ -86,16 +117,11 @@ def prove_causal(graph: Graph, terms: list[tuple[str, str | None, bool]], scores
             except ValueError:
                 raise Unprovable(f"the mask's shape {list(term.shape)} does not broadcast to the scores' "
                                  f"[.., {s}, {t}]") from None
-            # every batch and head row of it (the least masked one decides)
-            total = total + (full.reshape(-1, s, t).max(axis=0) if full.ndim > 2 else full)
-        rows = np.arange(s)[:, None]
-        cols = np.arange(t)[None, :]
-        later = cols > t - s + rows
-        open_ = later & ~(total <= MASKED)
-        if open_.any():
-            i, j = (int(v[0]) for v in np.nonzero(open_))
-            raise Unprovable(f"query row {i} of {s} (position {t - s + i}) sees key {j} after it: the mask is not "
-                             "causal")
+            # every batch and head row of it (the least masked one decides causality, the most masked one
+            # whether a row keeps a key)
+            rows_of = full.reshape(-1, s, t) if full.ndim > 2 else full[None]
+            total = total + (rows_of.max(axis=0) if least else rows_of.min(axis=0))
+        yield total
 
 
 def _computed(interp: Interpreter, value: str) -> np.ndarray:
@@ -106,7 +132,8 @@ def _computed(interp: Interpreter, value: str) -> np.ndarray:
     if isinstance(out, Opaque):
         node, name = _first_opaque(interp, value)
         if node is None and name is not None:
-            raise Unprovable(f"the mask reads the floating input {name!r}: it is whatever the caller feeds")
+            kind = "floating input" if interp.ones else "graph input"
+            raise Unprovable(f"the mask reads the {kind} {name!r}: it is whatever the caller feeds")
         what = f"{node.op_type} {node.name!r}" if node is not None else repr(value)
         raise Unprovable(f"the mask cannot be computed: the proof does not run {what}")
     return np.asarray(out)

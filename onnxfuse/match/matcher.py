@@ -18,7 +18,7 @@ from ..patterns.rules import Constraint, Rule
 from ..patterns.syntax import Alt, Call, Concept, Expr, Ref
 from ..tensors import dtype_name
 from .algebra import RankMismatch, Unprovable, prove_layout, scalar_factor
-from .causal import prove_causal
+from .causal import prove_causal, prove_rows_keep_a_key
 from .functions import FUNCTIONS, Region, regions
 
 ABSENT = ""
@@ -31,6 +31,10 @@ SHAPE_ARITHMETIC = frozenset({"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat
 
 
 MASK_MIN = -1e30  # a Where fill at most this (or -inf) makes Where(c, x, fill) the additive mask x + Where(c, 0, fill)
+# A finite fill at most this (GPT-2's -10000) is one too where every query row is proved to keep a key: the masked
+# scores' exp(fill + x - max) and exp(fill - max) are then both 0 in float32 while the open scores lie within
+# 9,896 of each other and above -9,896 (exp underflows below -104); validation checks the model's own numbers.
+SOFT_MASK_MIN = -1e4
 MAX_MASK_TERMS = 6
 
 
@@ -395,6 +399,16 @@ class Matcher:
             at = reached.get(out, b)  # along as the split that reached the Where
             self._fail(at.bind(c.bias, ABSENT) if c.bias not in at.values else at, where, why)
 
+    def _soft_fill(self, f: float, fill: str, cond: str, first: bool, scores: str) -> str:
+        """'' where the finite fill `f` of Where(cond, x, fill) masks as -inf would (SOFT_MASK_MIN), else why not."""
+        if f > SOFT_MASK_MIN:
+            return "not -inf or at most -1e30, nor at most -1e4 with every query row keeping a key"
+        try:
+            prove_rows_keep_a_key(self.graph, [(fill, cond, first)], scores, f)
+        except Unprovable as e:
+            return f"a finite fill masks only where every query row keeps a key, and {e}"
+        return ""
+
     def _causal_proof(self, terms: list[MaskTerm], scores: str) -> str:
         """'' where the mask of `terms` is proved causal on `scores` (match/causal.py), else why not."""
         key = (tuple(terms), scores)
@@ -423,11 +437,13 @@ class Matcher:
                     v = g.const_value(fill)
                     if v is None or v.size != 1 or v.dtype.kind != "f":
                         continue
-                    if float(v.reshape(-1)[0]) <= MASK_MIN:
+                    f = float(v.reshape(-1)[0])
+                    why = "" if f <= MASK_MIN else self._soft_fill(f, fill, ins[0], first, value)
+                    if not why:
                         splits.append((x, MaskTerm(fill, ins[0], first)))
                     else:
-                        refused.append((node.name, f"masked: the Where fill {_fmt(v)} is not a mask minimum (-inf "
-                                                   "or at most -1e30), so Where is not an additive mask", value))
+                        refused.append((node.name, f"masked: the Where fill {_fmt(v)} is not a mask minimum: "
+                                                   f"{why}, so Where is not an additive mask", value))
             for x, term in splits:
                 if not self._keeps_shape(value, x):
                     continue

@@ -1040,10 +1040,41 @@ def test_where_mask_is_an_attention_bias(masked_first, fill):
 
 
 def test_where_mask_needs_a_fill_that_absorbs_the_scores():
-    """Where(keep, s, -10000) is not s + Where(keep, 0, -10000) in a row with every column masked."""
+    """Where(keep, s, -10000) is not s + Where(keep, 0, -10000) in a row with every column masked: where the
+    condition is a graph input, nothing says a row keeps a key."""
     check_misses(_where_scores(-10000.0, heads=True), "attention-heads-split",
-                 "masked: the Where fill -10000 is not a mask minimum (-inf or at most -1e30), so Where is not an "
-                 "additive mask")
+                 "masked: the Where fill -10000 is not a mask minimum: a finite fill masks only where every query "
+                 "row keeps a key, and the mask reads the graph input 'c': it is whatever the caller feeds, so "
+                 "Where is not an additive mask")
+    check_misses(_where_scores(-1000.0, heads=True), "attention-heads-split",
+                 "masked: the Where fill -1000 is not a mask minimum: not -inf or at most -1e30, nor at most -1e4 "
+                 "with every query row keeping a key, so Where is not an additive mask")
+
+
+def _where_constant(keep: np.ndarray, fill: float = -10000.0) -> onnx.ModelProto:
+    """_where_scores(fill, heads=True) with the condition a constant [1, 1, S, S] (GPT-2's causal buffer)."""
+    m = _where_scores(fill, heads=True)
+    del m.graph.input[0]
+    m.graph.initializer.append(numpy_helper.from_array(keep.reshape(1, 1, S, S), "c"))
+    return m
+
+
+def test_gpt2s_causal_where_with_minus_10000_is_a_mask_where_every_row_keeps_its_diagonal():
+    """Where(causal, s, -10000), the classic GPT-2 export: the causal buffer keeps each row's own position, so the
+    masked scores' exp(-10000 - max) and exp(s - 10000 - max) are both 0 in float32 and the fused op gives the
+    original's numbers; a buffer with a row masked whole is no mask (the original's row is then uniform)."""
+    causal = np.tril(np.ones((S, S), bool))
+    m = _where_constant(causal)
+    got = check_fires(m, "attention-heads-split",  # the additive mask of a constant condition: folded
+                      ["Constant", "Transpose", "Reshape", "Reshape", "com.microsoft.MultiHeadAttention", "IsNaN",
+                       "Where", "Reshape"], rtol=1e-5, atol=1e-5)
+    bias = numpy_helper.to_array(got.graph.node[0].attribute[0].t)
+    assert np.array_equal(bias.reshape(S, S), np.where(causal, 0.0, -10000.0))
+    shut = causal.copy()
+    shut[0] = False
+    check_misses(_where_constant(shut), "attention-heads-split",
+                 "masked: the Where fill -10000 is not a mask minimum: a finite fill masks only where every query "
+                 f"row keeps a key, and query row 0 of {S} has every key masked, so Where is not an additive mask")
 
 
 def _mha_with_outside_bias(scale: str = "mul", own_scale: float | None = None, own_bias: bool = False,
@@ -1093,8 +1124,91 @@ def test_mha_takes_the_bias_adds_and_the_query_scale_into_itself(scale, own_scal
 
 
 def test_mha_keeps_a_bias_that_is_not_one_per_hidden_unit():
-    """A key bias of shape [8, 64] (per position) is no packed bias: the Adds stay."""
-    check_misses(_mha_with_outside_bias(k_bias_shape=(8, 64)), "mha-absorb-bias-scale", "BK has shape [8, 64]")
+    """A key bias of shape [8, 64] (per position) is no packed bias: its Add stays, the query's and value's go."""
+    got = check_fires(_mha_with_outside_bias(k_bias_shape=(8, 64)), "mha-absorb-bias-scale",
+                      ["Add", "com.microsoft.MultiHeadAttention"], rtol=1e-4, atol=1e-4)
+    assert list(got.graph.node[0].input) == ["k", "bk"]
+    assert list(got.graph.node[1].input[:3]) == ["q", got.graph.node[0].output[0], "v"]
+
+
+def _mha_plain(scale_only: bool = False, runtime: tuple[str, ...] = ()) -> onnx.ModelProto:
+    """_mha_with_outside_bias without the bias Adds (scale_only: the query's factor alone), or with the biases
+    named in `runtime` graph inputs instead of initializers."""
+    m = _mha_with_outside_bias("mul" if scale_only else "none")
+    if scale_only:
+        g = m.graph
+        for n in list(g.node)[:3]:  # the Adds go: the MultiHeadAttention reads q (scaled), k and v as they are
+            g.node.remove(n)
+        g.node[0].input[0] = "q"
+        g.node[1].input[1:3] = ["k", "v"]
+        for t in [t for t in g.initializer if t.name in ("bq", "bk", "bv")]:
+            g.initializer.remove(t)
+        return m
+    for name in runtime:
+        t = next(t for t in m.graph.initializer if t.name == name)
+        m.graph.initializer.remove(t)
+        m.graph.input.append(oh.make_tensor_value_info(name, TensorProto.FLOAT, [64]))
+    return m
+
+
+def test_mha_takes_a_query_scale_with_no_bias_adds():
+    """A factor on the query, no bias Adds (a hand-written SDPA, onnxscript's MultiHeadAttention): into its scale,
+    with a zero bias."""
+    got = check_fires(_mha_plain(scale_only=True), "mha-absorb-bias-scale", ["com.microsoft.MultiHeadAttention"],
+                      rtol=1e-4, atol=1e-4)
+    att = got.graph.node[0]
+    assert list(att.input[:3]) == ["q", "k", "v"]
+    assert abs(next(a.f for a in att.attribute if a.name == "scale") - 0.7 * 64 ** -0.5 * 2) < 1e-6
+
+
+@pytest.mark.parametrize("runtime", [("bq",), ("bq", "bk", "bv")], ids=["one", "all"])
+def test_mha_takes_bias_adds_computed_at_run_time_packed_by_a_concat(runtime):
+    """Biases that arrive at run time (LoRA, dequantized, graph inputs): the kernel takes its bias as a tensor,
+    so they are concatenated at run time; never "BQ is not a constant"."""
+    got = check_fires(_mha_plain(runtime=runtime), "mha-runtime-bias",
+                      ["Concat", "com.microsoft.MultiHeadAttention"], rtol=1e-4, atol=1e-4)
+    assert list(got.graph.node[0].input) == ["bq", "bk", "bv"]
+    assert list(got.graph.node[1].input[:4]) == ["q", "k", "v", got.graph.node[0].output[0]]
+
+
+def _sdpa_on_inputs(key: str = "transpose", out: str = "merge") -> onnx.ModelProto:
+    """Scaled dot-product attention on heads [b, N, s, D] that arrive as graph inputs: the key as [b, N, s, D]
+    transposed in the graph, or already transposed ([b, N, D, s]: key="given"); the output merged to
+    [b, s, N*D], or left in heads (out="heads")."""
+    inputs = [("q", [B, N, S, D]), ("v", [B, N, S, D])]
+    nodes = []
+    if key == "given":
+        inputs.append(("kt", [B, N, D, S]))
+    else:
+        inputs.append(("k", [B, N, S, D]))
+        nodes.append(oh.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]))
+    nodes += [oh.make_node("MatMul", ["q", "kt"], ["qk"]), oh.make_node("Mul", ["qk", "sc"], ["s"]),
+              oh.make_node("Softmax", ["s"], ["p"], axis=-1), oh.make_node("MatMul", ["p", "v"], ["o"])]
+    inits = {"sc": np.array(0.3, np.float32)}
+    if out == "merge":
+        nodes += [oh.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]), oh.make_node("Reshape", ["ot", "os"], ["y"])]
+        inits["os"] = np.array([0, 0, N * D], np.int64)
+        return make_model(nodes, inputs, [("y", [B, S, N * D])], inits)
+    nodes.append(oh.make_node("Identity", ["o"], ["y"]))
+    return make_model(nodes, inputs, [("y", [B, N, S, D])], inits)
+
+
+def test_attention_on_a_key_that_arrives_transposed():
+    """K^T as a graph input (or any producer): transposed back for MultiHeadAttention, whose scale is the factor."""
+    got = check_fires(_sdpa_on_inputs(key="given"), "attention-heads-key-transposed",
+                      ["Transpose", "Reshape", "Transpose", "com.microsoft.MultiHeadAttention", "IsNaN", "Where",
+                       "Reshape"], rtol=1e-4, atol=1e-4)
+    att = next(n for n in got.graph.node if n.op_type == "MultiHeadAttention")
+    assert abs(next(a.f for a in att.attribute if a.name == "scale") - 0.3) < 1e-7
+
+
+def test_attention_whose_output_stays_in_heads():
+    """SDPA's own output [b, N, s, D] (the caller merges heads): MultiHeadAttention, split back into heads."""
+    got = check_fires(_sdpa_on_inputs(out="heads"), ["attention-heads-out", "transpose-cancel"],
+                      ["Transpose", "Reshape", "com.microsoft.MultiHeadAttention", "IsNaN", "Where", "Reshape",
+                       "Transpose", "Identity"],
+                      fired={"attention-heads-out": 1, "transpose-cancel": 1}, rtol=1e-4, atol=1e-4)
+    assert got.graph.node[-2].attribute[0].ints == [0, 2, 1, 3]
 
 
 def _gqa_split(sizes=(64, 32, 32)):
