@@ -38,6 +38,9 @@ a time so that a miss is attributed to the axis that causes it. Axes:
 * MatMul with transposed operands (``mm_*``): either operand read through the last two axes swapped, the first
   axis moved before the last, or both (ranks 3 and 4), and the product transposed (ranks 2-4): FusedMatMul's
   views; a swap of two middle axes is a negative control.
+* the provenance of operands (``prov_*``, benchmarks/provenance_corpus.py): attention on q, k, v from graph
+  inputs, opaque producers and KV caches, in heads or not, the key arriving transposed, SDPA's output left in
+  heads; biases of Gelu, SkipLayerNormalization and MultiHeadAttention computed at run time; negative controls.
 * concept spellings (``ln_c_*``, ``rms_c_*``, ``gelu_c_*``), the ones no rule names op by op: the mean by
   ReduceSum / D, ReduceSum * (1/D) or ReduceSumSquare / D, the last axis as a positive index, the reciprocal
   square root as Pow(-0.5) or Reciprocal(Sqrt), the variance as E[x^2] - E[x]^2, float16 hidden states
@@ -718,6 +721,9 @@ def corpus() -> dict[str, tuple]:
         out[f"mm_out_r{rank}"] = (matmul_view, dict(side="a", view="out", rank=rank, opset=17), axes, "matmul", "bert")
     axes = {"side": "a", "view": "mid", "rank": 4, "opset": 17, "dtype": "fp32"}
     out["mm_a_mid_r4"] = (matmul_view, dict(side="a", view="mid", rank=4, opset=17), axes, None, "bert")
+    from provenance_corpus import corpus as provenance  # the operands' provenance axis (prov_*)
+
+    out.update(provenance())
     return out
 
 
@@ -790,8 +796,12 @@ def measure(src_dir: Path, manifest: dict[str, dict], work: Path, jobs: int) -> 
         row["ort_has"] = kind is not None and any((row["ortopt"].get(o) or before.get(o)) for o in KINDS[kind])
         row["fuse_has"] = kind is not None and any(
             (row["onnxfuse"].get(o) or before.get(o)) for o in KINDS[kind]) and not row["missed"]
-        if kind is None:  # a negative control: nothing of any kind may appear
-            row["fuse_wrong"] = any(row["onnxfuse"].get(o) for ops in KINDS.values() for o in ops)
+        if name.startswith("prov_bias_mha") and r and not r.get("error"):  # a refinement: the three bias Adds go
+            row["fuse_has"] = row["fuse_has"] and (r["ops_before"].get("Add", 0) - r["ops_after"].get("Add", 0) >= 3)
+        if kind is None:  # a negative control: nothing of any kind may appear (the provenance controls are
+            # attention-shaped: only attention; their scores' FusedMatMul is right)
+            kinds = [KINDS["attention"]] if name.startswith("prov_neg") else KINDS.values()
+            row["fuse_wrong"] = any(row["onnxfuse"].get(o) for ops in kinds for o in ops)
         row["reason"] = explain(src, kind) if kind and not row["fuse_has"] else ""
         rows.append(row)
     return rows
@@ -828,7 +838,8 @@ def ok(row: dict) -> bool:
 
 
 def report(rows: list[dict]) -> None:
-    for family, prefix in (("attention", "attn_"), ("norm", ("ln_", "rms_")), ("gelu", "gelu_"), ("matmul", "mm_")):
+    for family, prefix in (("attention", "attn_"), ("norm", ("ln_", "rms_")), ("gelu", "gelu_"), ("matmul", "mm_"),
+                           ("provenance", "prov_")):
         fam = [r for r in rows if r["model"].startswith(prefix)]
         if not fam:
             continue

@@ -55,10 +55,11 @@ KINDS = {
 MERGED = {"attention"}  # kinds compared by their total, not per op type
 # A norm op that does more stands in for one that does less (a LayerNormalization written as a
 # SkipLayerNormalization with a zero skip, checker-valid below opset 17; an embedding + LayerNorm as one
-# EmbedLayerNormalization): per family, op types ordered from the most to the least fused. Op type T counts as
-# missed where ORT-opt made more of T and the types above it together than onnxfuse did.
+# EmbedLayerNormalization; a Gelu with its bias Add as one BiasGelu): per family, op types ordered from the most
+# to the least fused. Op type T counts as missed where ORT-opt made more of T and the types above it together
+# than onnxfuse did.
 STANDS_IN = (("EmbedLayerNormalization", "SkipLayerNormalization", "LayerNormalization"),
-             ("SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization"))
+             ("SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization"), ("BiasGelu", "Gelu"))
 DEFAULT_DOMAIN_FUSED = {"LayerNormalization", "Gelu", "RMSNormalization", "SimplifiedLayerNormalization"}
 DIFF_FLAG = 1e-4  # a tool's output whose first output is further than this from the original is flagged
 RULE_KIND = (("rotary", None), ("attention", "attention"), ("layernorm", "norm"), ("skip-", "norm"), ("embed", "norm"),

@@ -106,6 +106,26 @@ class _Selection:
     def kept(self) -> set[Key]:
         return {k for u in self.units if self.decisions[u.id].kept for k in u.keys}
 
+    def _same_ops_there(self, dropped: set[Key], made: dict[Key, object], outputs_of: dict[str, tuple]) -> set[Key]:
+        """Keys of the other spellings of what was dropped: every rule that makes a fused op a dropped rewrite made,
+        rooted on a node that rewrite replaced. The op measured no faster there, so the next pass does not time it
+        again under another rule's name (self-attention dropped: not cross-attention nor a MultiHeadAttention
+        rule on the same block), and what they shadowed gets the pass (its scores' FusedMatMul)."""
+        out: set[Key] = set()
+        for key in dropped:
+            a = made.get(key)
+            fused = {op for op in getattr(a, "ops", ()) if "." in op}  # contrib ops, not the Reshapes around them
+            if not fused:
+                continue
+            roots = {v for name in a.replaced for v in outputs_of.get(name, ())}
+            out.update((r.id, v) for r in self.rules_making(fused) for v in roots)
+        return out
+
+    def rules_making(self, ops: set[str]) -> list:
+        """The rules whose rewrite makes one of `ops` (qualified op types)."""
+        return [r for r in self.run.rules if any(rn.call is not None and rn.call.qualified in ops
+                                                 for rn in r.rewrite)]
+
     def units_and_evidence(self, state: Rewritten, phase: Phases) -> Rewritten:
         """The passes: regions found, captured and timed, decided; rules a dropped rewrite had shadowed fire in
         the next pass (a FusedMatMul inside an Attention that did not pay); then the groups on the whole model.
@@ -120,6 +140,8 @@ class _Selection:
                 self.fingerprint = run.fingerprint(original)
                 others, whole = split_on_model(find_regions(original, current.model, apps, self.rule_ids),
                                                self.on_model_ids)
+                outputs_of = {n.name: tuple(n.output) for n in original.proto.graph.node}
+                made = {a.key: a for a in current.eng.applications}
                 timeable = [r for r in others if r.untimeable is None]
             with phase("capture"):
                 classes, uncaptured = run.capture(original, timeable) if timeable else ([], [])
@@ -143,7 +165,8 @@ class _Selection:
             with phase("rebuild"):
                 state.__dict__.pop("proto", None)  # the full rewrite's export is re-made if it is written
                 self.built = None  # the previous pass's candidate goes before the next is built (peak memory)
-                candidate = run.build(self.kept, dropped, deny_unmeasured=last)
+                candidate = run.build(self.kept, dropped | self._same_ops_there(dropped, made, outputs_of),
+                                      deny_unmeasured=last)
                 self.built = frozenset(self.kept), candidate
             new = {a.key for a in candidate.eng.applications if a.rule in self.rule_ids} - self.kept
             if not new or last:

@@ -1165,8 +1165,9 @@ def test_mha_takes_a_query_scale_with_no_bias_adds():
 def test_mha_takes_bias_adds_computed_at_run_time_packed_by_a_concat(runtime):
     """Biases that arrive at run time (LoRA, dequantized, graph inputs): the kernel takes its bias as a tensor,
     so they are concatenated at run time; never "BQ is not a constant"."""
-    got = check_fires(_mha_plain(runtime=runtime), "mha-runtime-bias",
-                      ["Concat", "com.microsoft.MultiHeadAttention"], rtol=1e-4, atol=1e-4)
+    got = check_fires(_mha_plain(runtime=runtime), ["mha-runtime-bias", "add-zero"],  # its own bias: none
+                      ["Concat", "com.microsoft.MultiHeadAttention"], fired={"mha-runtime-bias": 1, "add-zero": 1},
+                      rtol=1e-4, atol=1e-4)
     assert list(got.graph.node[0].input) == ["bq", "bk", "bv"]
     assert list(got.graph.node[1].input[:4]) == ["q", "k", "v", got.graph.node[0].output[0]]
 
