@@ -19,7 +19,7 @@ import pytest
 from onnxfuse.inspect.summary import fit, fit_list
 
 ROOT = Path(__file__).resolve().parents[1]
-VERDICTS = ("faster:", "slower:", "no significant change:", "within the noise floor", "no faster selection",
+VERDICTS = ("faster:", "slower:", "no significant change:", "within noise", "no faster selection",
             "not measured", "not timed")
 
 
@@ -101,7 +101,7 @@ OPTIONAL = ("left out", "rolled back", "repaired on load")  # lines a run prints
 def _shapes(lines: list[str]) -> list[str]:
     """The screen's lines as kinds, without their numbers, names and lists, and without the lines a run on
     another CPU may leave out: what README's copy must share with a run."""
-    return ["verdict" if line.startswith(VERDICTS) else
+    return ["verdict" if line.startswith(VERDICTS) else line.split()[0] if line.startswith(("wrote", "took")) else
             re.sub(r"[\d.]+", "N", line.split(":")[0] if ":" in line else line.split()[0])
             for line in lines if not line.startswith(OPTIONAL)]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ..measure.stats import NOISE_PREFIX
 from ..result import Result
 from ..words import count
 
@@ -51,6 +52,14 @@ def validation_word(status: str, short: bool = False) -> str:
     return "not validated" if short else f"validation {status}"
 
 
+def short_word(word: str) -> str:
+    """A verdict (measure/stats.py judge) in a few words: "within the noise floor (±1.0%): not counted as
+    faster" is "within noise (±1.0%)"."""
+    if word.startswith(NOISE_PREFIX):
+        return "within noise " + word[len(NOISE_PREFIX):].split(":")[0].strip()
+    return word
+
+
 def _verdict(r: Result) -> str:
     """The answer: how the output's time compares with the input's, and whether it is validated."""
     valid = validation_word(r.validation)
@@ -59,13 +68,10 @@ def _verdict(r: Result) -> str:
         return f"not measured (--no-measure): every validated rewrite kept; {valid}"
     if m.final is None:
         return f"not timed ({m.note or m.confirmed or 'nothing to time'}); {valid}"
-    word = m.final.final_word(m.floor)
-    threads = count(m.threads, "thread")
     if m.dropped_everything:
-        return (f"no faster selection found: {m.final.median:.3f}x the input's time, only exact rewrites kept "
-                f"({threads}, {m.provider}); {valid}")
-    return (f"{word}: {m.final.median:.3f}x the input's time [{m.final.low:.3f}, {m.final.high:.3f}] "
-            f"({threads}, {m.provider}); {valid}")
+        return f"no faster selection found: {m.final.median:.3f}x the input's time; {valid}"
+    return (f"{short_word(m.final.final_word(m.floor))}: {m.final.median:.3f}x the input's time "
+            f"[{m.final.low:.3f}, {m.final.high:.3f}]; {valid}")
 
 
 def _kept(r: Result, width: int) -> str:
@@ -102,10 +108,11 @@ def _spent(r: Result) -> str:
     m = r.measure
     if m is None or not m.budget_s:
         return f"took {total:.1f} s"
+    at = f"at {count(m.threads, 'thread')} on {m.provider}"
     if m.groups and all(g.source == "cached" for g in m.groups):
-        return f"took {total:.1f} s; decisions from the decision cache (--no-cache times them again)"
-    clock = "thread CPU time" if m.estimator == "cpu" else "wall time"
-    return f"took {total:.1f} s; measuring {m.spent_s:.1f} s of a {m.budget_s:.0f} s budget on {clock}"
+        return f"took {total:.1f} s; decided {at} by the decision cache (--no-cache times again)"
+    clock = "CPU" if m.estimator == "cpu" else "wall"
+    return f"took {total:.1f} s; measured {at}: {m.spent_s:.1f} s of a {m.budget_s:.0f} s budget ({clock} time)"
 
 
 def more(width: int, options: str, command: str = "") -> str:
@@ -136,7 +143,7 @@ def bench_summary(b, width: int) -> list[str]:
         named = f"{one.profile}: " if b.profiles else ""
         if one.ratio is not None:
             first, second = one.models[0], one.models[1]
-            lines.append(fit(f"{named}{one.verdict}: {second.label} runs in {one.ratio.median:.3f}x {first.label}'s "
+            lines.append(fit(f"{named}{short_word(one.verdict or '')}: {second.label} runs in {one.ratio.median:.3f}x {first.label}'s "
                              f"time [{one.ratio.low:.3f}, {one.ratio.high:.3f}] ({count(one.threads, 'thread')}, "
                              f"{one.provider})", width))
         for m in one.models:
@@ -189,7 +196,7 @@ def profile_summary(profiles: list, labels: list[str], width: int, comparison=No
                                   width))
     if comparison is not None and comparison.ratio is not None:
         r = comparison.ratio
-        lines.insert(0, fit(f"{comparison.verdict}: {labels[1]} runs in {r.median:.3f}x {labels[0]}'s time "
+        lines.insert(0, fit(f"{short_word(comparison.verdict or '')}: {labels[1]} runs in {r.median:.3f}x {labels[0]}'s time "
                             f"[{r.low:.3f}, {r.high:.3f}]", width))
     lines.append(more(width, "--details (the op table, signals), --nodes, --json, --html FILE"))
     return lines
