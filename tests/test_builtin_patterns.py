@@ -68,3 +68,9 @@ def test_selftest_catches_a_rule_that_ignores_its_constant(tmp_path):
 """)
     report = check_rule(load_path(str(bad))[0])
     assert not report.ok
+
+
+def test_every_builtin_rule_has_an_example_its_self_test_runs():
+    """A rule's `example:` gives the shapes (and values) its self-test builds: every built-in rule has one, so
+    none is tested only on shapes guessed from its `where`."""
+    assert not [r.id for r in RULES if not r.example and not r.example_attrs]
