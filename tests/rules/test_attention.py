@@ -1232,6 +1232,38 @@ def _gqa_split(sizes=(64, 32, 32)):
     return m, feeds
 
 
+def test_gqa_on_separate_projections_reads_one_packed_projection():
+    """GroupQueryAttention on q_proj, k_proj and v_proj of one input (Llama, Qwen with its biases): one MatMul by
+    the weights concatenated offline, one bias Add, the op reading the packed result; the same outputs and
+    present caches."""
+    n, kv, hd, s, e = 4, 2, 16, 8, 48
+    rng = np.random.default_rng(5)
+    vi = oh.make_tensor_value_info
+    nodes = []
+    for name in ("q", "k", "v"):
+        nodes += [oh.make_node("MatMul", ["x", f"w{name}"], [f"{name}0"]),
+                  oh.make_node("Add", [f"{name}0", f"b{name}"], [name])]
+    nodes.append(oh.make_node("GroupQueryAttention", ["q", "k", "v", "pk", "pv", "sl", "tsl"], ["y", "ok", "ov"],
+                              domain="com.microsoft", num_heads=n, kv_num_heads=kv))
+    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name) for name, shape in
+             (("wq", (e, n * hd)), ("wk", (e, kv * hd)), ("wv", (e, kv * hd)), ("bq", (n * hd,)), ("bk", (kv * hd,)),
+              ("bv", (kv * hd,)))]
+    g = oh.make_graph(nodes, "g", [vi("x", TensorProto.FLOAT, [2, s, e]), vi("pk", TensorProto.FLOAT, [2, kv, 0, hd]),
+                                   vi("pv", TensorProto.FLOAT, [2, kv, 0, hd]), vi("sl", TensorProto.INT32, [2]),
+                                   vi("tsl", TensorProto.INT32, [])],
+                      [vi("y", TensorProto.FLOAT, [2, s, n * hd]), vi("ok", TensorProto.FLOAT, None),
+                       vi("ov", TensorProto.FLOAT, None)], inits)
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid("com.microsoft", 1)], ir_version=9)
+    feeds = {"x": rng.standard_normal((2, s, e)).astype(np.float32), "pk": np.zeros((2, kv, 0, hd), np.float32),
+             "pv": np.zeros((2, kv, 0, hd), np.float32), "sl": np.full(2, s - 1, np.int32),
+             "tsl": np.array(s, np.int32)}
+    got = check_fires(m, "gqa-pack-projections", ["MatMul", "Add", "com.microsoft.GroupQueryAttention"], feeds=feeds,
+                      rtol=1e-4, atol=1e-4)
+    w = next(t for t in got.graph.initializer if t.name == got.graph.node[0].input[1])
+    assert list(w.dims) == [e, (n + 2 * kv) * hd]
+    assert list(got.graph.node[2].input[:3]) == [got.graph.node[1].output[0], "", ""]
+
+
 def test_gqa_reads_a_packed_qkv_itself():
     """Split(x) into q, k, v heads feeding GroupQueryAttention -> the op on x with key and value absent (its
     packed-QKV input): the Split goes, the outputs and the present caches are the same."""
