@@ -544,3 +544,24 @@ def test_skip_rmsnorm_refines_a_norm_op_already_there(op, opset):
                       rtol=1e-4, atol=1e-5)
     assert next(a.f for a in got.graph.node[0].attribute if a.name == "epsilon") == pytest.approx(0.01)
 
+
+
+def test_embed_layernorm_keeps_the_sum_for_a_residual_that_reads_it():
+    """GPT-2: word[ids] + position[position_ids], the first block's LayerNorm, and the sum read again as that
+    block's residual: EmbedLayerNormalization gives the sum through its embedding_sum output."""
+    rng = np.random.default_rng(2)
+    h = 8
+    nodes = [oh.make_node("Gather", ["word", "ids"], ["we"], axis=0), oh.make_node("Gather", ["pos", "pids"], ["pe"], axis=0),
+             oh.make_node("Add", ["we", "pe"], ["e"]),
+             oh.make_node("LayerNormalization", ["e", "gamma", "beta"], ["n"], axis=-1, epsilon=1e-5),
+             oh.make_node("Add", ["e", "n"], ["y"])]
+    inits = {"word": rng.standard_normal((32, h)).astype(np.float32), "pos": rng.standard_normal((16, h)).astype(np.float32),
+             "gamma": np.ones(h, np.float32), "beta": np.zeros(h, np.float32)}
+    m = make_model(nodes, [("ids", ["b", "s"], TensorProto.INT64), ("pids", ["b", "s"], TensorProto.INT64)],
+                   [("y", ["b", "s", h])], inits, opset=17)
+    feeds = {"ids": rng.integers(0, 32, (2, 10)).astype(np.int64),
+             "pids": np.tile(np.arange(10, dtype=np.int64), (2, 1))}
+    got = check_fires(m, "embed-layernorm", ["Cast", "Cast", "com.microsoft.EmbedLayerNormalization", "Add"],
+                      feeds=feeds, rtol=1e-5, atol=1e-5)
+    fused = got.graph.node[2]
+    assert list(got.graph.node[3].input) == [fused.output[2], fused.output[0]]
