@@ -565,3 +565,12 @@ def test_embed_layernorm_keeps_the_sum_for_a_residual_that_reads_it():
                       feeds=feeds, rtol=1e-5, atol=1e-5)
     fused = got.graph.node[2]
     assert list(got.graph.node[3].input) == [fused.output[2], fused.output[0]]
+
+
+@pytest.mark.parametrize("gamma_shape", [(1, K), (1, 1, K)], ids=["1k", "11k"])
+def test_layernorm_with_a_gamma_of_leading_ones_fires(gamma_shape):
+    """tf2onnx's Keras LayerNormalization: gamma [1, 1, k] (and beta [k]); LayerNormalization takes them as [k]."""
+    got = check_fires(_layernorm(gamma_shape=gamma_shape), "layernorm-decomposed-row-gamma", ["LayerNormalization"],
+                      rtol=1e-5, atol=1e-5)
+    scale = next(t for t in got.graph.initializer if t.name == got.graph.node[0].input[1])
+    assert list(scale.dims) == [K]
