@@ -17,8 +17,18 @@ GOOD = """rules:
     Y: com.microsoft.FusedConv(X, W, B?, activation="Relu", copy_attrs=c)
 """
 
+SUB = "patterns:\n  act(x): Relu(x) | Clip(x)\n" + GOOD.replace("Y: Relu(c)", "Y: act(c)")
+
 CASES = [
     # (name, text, line, col, message fragment)
+    ("sub-pattern called with too many arguments", SUB.replace("Y: act(c)", "Y: act(c, X)"), 8, 8,
+     "sub-pattern 'act' takes 1 argument(s) (x), got 2"),
+    ("sub-pattern with an unknown operator", SUB.replace("Clip(x)", "Clipp(x)"), 2, 21, "unknown operator 'Clipp'"),
+    ("sub-pattern that does not use its parameter", SUB.replace("act(x):", "act(x, y):"), 2, 3,
+     "sub-pattern 'act' does not use its parameter 'y'"),
+    ("sub-pattern name not a signature", SUB.replace("act(x):", "Act:"), 2, 3,
+     "must be a lowercase name with its parameters"),
+    ("sub-pattern named as a concept", SUB.replace("act(x):", "layout(x):"), 2, 3, "is a concept's name"),
     ("yaml syntax", "rules:\n- id: x\n  match: {a: b\n", 4, 1, "YAML syntax"),
     ("unknown top key", "rule:\n- id: x\n", 1, 1, "unknown key 'rule' at top level"),
     ("unknown rule key", GOOD.replace("  doc: test", "  dok: test"), 3, 3, "unknown key 'dok' in rule"),

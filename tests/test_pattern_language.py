@@ -198,3 +198,50 @@ def test_early_stage_canonicalises_before_fusion_rules(tmp_path):
         results[stage] = sorted(op_types(onnx.load(out)))
     assert results["stage: early"] == ["Exp"]
     assert results["stage: main"] == ["Exp", "Relu"]
+
+
+def test_a_named_sub_pattern_is_its_expression_with_the_arguments_in_place():
+    """`patterns:` names a match expression with parameters; a call is that expression with the arguments bound
+    (the calling rule's own names, ZERO here, stay its own), and sub-patterns may call earlier ones."""
+    inline = parse_text("""rules:
+- id: r
+  doc: d
+  match:
+    p: Softmax(S, axis=-1)
+    Y: MatMul(Where(IsNaN(p), ZERO, p) | p, V)
+  where:
+    ZERO: {const: 0.0}
+  rewrite:
+    Y: MatMul(p, V)
+""", "a.yaml")[0]
+    named = parse_text("""patterns:
+  guarded(p): Where(IsNaN(p), ZERO, p)
+  weights(p): guarded(p) | p
+rules:
+- id: r
+  doc: d
+  match:
+    p: Softmax(S, axis=-1)
+    Y: MatMul(weights(p), V)
+  where:
+    ZERO: {const: 0.0}
+  rewrite:
+    Y: MatMul(p, V)
+""", "b.yaml")[0]
+
+    def shape(e):  # the tree without column offsets
+        if hasattr(e, "options"):
+            return ("|", [shape(o) for o in e.options])
+        if hasattr(e, "args"):
+            return (e.qualified, [shape(a) for a in e.args])
+        return e.name
+
+    assert shape(named.lines["Y"]) == shape(inline.lines["Y"])
+
+
+def test_a_sub_pattern_that_calls_itself_is_one_error_line():
+    from onnxfuse.errors import PatternError
+
+    with pytest.raises(PatternError, match="unknown operator 'loop'"):  # not yet defined inside its own body
+        parse_text("patterns:\n  loop(x): Relu(loop(x))\nrules:\n- id: r\n  doc: d\n  match:\n    Y: loop(X)\n"
+                   "  rewrite:\n    Y: Relu(X)\n", "c.yaml")

@@ -9,7 +9,9 @@ from ..opschema import all_attr_names, known_ops, op_spec
 from ..words import close_matches, similarity
 from .layouts import LayoutError, parse_layout
 from .rules import Constraint, Span
+from .subpatterns import SubPattern, expand, parse_signature
 from .syntax import (
+    CONCEPT_NAMES,
     Alt,
     Call,
     Expr,
@@ -60,7 +62,7 @@ def parse_match(node: yaml.Node, c: Collector
             continue
         span = c.span(vn, content=True)
         try:
-            expr = parse_expr(text)
+            expr = expand(parse_expr(text), c.subpatterns)
             _check_calls(expr, c, span, match_side=True)
         except SyntaxProblem as e:
             c.error(span.shifted(e.offset), e.message, e.hint)
@@ -83,6 +85,37 @@ def parse_match(node: yaml.Node, c: Collector
     if not lines and not c.diags:
         c.error(c.span(node), "'match' has no lines")
     return lines, spans, outputs_of
+
+
+def parse_subpatterns(node: yaml.Node, c: Collector) -> None:
+    """The file's `patterns:`: `name(param, ...): expression`, each checked where it is written (its operators,
+    its concepts' layouts), into `c.subpatterns` for the match lines that call it."""
+    for key, kn, vn in mapping(node, c, "'patterns'") or []:
+        sig = parse_signature(key)
+        if sig is None:
+            c.error(c.span(kn), f"sub-pattern {key!r} must be a lowercase name with its parameters, e.g. weights(p)")
+            continue
+        name, params = sig
+        if name in CONCEPT_NAMES or name in c.subpatterns or len(set(params)) != len(params):
+            c.error(c.span(kn), f"sub-pattern {name!r} is defined twice, is a concept's name, or repeats a parameter")
+            continue
+        text = string_node(vn, c, f"sub-pattern {name!r}")
+        if text is None:
+            continue
+        span = c.span(vn, content=True)
+        try:
+            body = expand(parse_expr(text), c.subpatterns)
+            _check_calls(body, c, span, match_side=True)
+        except SyntaxProblem as e:
+            c.error(span.shifted(e.offset), e.message, e.hint)
+            continue
+        if not _check_concepts(body, c, span, set()):
+            continue
+        unused = [p for p in params if p not in {r.name for r in iter_refs(body)}]
+        if unused:
+            c.error(c.span(kn), f"sub-pattern {name!r} does not use its parameter {unused[0]!r}")
+            continue
+        c.subpatterns[name] = SubPattern(name, params, body, span)
 
 
 def _check_concepts(expr: Expr, c: Collector, span: Span, line_names: set[str]) -> bool:

@@ -18,7 +18,7 @@ from ..files import NotRegularFile, TooLarge, read_regular
 from ..opschema import installed_versions
 from .compute import CompiledExpr
 from .layouts import layout_atoms
-from .parse_match import check_match_names, parse_match, parse_where, value_names
+from .parse_match import check_match_names, parse_match, parse_subpatterns, parse_where, value_names
 from .parse_rewrite import (
     Require,
     check_names,
@@ -79,12 +79,15 @@ def parse_text(text: str, file: str, builtin: bool = False, order_base: int = 0)
     f = _FileDraft(c, builtin, order_base)
     top = mapping(root, c, "a pattern file")
     if top is not None:
+        given = {}
         for key, knode, vnode in top:
-            entry = FILE_KEYS.get(key)
-            if entry is None:
+            if FILE_KEYS.get(key) is None:
                 c.error(c.span(knode), *FILE_KEYS.unknown_error(key))
-                continue
-            entry.parse(vnode, f)
+            else:
+                given[key] = vnode
+        for entry in FILE_KEYS.entries:  # in the table's order: the sub-patterns before the rules that call them
+            if entry.name in given:
+                entry.parse(given[entry.name], f)
         present = {k for k, _, _ in top}
         for key in FILE_KEYS.required():
             if key not in present:
@@ -339,16 +342,26 @@ _parse_expect = _one_of("expect", EXPECTS)
 
 FILE_KEYS: Table[Key] = Table(
     "File keys", "The top level of a pattern file.", [
+        Key("patterns", lambda node, f: parse_subpatterns(node, f.c), {"type": "object", "additionalProperties": {"type": "string"}},
+            "Named sub-patterns the file's match lines call by name: `name(param, ...)` maps to a match expression "
+            "using its parameters (names in it that are not parameters are the calling rule's own). A call is the "
+            "expression with the parameters replaced by its arguments; sub-patterns may call the ones before them.",
+            "patterns:\n"
+            "  weights(p): Where(IsNaN(p), ZERO, p) | p\n"
+            "rules:\n"
+            "- id: probs-times-values\n"
+            "  doc: The attention weights times the values.\n"
+            "  match:\n"
+            "    p: Softmax(S, axis=-1)\n"
+            "    Y: MatMul(weights(p), V)\n"
+            "  where:\n"
+            "    ZERO: {const: 0.0}\n"
+            "  rewrite:\n"
+            "    Y: MatMul(p, V)\n"),
         Key("rules", _parse_rules, {"type": "array", "items": {"$ref": "#/definitions/rule"}},
             "The rules of this file: a list of mappings with the rule keys.",
-            "rules:\n"
-            "- id: relu-relu\n"
-            "  doc: Relu of a Relu is one Relu.\n"
-            "  match:\n"
-            "    r: Relu(X)\n"
-            "    Y: Relu(r)\n"
-            "  rewrite:\n"
-            "    Y: Relu(X)\n", required=True),
+            "rules:\n- id: relu-relu\n  doc: Relu of a Relu is one Relu.\n"
+            "  match:\n    r: Relu(X)\n    Y: Relu(r)\n  rewrite:\n    Y: Relu(X)\n", required=True),
     ], unknown="unknown key {key!r} at top level", missing="pattern file has no {key!r} list")
 
 

@@ -30,6 +30,7 @@ class Collector:
         # make their rule unavailable (Rule.unavailable), so an older supported version still loads the rest
         self.builtin = builtin
         self.missing_ops: list[str] = []
+        self.subpatterns: dict = {}  # the file's named sub-patterns (subpatterns.py), which its match lines call
 
     def span(self, node: yaml.Node, content: bool = False) -> Span:
         m = node.start_mark

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import json
 import os
 import shutil
 import sys
@@ -64,6 +65,18 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 @functools.cache
+def _subpattern_texts() -> dict[str, str]:
+    """built-in file stem -> its `patterns:` entries (named sub-patterns), as YAML lines under `patterns:`."""
+    out: dict[str, str] = {}
+    for name in sorted(os.listdir(PATTERNS)):
+        if name.endswith((".yaml", ".yml")):
+            data = yaml.safe_load(open(os.path.join(PATTERNS, name), encoding="utf-8"))
+            out[os.path.splitext(name)[0]] = "".join(f"  {k}: {json.dumps(v)}\n"
+                                                     for k, v in (data.get("patterns") or {}).items())
+    return out
+
+
+@functools.cache
 def _rule_texts() -> dict[str, tuple[str, str]]:
     """rule id -> (built-in file stem, the rule's YAML text as a one-item list)."""
     out: dict[str, tuple[str, str]] = {}
@@ -99,7 +112,7 @@ def rule_file(*ids: str) -> str:
     texts = _rule_texts()
     missing = [i for i in ids if i not in texts]
     assert not missing, f"no built-in rule {missing}"
-    text = "rules:\n" + "\n".join(texts[i][1] for i in ids)
+    text = _with_subpatterns(ids) + "rules:\n" + "\n".join(texts[i][1] for i in ids)
     parsed = parse_text(text, "cut.yaml")
     assert [r.id for r in parsed] == list(ids), "cutting the rules out of their files went wrong"
     path = os.path.join(_TMP, "-".join(ids)[:150] + ".yaml")
@@ -110,7 +123,14 @@ def rule_file(*ids: str) -> str:
 
 @functools.cache
 def rule(rule_id: str):
-    return parse_text("rules:\n" + _rule_texts()[rule_id][1], f"{rule_id}.yaml", builtin=True)[0]
+    return parse_text(_with_subpatterns([rule_id]) + "rules:\n" + _rule_texts()[rule_id][1], f"{rule_id}.yaml",
+                      builtin=True)[0]
+
+
+def _with_subpatterns(ids) -> str:
+    """The `patterns:` block of the files the rules `ids` come from (the sub-patterns they call), or ''."""
+    subs = "".join(dict.fromkeys(_subpattern_texts()[_rule_texts()[i][0]] for i in ids))
+    return "patterns:\n" + subs if subs else ""
 
 
 # ----- running ------------------------------------------------------------------------------------------------
