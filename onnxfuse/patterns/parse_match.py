@@ -57,18 +57,10 @@ def parse_match(node: yaml.Node, c: Collector
             c.error(c.span(kn), f"match line {key!r} repeats a name")
             continue
         name = names[0]
-        text = string_node(vn, c, f"match line {name!r}")
-        if text is None:
+        parsed = _match_expr(vn, c, f"match line {name!r}", set(names) | set(lines))
+        if parsed is None:
             continue
-        span = c.span(vn, content=True)
-        try:
-            expr = expand(parse_expr(text), c.subpatterns)
-            _check_calls(expr, c, span, match_side=True)
-        except SyntaxProblem as e:
-            c.error(span.shifted(e.offset), e.message, e.hint)
-            continue
-        if not _check_concepts(expr, c, span, set(names) | set(lines)):
-            continue
+        expr, span = parsed
         if isinstance(expr, Ref) or (isinstance(expr, Alt) and any(isinstance(o, Ref) for o in expr.options)):
             c.error(span, f"match line {name!r} must be an operator call (or alternatives of calls)",
                     "a line names a node; values entering the match need no line")
@@ -99,23 +91,31 @@ def parse_subpatterns(node: yaml.Node, c: Collector) -> None:
         if name in CONCEPT_NAMES or name in c.subpatterns or len(set(params)) != len(params):
             c.error(c.span(kn), f"sub-pattern {name!r} is defined twice, is a concept's name, or repeats a parameter")
             continue
-        text = string_node(vn, c, f"sub-pattern {name!r}")
-        if text is None:
+        parsed = _match_expr(vn, c, f"sub-pattern {name!r}", set())
+        if parsed is None:
             continue
-        span = c.span(vn, content=True)
-        try:
-            body = expand(parse_expr(text), c.subpatterns)
-            _check_calls(body, c, span, match_side=True)
-        except SyntaxProblem as e:
-            c.error(span.shifted(e.offset), e.message, e.hint)
-            continue
-        if not _check_concepts(body, c, span, set()):
-            continue
+        body, span = parsed
         unused = [p for p in params if p not in {r.name for r in iter_refs(body)}]
         if unused:
             c.error(c.span(kn), f"sub-pattern {name!r} does not use its parameter {unused[0]!r}")
             continue
         c.subpatterns[name] = SubPattern(name, params, body, span)
+
+
+def _match_expr(vn: yaml.Node, c: Collector, what: str, line_names: set[str]) -> tuple[Expr, Span] | None:
+    """A match expression (a line's, a sub-pattern's) with the sub-patterns it calls expanded and its operators
+    and concepts checked, and where it starts; None (the error said) where it does not parse."""
+    text = string_node(vn, c, what)
+    if text is None:
+        return None
+    span = c.span(vn, content=True)
+    try:
+        expr = expand(parse_expr(text), c.subpatterns)
+        _check_calls(expr, c, span, match_side=True)
+    except SyntaxProblem as e:
+        c.error(span.shifted(e.offset), e.message, e.hint)
+        return None
+    return (expr, span) if _check_concepts(expr, c, span, line_names) else None
 
 
 def _check_concepts(expr: Expr, c: Collector, span: Span, line_names: set[str]) -> bool:
