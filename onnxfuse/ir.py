@@ -38,6 +38,9 @@ def min_ir_version(imports: Iterable[onnx.OperatorSetIdProto]) -> int:
     return max(3, onnx.helper.find_min_ir_version_for(norm, ignore_unknown=True))
 
 
+
+KEEP_BYTES = 1 << 20  # constants up to this size stay in a model's value cache once read (const_value)
+
 class Node:
     """One node of a graph. `proto` is the NodeProto; `seq` orders nodes for a stable topological sort."""
 
@@ -271,7 +274,9 @@ class Graph:
 
     def const_value(self, name: str, keep: bool = True) -> np.ndarray | None:
         """The value of a constant, read lazily (external data included); None when not constant. `keep=False`:
-        not kept in the model's cache (a big weight read once, for a look, is not held for the whole run)."""
+        not kept in the model's cache (a big weight read once, for a look, is not held for the whole run); a value
+        over KEEP_BYTES is never kept: read again where needed (a 12-layer BERT's projection weights, read once to
+        be packed into Attention's, held 0.3 GB per rebuild of the model)."""
         owner = self._owner(name) if name else self
         if owner is not self:
             return owner.const_value(name, keep)
@@ -289,7 +294,7 @@ class Graph:
             value = self.model.tensor_to_array(t)
         else:
             value = constant_node_value(self.producer[source].proto)
-        if keep:
+        if keep and value.nbytes <= KEEP_BYTES:
             cache[key] = value
         return value
 
