@@ -426,6 +426,10 @@ def test_rules_shadowed_by_a_dropped_region_are_timed_in_a_second_pass(tmp_path,
     rows = {g.group: g for g in r.measure.groups if g.source == "timed"}
     assert rows["com.microsoft.FusedMatMul"].kept
     assert any(not g.kept for name, g in rows.items() if "Attention" in name)
+    # an op measured slower is not timed again on the same nodes under another rule's name, in any later pass:
+    # Attention once (self-attention), MultiHeadAttention once (cross-attention, not also the heads rules)
+    assert {tuple(g.rules) for g in r.measure.groups if "Attention" in g.group} == {("self-attention",),
+                                                                                     ("cross-attention",)}
     ops = [n.op_type for n in onnx.load(str(tmp_path / "out.onnx")).graph.node]
     assert ops.count("FusedMatMul") == r.fired["matmul-scale"] and "Attention" not in ops
 

@@ -87,6 +87,7 @@ class _Selection:
         self.decisions: dict[str, Decision] = {}
         self.fingerprint = ""
         self.built: tuple[frozenset[Key], Rewritten] | None = None  # the last rebuild: its kept rewrites, model
+        self.other_spellings: set[Key] = set()  # denied in every later pass (_same_ops_there)
 
     def build(self, kept: set[Key], deny_unmeasured: bool = True) -> Rewritten:
         """The model with `kept` and none of the other rewrites found (one rebuild per distinct selection)."""
@@ -108,9 +109,9 @@ class _Selection:
 
     def _same_ops_there(self, dropped: set[Key], made: dict[Key, object], outputs_of: dict[str, tuple]) -> set[Key]:
         """Keys of the other spellings of what was dropped: every rule that makes a fused op a dropped rewrite made,
-        rooted on a node that rewrite replaced. The op measured no faster there, so the next pass does not time it
-        again under another rule's name (self-attention dropped: not cross-attention nor a MultiHeadAttention
-        rule on the same block), and what they shadowed gets the pass (its scores' FusedMatMul)."""
+        rooted on a node that rewrite replaced. The op measured no faster there, so no later pass times it again
+        under another rule's name (MultiHeadAttention dropped from cross-attention: not the heads rules' on the
+        same block), and what they shadowed gets the pass (its scores' FusedMatMul)."""
         out: set[Key] = set()
         for key in dropped:
             a = made.get(key)
@@ -165,8 +166,8 @@ class _Selection:
             with phase("rebuild"):
                 state.__dict__.pop("proto", None)  # the full rewrite's export is re-made if it is written
                 self.built = None  # the previous pass's candidate goes before the next is built (peak memory)
-                candidate = run.build(self.kept, dropped | self._same_ops_there(dropped, made, outputs_of),
-                                      deny_unmeasured=last)
+                self.other_spellings |= self._same_ops_there(dropped, made, outputs_of)
+                candidate = run.build(self.kept, dropped | self.other_spellings, deny_unmeasured=last)
                 self.built = frozenset(self.kept), candidate
             new = {a.key for a in candidate.eng.applications if a.rule in self.rule_ids} - self.kept
             if not new or last:
