@@ -20,7 +20,7 @@ from onnxfuse.inspect.summary import fit, fit_list
 
 ROOT = Path(__file__).resolve().parents[1]
 VERDICTS = ("faster:", "slower:", "no significant change:", "within noise", "no faster selection",
-            "not measured", "not timed")
+            "not measured", "not timed", "nothing rewritten")
 
 
 def _pty_run(argv: list[str], cols: int, env: dict[str, str]) -> str:
@@ -177,3 +177,20 @@ def test_profile_answers_in_a_screen(cli, monkeypatch):
     assert lines[1].startswith("  ") and " ms a run; GEMM-bound limit " in lines[1]
     assert lines[2].startswith("  most time: Conv ")
     assert len(lines) <= 15 and all(len(line) <= 80 for line in lines), lines
+
+
+def test_a_model_with_nothing_to_rewrite_says_the_output_is_the_input(cli, tmp_path):
+    """No rule fires: no timing to report (a ratio of the input against itself is noise, not a verdict)."""
+    import onnx.helper as oh
+    from onnx import TensorProto
+
+    g = oh.make_graph([oh.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+                      [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                      [oh.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])])
+    path = tmp_path / "relu.onnx"
+    onnx_model = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+    onnx_model.ir_version = 8
+    path.write_bytes(onnx_model.SerializeToString())
+    code, stdout, _ = cli("optimize", path, tmp_path / "out.onnx", measure=True, details=False)
+    assert code == 0
+    assert stdout.splitlines()[1].startswith("nothing rewritten: the output is the input; ")

@@ -298,12 +298,14 @@ def _batch_line(d: dict) -> str:
 def _short_batch_line(d: dict, width: int) -> str:
     """One model of a batch in one line of the terminal's width: the verdict, nodes, validation, seconds (the
     rest is --details and --json)."""
-    from ..inspect.summary import fit, short_path, validation_word
+    from ..inspect.summary import fit, short_path, short_word, validation_word
 
     m = d.get("measure")
     r = m and m.get("final_ratio")
-    verdict = (f"{m.get('final_verdict')} {r['median']:.3f}x" if r else "measured: no whole-model ratio" if m
-               else "not measured")
+    verdict = ("no faster selection: the output is the input" if m and m.get("dropped_everything")
+               and not d.get("applications") else f"{short_word(m.get('final_verdict') or '')} {r['median']:.3f}x"
+               if r else "measured: no whole-model ratio" if m else "not measured" if d.get("applications")
+               else "nothing rewritten")
     tail = (f": {verdict}, nodes {d['nodes_before']} -> {d['nodes_after']}, "
             f"{validation_word(d['validation']['status'], short=True)}, {d['seconds']:.1f} s")
     return fit(short_path(os.path.basename(d["input"]), max(12, width - len(tail))) + tail, width)

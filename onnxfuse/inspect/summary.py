@@ -64,12 +64,16 @@ def _verdict(r: Result) -> str:
     """The answer: how the output's time compares with the input's, and whether it is validated."""
     valid = validation_word(r.validation)
     m = r.measure
+    if m is None and not r.applications:
+        return f"nothing rewritten: the output is the input; {valid}"
     if m is None:
         return f"not measured (--no-measure): every validated rewrite kept; {valid}"
     if m.final is None:
         return f"not timed ({m.note or m.confirmed or 'nothing to time'}); {valid}"
+    if m.dropped_everything and not r.applications:  # the timing compared the input with itself: noise
+        return f"no faster selection found: the output is the input; {valid}"
     if m.dropped_everything:
-        return f"no faster selection found: {m.final.median:.3f}x the input's time; {valid}"
+        return f"no faster selection found: exact rewrites only, {m.final.median:.3f}x the input's time; {valid}"
     return (f"{short_word(m.final.final_word(m.floor))}: {m.final.median:.3f}x the input's time "
             f"[{m.final.low:.3f}, {m.final.high:.3f}]; {valid}")
 
