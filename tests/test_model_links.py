@@ -72,12 +72,17 @@ def _hub(real: str, cache) -> str:
     return os.path.join(snap, "model.onnx")
 
 
-def _file_link(real: str, folder) -> str:
-    """Each file of the model linked, by an absolute link, into a project folder."""
+def _each_file(real: str, folder, link) -> str:
+    """Each file of the model's folder made in `folder` by `link(source, destination)`."""
     os.makedirs(folder)
     for f in os.listdir(os.path.dirname(real)):
-        os.symlink(os.path.join(os.path.dirname(real), f), os.path.join(folder, f))
+        link(os.path.join(os.path.dirname(real), f), os.path.join(folder, f))
     return os.path.join(folder, "model.onnx")
+
+
+def _file_link(real: str, folder) -> str:
+    """Each file of the model linked, by an absolute link, into a project folder."""
+    return _each_file(real, folder, os.symlink)
 
 
 def _folder_link(real: str, folder) -> str:
@@ -86,10 +91,7 @@ def _folder_link(real: str, folder) -> str:
 
 
 def _hard_links(real: str, folder) -> str:
-    os.makedirs(folder)
-    for f in os.listdir(os.path.dirname(real)):
-        os.link(os.path.join(os.path.dirname(real), f), os.path.join(folder, f))
-    return os.path.join(folder, "model.onnx")
+    return _each_file(real, folder, os.link)
 
 
 @pytest.mark.parametrize("make", [_embedded, _external], ids=["weights-read-lazily", "external-data"])
