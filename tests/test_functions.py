@@ -157,15 +157,27 @@ USER_RULE = """rules:
 def test_a_users_rule_on_the_function_concept(tmp_path):
     from onnxfuse import OptimizeOptions, optimize
 
-    # silu spelled x / (1 + exp(-x)): no Sigmoid at all
-    nodes = [oh.make_node("Neg", ["x"], ["nx"]), oh.make_node("Exp", ["nx"], ["e"]),
-             oh.make_node("Add", ["one", "e"], ["d"]), oh.make_node("Div", ["x", "d"], ["y"])]
-    m = make_model(nodes, [("x", [2, K])], [("y", [2, K])], {"one": np.float32(1)})
+    # silu spelled x * 0.5 * (1 + tanh(x / 2)): exact, but with neither Sigmoid nor Exp, the ops `needs` names (the
+    # cheap filter says why)
+    nodes = [oh.make_node("Mul", ["x", "half"], ["h"]), oh.make_node("Tanh", ["h"], ["t"]),
+             oh.make_node("Add", ["one", "t"], ["p"]), oh.make_node("Mul", ["h", "p"], ["y"])]
+    m = make_model(nodes, [("x", [2, K])], [("y", [2, K])], {"one": np.float32(1), "half": np.float32(0.5)})
     src, out, pat = tmp_path / "in.onnx", tmp_path / "out.onnx", tmp_path / "p.yaml"
     onnx.save(m, str(src))
     pat.write_text(USER_RULE)
     r = optimize(str(src), str(out), OptimizeOptions(patterns=[str(pat)], builtin=False, measure=False))
-    assert r.fired == {}  # Sigmoid is in `needs`: a silu without one is not proved (the cheap filter says why)
+    assert r.fired == {}
+    from onnxfuse import rules_from_yaml
+    from onnxfuse.rewrite.engine import near_misses
+
+    why = [m.reason for m in near_misses(Model(onnx.shape_inference.infer_shapes(m), "."), rules_from_yaml(USER_RULE), "cpu", min_progress=0)]
+    assert any("no Exp or Sigmoid on the way to 'y'" in w for w in why), why
+    # x / (1 + exp(-x)): no Sigmoid, but Exp
+    nodes = [oh.make_node("Neg", ["x"], ["nx"]), oh.make_node("Exp", ["nx"], ["e"]),
+             oh.make_node("Add", ["one", "e"], ["d"]), oh.make_node("Div", ["x", "d"], ["y"])]
+    onnx.save(make_model(nodes, [("x", [2, K])], [("y", [2, K])], {"one": np.float32(1)}), str(src))
+    r = optimize(str(src), str(out), OptimizeOptions(patterns=[str(pat)], builtin=False, measure=False))
+    assert r.fired == {"my-silu": 1}
     nodes = [oh.make_node("Sigmoid", ["x"], ["s"]), oh.make_node("Mul", ["s", "x"], ["y"])]
     onnx.save(make_model(nodes, [("x", [2, K])], [("y", [2, K])], {}), str(src))
     r = optimize(str(src), str(out), OptimizeOptions(patterns=[str(pat)], builtin=False, measure=False))

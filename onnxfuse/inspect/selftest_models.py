@@ -15,6 +15,7 @@ from onnx import numpy_helper
 
 from ..ir import make_model
 from ..opschema import op_spec
+from ..patterns.functions import FUNCTIONS
 from ..patterns.rules import Rule
 from ..patterns.syntax import Alt, Call, Concept, Expr, Ref
 
@@ -108,12 +109,16 @@ SPELLINGS: dict[str, list[tuple[str, str, list, dict]]] = {
                   ("j", "Mul", ["i", 0.7978845608], {}), ("t", "Tanh", ["j"], {}), ("p", "Add", ["t", 1.0], {}),
                   ("h", "Mul", ["x", 0.5], {}), ("y", "Mul", ["h", "p"], {})],
     "silu": [("s", "Sigmoid", ["x"], {}), ("y", "Mul", ["x", "s"], {})],
+    "hardsigmoid": [("a", "Add", ["x", 3.0], {}), ("c", "Clip", ["a", 0.0, 6.0], {}), ("y", "Div", ["c", 6.0], {})],
+    "hardswish": [("a", "Add", ["x", 3.0], {}), ("r", "Relu", ["a"], {}), ("c", "Min", ["r", 6.0], {}),
+                  ("m", "Mul", ["x", "c"], {}), ("y", "Div", ["m", 6.0], {})],
     "layernorm": [("m", "ReduceMean", ["x"], _MEAN), ("d", "Sub", ["x", "m"], {}), ("q", "Pow", ["d", 2.0], {}),
                   ("v", "ReduceMean", ["q"], _MEAN), ("e", "Add", ["v", 1e-5], {}), ("r", "Sqrt", ["e"], {}),
                   ("y", "Div", ["d", "r"], {})],
     "rmsnorm": [("q", "Pow", ["x", 2.0], {}), ("v", "ReduceMean", ["q"], _MEAN), ("e", "Add", ["v", 1e-5], {}),
                 ("r", "Sqrt", ["e"], {}), ("y", "Div", ["x", "r"], {})],
 }
+assert set(SPELLINGS) == set(FUNCTIONS), "each function of the language has a spelling here"
 
 
 @dataclass

@@ -50,6 +50,8 @@ REFERENCES: dict[str, Callable[[np.ndarray, float], np.ndarray]] = {
     "gelu": lambda x, e: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),
     "gelu_tanh": lambda x, e: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3))),
     "silu": lambda x, e: x * _sigmoid(x),
+    "hardsigmoid": lambda x, e: np.clip(x + 3.0, 0.0, 6.0) / 6.0,
+    "hardswish": lambda x, e: x * np.clip(x + 3.0, 0.0, 6.0) / 6.0,
     "layernorm": _layernorm,
     "rmsnorm": _rmsnorm,
 }

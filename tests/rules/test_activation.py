@@ -179,9 +179,55 @@ def test_silu_fires(swap):
 
 
 @pytest.mark.parametrize(("kw", "reason"), [
-    ({"other": True}, "X must be the same value in both places"),
+    ({"other": True}, "computes 'silu': it also reads 'x', which is not a constant"),
     ({"extra_reader": True}, "consumer(s) outside the match (Neg 'probe')"),
     ({"dtype": TensorProto.DOUBLE}, "X has dtype double, rule allows float, float16"),
 ])
 def test_silu_near_misses(kw, reason):
     check_misses(_sigmoid_gate(**kw), "silu", reason)
+
+
+def _x_over(ops: list[tuple[str, list[str]]], consts: dict[str, float], dtype=np.float32, opset: int = 13,
+            attrs: dict[str, dict] | None = None):
+    """A chain of `ops` ((op, inputs) each, the last one's output `y`, the others' t0, t1, ...) reading x."""
+    nodes = []
+    for i, (op, ins) in enumerate(ops):
+        out = "y" if i == len(ops) - 1 else f"t{i}"
+        nodes.append(oh.make_node(op, ins, [out], name=f"n{i}_{op}", **(attrs or {}).get(out, {})))
+    et = oh.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    return make_model(nodes, [("x", [2, 8], et)], [("y", [2, 8], et)],
+                      {k: np.array(v, dtype) for k, v in consts.items()}, opset=opset)
+
+
+LINSPACE = {"x": np.linspace(-5, 5, 16, dtype=np.float32).reshape(2, 8)}
+
+
+def test_hardswish_decomposed_in_other_spellings():
+    # relu6 as Min(Max(x + 3, 0), 6), then * (1/6) before the gate: a spelling no rule lists
+    m = _x_over([("Add", ["x", "c3"]), ("Max", ["t0", "c0"]), ("Min", ["t1", "c6"]), ("Mul", ["t2", "k6"]),
+                 ("Mul", ["t3", "x"])], {"c3": 3.0, "c0": 0.0, "c6": 6.0, "k6": SIXTH})
+    check_fires(m, "hardswish-decomposed", ["HardSigmoid", "Mul"], feeds=LINSPACE)
+    # Clip with its bounds as attributes (opset 6-10) and Relu before it
+    m = _x_over([("Add", ["c3", "x"]), ("Relu", ["t0"]), ("Clip", ["t1"]), ("Mul", ["x", "t2"]), ("Div", ["t3", "d6"])],
+                {"c3": 3.0, "d6": 6.0}, opset=10, attrs={"t2": {"min": 0.0, "max": 6.0}})
+    check_fires(m, "hardswish-decomposed", ["HardSigmoid", "Mul"], feeds=LINSPACE)
+
+
+def test_hardsigmoid_decomposed_in_another_spelling():
+    # relu6(x + 3) / 6 as Min(Relu(x + 3) / 6, 1)
+    m = _x_over([("Add", ["x", "c3"]), ("Relu", ["t0"]), ("Div", ["t1", "d6"]), ("Min", ["t2", "c1"])],
+                {"c3": 3.0, "d6": 6.0, "c1": 1.0})
+    check_fires(m, "hardsigmoid-decomposed", ["HardSigmoid"], feeds=LINSPACE)
+    # not relu6: clipped at 5
+    check_misses(_x_over([("Add", ["x", "c3"]), ("Clip", ["t0", "c0", "c5"]), ("Div", ["t1", "d6"])],
+                         {"c3": 3.0, "c0": 0.0, "c5": 5.0, "d6": 6.0}), "hardsigmoid-decomposed",
+                 "computes 'hardsigmoid': the ops from 'x' compute something else")
+
+
+def test_silu_as_x_over_one_plus_exp():
+    m = _x_over([("Neg", ["x"]), ("Exp", ["t0"]), ("Add", ["t1", "one"]), ("Div", ["x", "t2"])], {"one": 1.0})
+    got = check_fires(m, "silu", ["com.microsoft.QuickGelu"], feeds=LINSPACE)
+    assert got.graph.node[0].attribute[0].f == 1.0
+    # x / (1 + exp(x)) is not silu
+    m = _x_over([("Exp", ["x"]), ("Add", ["t0", "one"]), ("Div", ["x", "t1"])], {"one": 1.0})
+    check_misses(m, "silu", "computes 'silu': the ops from 'x' compute something else")
