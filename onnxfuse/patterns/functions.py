@@ -14,26 +14,29 @@ __all__ = ["FUNCTIONS", "Function", "REGION_OPS"]
 @dataclass(frozen=True)
 class Function:
     """A function `computes(x, NAME)` proves: the ops one of which its region must have (a cheap first test),
-    whether it binds eps=, and its family (functions told apart by which one the region is nearer)."""
+    whether it binds eps=, its family (functions told apart by which one the region is nearer), and the nodes a
+    rule counts it as (for the order rules are tried in: about its usual spelling; silu and the hard activations
+    as many as the spelling rules they replaced had, so that the order stays as it was)."""
 
     name: str
     doc: str
     needs: frozenset[str]
+    size: int
     eps: bool = False
     family: str = ""
 
 
 FUNCTIONS: dict[str, Function] = {f.name: f for f in (
-    Function("gelu", "x * 0.5 * (1 + erf(x / sqrt(2)))", frozenset({"Erf"}), family="gelu"),
-    Function("gelu_tanh", "x * 0.5 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))", frozenset({"Tanh"}),
+    Function("gelu", "x * 0.5 * (1 + erf(x / sqrt(2)))", frozenset({"Erf"}), 5, family="gelu"),
+    Function("gelu_tanh", "x * 0.5 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))", frozenset({"Tanh"}), 5,
              family="gelu"),
-    Function("silu", "x * sigmoid(x)", frozenset({"Sigmoid", "Exp"})),
-    Function("hardsigmoid", "min(max(x + 3, 0), 6) / 6", frozenset({"Clip", "Relu", "Min", "Max"})),
-    Function("hardswish", "x * min(max(x + 3, 0), 6) / 6", frozenset({"Clip", "Relu", "Min", "Max"})),
+    Function("silu", "x * sigmoid(x)", frozenset({"Sigmoid", "Exp"}), 2),
+    Function("hardsigmoid", "min(max(x + 3, 0), 6) / 6", frozenset({"Clip", "Relu", "Min", "Max"}), 3),
+    Function("hardswish", "x * min(max(x + 3, 0), 6) / 6", frozenset({"Clip", "Relu", "Min", "Max"}), 4),
     Function("layernorm", "(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) over the last axis",
-             frozenset({"ReduceMean", "ReduceSum", "GlobalAveragePool"}), eps=True),
+             frozenset({"ReduceMean", "ReduceSum", "GlobalAveragePool"}), 5, eps=True),
     Function("rmsnorm", "x / sqrt(mean(x^2) + eps) over the last axis",
-             frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "GlobalAveragePool"}), eps=True),
+             frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "GlobalAveragePool"}), 5, eps=True),
 )}
 
 # The ops a region may consist of (elementwise, casts, axis insertion and removal, reductions): the matcher runs

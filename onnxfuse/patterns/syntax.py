@@ -273,13 +273,13 @@ def iter_refs(expr: Expr):
 
 def max_calls(expr: Expr) -> int:
     """Nodes in the largest alternative: the rule's size for ordering (a concept counts as its argument and
-    the two nodes of its usual spelling)."""
+    the nodes of its usual spelling: a function's own number of them, two for the others)."""
     if isinstance(expr, Ref):
         return 0
     if isinstance(expr, Alt):
         return max(max_calls(o) for o in expr.options)
-    if isinstance(expr, Concept):  # (a function's region: the size of its usual spelling)
-        return (5 if expr.name == "computes" else 2) + max_calls(expr.arg)
+    if isinstance(expr, Concept):
+        return (FUNCTIONS[expr.function].size if expr.function else 2) + max_calls(expr.arg)
     return 1 + sum(max_calls(a) for a in expr.args)
 
 
