@@ -10,8 +10,8 @@ import numpy as np
 import onnx.helper as oh
 from conftest import make_model, save
 
-# Two rules that get part way into the same x * 0.5 * (1 + erf(x / 1.3)): one usable at opset 17 (3 of its 5
-# nodes), one declared from opset 23 only (2 of its 2), and one that gets 2 of its 5 nodes.
+# Rules that get part way into the same x * 0.5 * (1 + erf(x / 1.3)): one usable at opset 17 (all of its 5 nodes,
+# refused on a constant), one that finds Erf where it needs Tanh, and one declared from opset 23 only (2 of its 2).
 RULES = """rules:
 - id: far-gelu
   match:
@@ -22,6 +22,13 @@ RULES = """rules:
     ONE: {const: 7.0}
   rewrite:
     Y: com.microsoft.Gelu(X)
+- id: tanh-not-erf
+  match:
+    Y: Mul(Mul(X, HALF), Add(Tanh(X), ONE))
+  where:
+    HALF: {const: 0.5}
+  rewrite:
+    Y: com.microsoft.FastGelu(X)
 - id: late-rule
   opset: {min: 23}
   match:

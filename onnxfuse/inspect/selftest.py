@@ -307,15 +307,34 @@ def check_rule(rule: Rule, dtypes: list[int] | None = None) -> RuleReport:
         rep.problems.append("the rule can never be used: " + "; ".join(f"{t}: {why}" for t, why in unusable.items()))
         return rep
     claimed = claimed_dtypes(rule)
+    covered: set[tuple[int, int]] = set()
     for elem in dtypes or claimed:
-        first_ok = _check_dtype(rule, elem, elem != claimed[0], rep)
+        first_ok = _check_dtype(rule, elem, elem != claimed[0], rep, covered)
         if elem == claimed[0] and first_ok is not None:
             _test_mutants(rule, first_ok, rep)
+    # an alternative valid in one dtype only (a float16 model's Casts to float32 and back) is covered by that one,
+    # checked in full there (in a report of its own: this one is about `dtypes`)
+    for elem in (e for e in claimed if e not in (dtypes or claimed)):
+        if _uncovered(rule, covered):
+            _check_dtype(rule, elem, True, RuleReport(rule.id), covered, only={(li, oi) for li, _, oi in
+                                                                               _uncovered(rule, covered)})
+    for _, name, oi in _uncovered(rule, covered):
+        rep.problems.append(f"line {name!r} alternative #{oi + 1}: no valid model could be built at "
+                            f"opsets {rule_opsets(rule)} (add an 'example' with input shapes)")
     return rep
 
 
-def _check_dtype(rule: Rule, elem: int, tagged: bool, rep: RuleReport) -> dict[str, Expr] | None:
-    """Every instance built in `elem`. Returns the first instance that passed unswapped (for the mutants)."""
+def _uncovered(rule: Rule, covered: set[tuple[int, int]]) -> list[tuple[int, str, int]]:
+    """(line index, line name, alternative index) of each alternative no valid model covered."""
+    return [(li, name, oi) for li, name in enumerate(rule.line_names())
+            for oi in range(len(expand(rule.lines[name]))) if (li, oi) not in covered]
+
+
+def _check_dtype(rule: Rule, elem: int, tagged: bool, rep: RuleReport, covered_any: set[tuple[int, int]],
+                 only: set[tuple[int, int]] | None = None) -> dict[str, Expr] | None:
+    """Every instance built in `elem` (with `only`, those holding one of these (line, alternative) pairs); the
+    pairs a valid model covered join `covered_any`. Returns the first instance that passed unswapped (for the
+    mutants)."""
     res = DtypeReport(dtype_label(elem))
     rep.dtypes.append(res)
     tag = f"[{res.dtype}] " if tagged else ""
@@ -325,6 +344,8 @@ def _check_dtype(rule: Rule, elem: int, tagged: bool, rep: RuleReport) -> dict[s
     for k, (inst, choice) in enumerate(itertools.chain(picked, _covering(rule, covered))):
         if k >= len(picked) and all(pair in covered for pair in enumerate(choice)):
             continue  # a further combination only for an alternative still uncovered
+        if only is not None and not only.intersection(enumerate(choice)) - covered:
+            continue
         for swap, with_opt in ((False, True), (True, False)):
             concrete = {n: swap_operands(e) for n, e in inst.items()} if swap else inst
             built = _valid_build(rule, concrete, with_opt, Mutation(dtype=elem), keep_unrunnable=tagged)
@@ -344,11 +365,7 @@ def _check_dtype(rule: Rule, elem: int, tagged: bool, rep: RuleReport) -> dict[s
             res.reference = res.reference or _reference_note(model, elem)
             if first_ok is None and not swap:
                 first_ok = concrete
-    for li, name in enumerate(rule.line_names()):
-        for oi in range(len(expand(rule.lines[name]))):
-            if (li, oi) not in covered:
-                rep.problems.append(f"{tag}line {name!r} alternative #{oi + 1}: no valid model could be built at "
-                                    f"opsets {rule_opsets(rule)} (add an 'example' with input shapes)")
+    covered_any |= covered
     return first_ok
 
 

@@ -281,8 +281,8 @@ class Matcher:
         if node is None:
             self._fail(b, value, f"{value!r} is a graph input or constant, expected {call.qualified}")
             return
-        if node.op_type != call.op or node.domain != call.domain:
-            self._fail(b, node.name, f"found {node.op_type}, expected {call.qualified}")
+        if node.op_type != call.op or node.domain != call.domain:  # weak: another alternative's reason on the op
+            self._fail(b, node.name, f"found {node.op_type}, expected {call.qualified}", weak=True)  # says more
             return
         if node in b.matched:
             self._fail(b, node.name, f"{node.op_type} is already part of this match")

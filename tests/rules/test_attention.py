@@ -59,8 +59,9 @@ def _heads(nodes, inits, src, kt="ts", prefix="", qs=(0, 0, N, D), kv_len=S):
     return f"{p}qh", f"{p}kt", f"{p}vh"
 
 
-def _sdpa(nodes, inits, qh, kt, vh, scale="div", mask=None, guard=False, softmax_axis=-1):
-    """scores, optional additive mask, Softmax, optional NaN guard, .V -> 'o' [b, N, s, D]."""
+def _sdpa(nodes, inits, qh, kt, vh, scale="div", mask=None, guard=False, softmax_axis=-1, upcast=False):
+    """scores, optional additive mask, Softmax (`upcast`: taken in float32 between Casts, for a float16 model),
+    optional NaN guard, .V -> 'o' [b, N, s, D]."""
     if scale == "div":
         inits["cd"] = np.float32(np.sqrt(D))
         nodes += [oh.make_node("MatMul", [qh, kt], ["qk"], name="qk"), oh.make_node("Div", ["qk", "cd"], ["sc"], name="sc")]
@@ -80,7 +81,12 @@ def _sdpa(nodes, inits, qh, kt, vh, scale="div", mask=None, guard=False, softmax
     if mask is not None:
         nodes.append(oh.make_node("Add", ["sc", mask], ["scm"], name="masked"))
         s_in = "scm"
-    nodes.append(oh.make_node("Softmax", [s_in], ["p"], axis=softmax_axis, name="softmax"))
+    if upcast:  # Hugging Face decoders: softmax(scores, dtype=torch.float32).to(torch.float16)
+        nodes += [oh.make_node("Cast", [s_in], ["s32"], to=TensorProto.FLOAT, name="up"),
+                  oh.make_node("Softmax", ["s32"], ["p32"], axis=softmax_axis, name="softmax"),
+                  oh.make_node("Cast", ["p32"], ["p"], to=TensorProto.FLOAT16, name="down")]
+    else:
+        nodes.append(oh.make_node("Softmax", [s_in], ["p"], axis=softmax_axis, name="softmax"))
     pv = "p"
     if guard:
         inits["zero"] = np.float32(0)
@@ -104,7 +110,7 @@ def _merge(nodes, inits, out="y", rank=3, inner_reshape=False, os=None):
 
 def _self_attention(kt="ts", scale="div", mask=(B, 1, S, S), guard=False, rank=3, inner_reshape=False,
                     bias_input=False, cross=False, softmax_axis=-1, probs_out=False, dtype=TensorProto.FLOAT,
-                    no_bias=False, q_scale=None, k_bias=True):
+                    no_bias=False, q_scale=None, k_bias=True, upcast=False):
     nodes, inits = [], {"wq": WQ, "wk": WK, "wv": WV}
     inputs = [("x", [B, S, E], dtype)]
     for n, b in (("q", BQ), ("k", BK), ("v", BV)):
@@ -130,8 +136,10 @@ def _self_attention(kt="ts", scale="div", mask=(B, 1, S, S), guard=False, rank=3
     if mask is not None:
         inputs.append(("m", list(mask), dtype))
     qh, kt_, vh = _heads(nodes, inits, {"q": "q", "k": "k", "v": "v"}, kt)
-    _sdpa(nodes, inits, qh, kt_, vh, scale, "m" if mask is not None else None, guard, softmax_axis)
+    _sdpa(nodes, inits, qh, kt_, vh, scale, "m" if mask is not None else None, guard, softmax_axis, upcast)
     _merge(nodes, inits, rank=rank, inner_reshape=inner_reshape)
+    if dtype == TensorProto.FLOAT16:
+        inits = {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in inits.items()}
     outputs = [("y", [B, S, H] if rank == 3 else [B * S, H], dtype)]
     if probs_out:
         outputs.append(("p", [B, N, S, S], dtype))
@@ -171,6 +179,18 @@ def test_self_attention_fires(kt, scale, mask, guard, rank, inner):
     fill = inits[got.graph.node[2].input[1]]
     assert (fill == 0) if guard else np.isnan(fill)  # the guard's value, or NaN (a no-op) where there was none
     assert list(inits[got.graph.node[3].input[1]]) == ([0, 0, H] if rank == 3 else [-1, H])
+
+
+@pytest.mark.parametrize("guard", [False, True])
+def test_self_attention_fires_in_float16_with_softmax_taken_in_float32(guard):
+    """A float16 model whose Softmax runs in float32 between Casts (Hugging Face's softmax(..., dtype=float32)
+    .to(float16)): the Casts are part of the attention. For CUDA (the CPU kernel takes float only); onnxruntime
+    runs the float16 Attention here in float32 between Casts it inserts, which checks the numbers."""
+    m = _self_attention(mask=None, guard=guard, dtype=TensorProto.FLOAT16, upcast=True)
+    feeds = {"x": RNG.standard_normal((B, S, E)).astype(np.float16)}
+    got = check_fires(m, "self-attention", FUSED, target="cuda", feeds=feeds, rtol=2e-2, atol=2e-2)
+    assert "Cast" not in op_types(got) and _attrs(got.graph.node[0])["num_heads"] == N
+    check_misses(m, "self-attention", "the CPU kernel for com.microsoft.Attention does not take float16", target="cpu")
 
 
 @pytest.mark.parametrize("guard", [False, True], ids=["unguarded", "guarded"])
