@@ -116,6 +116,7 @@ class Graph:
         self.nodes: list[Node] = []
         self.new_initializers: dict[str, onnx.TensorProto] = {}
         self.frozen = False  # kept verbatim: passes (model.graphs()) never visit it or its subgraphs
+        self.revision = 0  # counts the changes of nodes, edges and types (what caches of derived facts key on)
         for i, np_ in enumerate(proto.node):
             self._index(Node(np_, self, (i,)))
         model.names.update(self.initializers)
@@ -144,12 +145,14 @@ class Graph:
     def add_node(self, proto: onnx.NodeProto, seq: tuple[int, ...]) -> Node:
         node = Node(proto, self, seq)
         self._index(node)
+        self.revision += 1
         return node
 
     def remove_node(self, node: Node) -> None:
         if not node.alive:
             return
         node.alive = False
+        self.revision += 1
         for o in node.proto.output:
             if self.producer.get(o) is node:
                 del self.producer[o]
@@ -166,6 +169,7 @@ class Graph:
         if old == new:
             return
         node.proto.input[index] = new
+        self.revision += 1
         if old and old not in node.proto.input and old not in node.implicit_inputs:
             lst = self.consumers.get(old)
             if lst and node in lst:
@@ -300,6 +304,11 @@ class Graph:
 
     def fresh_name(self, base: str) -> str:
         return self.model.fresh_name(base)
+
+    def set_type(self, name: str, t: TensorType) -> None:
+        """The type (and shape) known for value `name`."""
+        self.types[name] = t
+        self.revision += 1
 
     def add_initializer(self, name: str, value: np.ndarray) -> str:
         name = self.fresh_name(name)

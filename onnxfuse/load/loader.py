@@ -327,7 +327,7 @@ def merge_types(g: Graph, src: onnx.GraphProto) -> None:
     for vi in list(src.value_info) + list(src.output) + list(src.input):
         t = type_from_proto(vi.type)
         if t is not None and (vi.name not in g.types or g.types[vi.name].shape is None):
-            g.types[vi.name] = t
+            g.set_type(vi.name, t)
     for node, src_node in zip(g.nodes, src.node, strict=False):
         for a in src_node.attribute:
             subs = node.subgraphs.get(a.name, [])

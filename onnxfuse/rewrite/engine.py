@@ -110,7 +110,7 @@ def run(model: Model, rules: list[Rule], options: EngineOptions) -> EngineResult
     for name, t in options.observed.items():
         known = model.graph.types.get(name)
         if known is None or known.shape is None:
-            model.graph.types[name] = t
+            model.graph.set_type(name, t)
     apps: list[Application] = fold(model, options.deny) if options.fold else []
     if options.fold and options.hot:
         apps.extend(specialize_hot_branches(model, options.hot, options.deny))

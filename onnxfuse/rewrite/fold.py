@@ -105,7 +105,7 @@ def _merge_better_types(g: Graph, src: onnx.GraphProto) -> bool:
         old = g.types.get(vi.name)
         if t is not None and t.shape is not None and (old is None or _static_dims(t) > _static_dims(old)):
             gained = gained or _static_dims(t) > max(_static_dims(old), 0)
-            g.types[vi.name] = t
+            g.set_type(vi.name, t)
     with_subgraphs = {n.outputs[0]: n for n in g.live_nodes() if n.subgraphs and n.outputs}
     for sn in src.node:
         node = with_subgraphs.get(sn.output[0]) if sn.output else None
