@@ -41,3 +41,31 @@ def test_a_broadcast_against_a_fact_of_one_keeps_the_guess():
     # the batch is the Conv's (a guess here), not the table's 1: the result is a guess, never batch 1 as a fact
     assert out is not None and out[1:] == (17, 64)
     assert "y" in it.guessed
+
+
+def test_a_layout_proof_is_proved_again_once_the_graph_changes():
+    """prove_layout is memoized while the graph is unchanged (Graph.revision); a rewrite changes the revision, and
+    the same question then gets the answer of the graph as it is."""
+    from onnxfuse.match.algebra import Unprovable, prove_layout
+    from onnxfuse.patterns.layouts import parse_layout
+
+    nodes = [oh.make_node("Reshape", ["x", "s4"], ["r"], name="split"),
+             oh.make_node("Transpose", ["r"], ["y"], perm=[0, 2, 1, 3], name="heads")]
+    inits = [onnx.numpy_helper.from_array(np.array([0, 0, 4, 8], np.int64), "s4")]
+    g_ = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 32])],
+                       [oh.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = Model(onnx.shape_inference.infer_shapes(oh.make_model(g_, opset_imports=[oh.make_opsetid("", 17)])), ".")
+    g = next(iter(m.graphs()))
+    heads = parse_layout("b s (n d) -> b n s d")
+    assert prove_layout(g, "x", "y", frozenset(), heads).atoms["n"] == 4
+    before = g.revision
+    transpose = g.producer["y"]  # the heads' Transpose becomes one that keeps the order
+    g.remove_node(transpose)
+    g.add_node(oh.make_node("Transpose", ["r"], ["y"], perm=[0, 1, 2, 3], name="kept"), transpose.seq)
+    assert g.revision > before
+    try:
+        prove_layout(g, "x", "y", frozenset(), heads)
+    except Unprovable as e:
+        assert "not arranged as" in str(e) or "do not fit" in str(e), e
+    else:
+        raise AssertionError("a stale proof was returned")
