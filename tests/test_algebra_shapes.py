@@ -1,4 +1,4 @@
-"""The shape interpreter behind the concepts (match/algebra.py): a dim shape inference made up is worked out from
+"""The shape interpreter behind the concepts (concepts/interpreter.py, concepts/layout_proof.py): a dim shape inference made up is worked out from
 its producer, and one it can only guess stays a guess, also through a broadcast against a fact of 1."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import onnx
 import onnx.helper as oh
 from onnx import TensorProto
 
+from onnxfuse.concepts.interpreter import Interpreter, Sizes, static_dims
 from onnxfuse.ir import Model
-from onnxfuse.match.algebra import Interpreter, Sizes, static_dims
 
 
 def _vit_embeddings() -> onnx.ModelProto:
@@ -46,8 +46,9 @@ def test_a_broadcast_against_a_fact_of_one_keeps_the_guess():
 def test_a_layout_proof_is_proved_again_once_the_graph_changes():
     """prove_layout is memoized while the graph is unchanged (Graph.revision); a rewrite changes the revision, and
     the same question then gets the answer of the graph as it is."""
-    from onnxfuse.match.algebra import Unprovable, prove_layout
-    from onnxfuse.patterns.layouts import parse_layout
+    from onnxfuse.concepts.layout_proof import prove_layout
+    from onnxfuse.concepts.layout_text import parse_layout
+    from onnxfuse.concepts.shape_ops import Unprovable
 
     nodes = [oh.make_node("Reshape", ["x", "s4"], ["r"], name="split"),
              oh.make_node("Transpose", ["r"], ["y"], perm=[0, 2, 1, 3], name="heads")]

@@ -1,4 +1,4 @@
-"""The layout, scalar and mask concepts (match/algebra.py, match/matcher.py): a chain of data movement is proved
+"""The layout, scalar and mask concepts (concepts/layout.py, concepts/masked.py and their proofs): a chain of data movement is proved
 to be a rearrangement whatever ops spell it, scalar factors fold (constants and shape arithmetic of static dims),
 every spelling of an additive mask is one mask, and a concept that does not parse is one error line with its
 column."""
@@ -13,9 +13,10 @@ import onnx.helper as oh
 import pytest
 from onnx import TensorProto, numpy_helper
 
+from onnxfuse.concepts.layout_proof import prove_layout, scalar_factor
+from onnxfuse.concepts.layout_text import LayoutError, parse_layout
+from onnxfuse.concepts.shape_ops import Unprovable
 from onnxfuse.ir import Model
-from onnxfuse.match.algebra import Unprovable, prove_layout, scalar_factor
-from onnxfuse.patterns.layouts import LayoutError, parse_layout
 
 
 def _graph(nodes, inits, out_shape=None):

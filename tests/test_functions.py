@@ -1,4 +1,4 @@
-"""The function concept (match/functions.py): `computes(x, "gelu" | "gelu_tanh" | "silu" | "layernorm" |
+"""The function concept (concepts/computes.py, concepts/function_regions.py): `computes(x, "gelu" | "gelu_tanh" | "silu" | "layernorm" |
 "rmsnorm")` is proved by running the ops between x and the value, so spellings no rule lists fuse (ReduceSum over
 the count, a positive axis, Pow(-0.5), casts around a float16 norm, Gelu with the half distributed), a region that
 computes another function is refused with the concept's reason, and a bad `computes` is one error line with its
@@ -14,8 +14,8 @@ from conftest import make_model
 from onnx import TensorProto
 from rules.conftest import check_fires, check_misses, why_not
 
+from onnxfuse.concepts.function_regions import FUNCTIONS, regions
 from onnxfuse.ir import Model
-from onnxfuse.match.functions import FUNCTIONS, regions
 
 K = 16
 RNG = np.random.default_rng(1)

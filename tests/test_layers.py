@@ -10,7 +10,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "onnxfuse"
 # the stages, in pipeline order (the first part of the module path below onnxfuse; "" is the package itself)
 STAGES = [("errors", "files", "cache_folder", "options", "progress", "signals", "words", "ir", "tensors", "opschema", "op_cost", "targets",
-           "kernels", "patterns", "match"),
+           "kernels", "concepts", "patterns", "match"),
           ("inputs", "load"), ("rewrite",), ("validate",), ("measure",), ("select",), ("result",), ("inspect",),
           ("pipeline", "batch", "forkserver_guard", "ir_pass", "fleet", "cli", "")]
 

@@ -13,9 +13,9 @@ import onnx
 import onnx.helper as oh
 from onnx import numpy_helper
 
+from ..concepts.function_table import FUNCTIONS
 from ..ir import make_model
 from ..opschema import op_spec
-from ..patterns.functions import FUNCTIONS
 from ..patterns.rules import Rule
 from ..patterns.syntax import Alt, Call, Concept, Expr, Ref
 
@@ -99,7 +99,7 @@ def input_type(call: Call, idx: int, opset: int, primary: int) -> int:
     return primary
 
 
-# The usual spelling of each function `computes(x, NAME)` proves (patterns/functions.py FUNCTIONS), for the models
+# The usual spelling of each function `computes(x, NAME)` proves (concepts/function_table.py FUNCTIONS), for the models
 # `patterns test` builds: (value, op, inputs (values, or a float constant), attributes) in order, from x.
 _MEAN = {"axes": [-1], "keepdims": 1}
 SPELLINGS: dict[str, list[tuple[str, str, list, dict]]] = {

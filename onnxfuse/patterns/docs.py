@@ -11,8 +11,9 @@ import math
 import os
 import sys
 
+from ..concepts import CONCEPTS
+from ..concepts.function_table import FUNCTIONS, REGION_OPS
 from . import spec
-from .functions import FUNCTIONS, REGION_OPS
 from .vocab import Field, Function, Key, Table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -92,18 +93,11 @@ A name used twice is the same value.
 ### Concepts
 
 A concept matches what a chain of nodes *does*, whatever ops spell it; the matcher proves it
-(onnxfuse/match/algebra.py, onnxfuse/match/functions.py) instead of comparing op types:
+(onnxfuse/concepts/: one module per concept, each declaring the rows below) instead of comparing op types:
 
 | syntax | meaning |
 |---|---|
-| `layout(x, "b s (n d) -> b n s d")` | any chain of Reshape / Transpose / Squeeze / Unsqueeze / Flatten / Identity from `x` whose element map is this einops-style rearrangement (groups in parentheses are merged axes); the longest such chain is tried first |
-| `layout(x, "...", scale=S)` | the same, with Mul / Div by a scalar anywhere on the way; `S` is the product of the factors (1 when there is none) |
-| `scaled(x, scale=S)` | zero or more Mul / Div by a scalar after `x`; `S` their product |
-| `masked(x, M)` | `x` plus an additive mask, in any spelling: zero or more Add of a term and Where(c, x, MIN) (masked_fill; MIN -inf or at most -1e30, whose additive form is Where(c, 0, MIN)), each leaving x's shape as it is; `M` is their sum (absent when there is none), which the rewrite builds where no single value is it |
-| `masked(x, M, rows=X)` | the same, `M` rank 4 with every query row, as Attention's and MultiHeadAttention's attention_bias take it: expanded to [1, 1, s, 1] (s read at run time from X's dim -2) where it lacks them, given its leading axes (Unsqueeze, a view) where it has them at a lower rank, else as it is |
-| `masked(x, M, rows=X, causal=True)` | the same, and `M` proved causal: it masks (-inf or at most -1e30) every key after the query's own position (with s query rows and t keys, each (i, j) with j > t - s + i), computed with numpy at two sets of sizes for the graph's symbolic dims, graph inputs of int or bool type taken as ones (an attention mask that keeps every token); a mask that reads a floating input (one the caller feeds) is not proved |
-| `computes(x, "NAME")` | any region of elementwise and normalizing ops ({region_ops}) whose only non-constant input is `x` and that computes the function NAME of it, proved by running the region in float64 on test inputs; the nearest source is tried first; the functions: {functions} |
-| `computes(x, "NAME", eps=E)` | the same for a normalization; `E` is the number the region adds under the root (0 when there is none) |
+{concept_rows}
 
 The proof runs the chain with numpy on `arange` over the source's elements, at two sets of sizes for the
 graph's symbolic dims, and compares the result with the rearrangement: 3-D or 4-D heads, reshape targets
@@ -177,6 +171,14 @@ def _function_table(table: Table[Function], level: str) -> list[str]:
     return out + [""]
 
 
+def _concept_rows() -> str:
+    """The concepts' rows of the syntax table, as each concept module declares them (concepts/)."""
+    fill = {"region_ops": ", ".join(sorted(REGION_OPS)),
+            "functions": "; ".join(f"`{f.name}`: {f.doc}" for f in FUNCTIONS.values())}
+    return "\n".join(f"| {syntax} | {meaning.format(**fill)} |" for kind in CONCEPTS.values()
+                     for syntax, meaning in kind.docs)
+
+
 def markdown() -> str:
     lines = [
         "# Pattern language reference", "",
@@ -189,8 +191,7 @@ def markdown() -> str:
         WORKED_NOTES,
         "## Match expressions", "",
         MATCH_SYNTAX.format(domains=", ".join(f"`{d}`" for d in spec.PATTERN_DOMAINS if d),
-                            region_ops=", ".join(sorted(REGION_OPS)),
-                            functions="; ".join(f"`{f.name}`: {f.doc}" for f in FUNCTIONS.values())),
+                            concept_rows=_concept_rows()),
         "## Keys", "",
     ]
     lines += _key_sections(spec.FILE_KEYS, "###")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import yaml
 
+from ..concepts.layout_text import LayoutError, parse_layout
 from ..opschema import all_attr_names, known_ops, op_spec
 from ..words import close_matches, similarity
-from .layouts import LayoutError, parse_layout
 from .rules import Constraint, Span
 from .subpatterns import SubPattern, expand, parse_signature
 from .syntax import (

@@ -17,7 +17,6 @@ from ..errors import PatternError
 from ..files import NotRegularFile, TooLarge, read_regular
 from ..opschema import installed_versions
 from .compute import CompiledExpr
-from .layouts import layout_atoms
 from .parse_match import check_match_names, parse_match, parse_subpatterns, parse_where, value_names
 from .parse_rewrite import (
     Require,
@@ -30,7 +29,7 @@ from .parse_rewrite import (
     parse_targets,
 )
 from .rules import TARGETS, Constraint, Diagnostic, RewriteNode, Rule, Span
-from .syntax import Expr, iter_refs
+from .syntax import Expr, iter_refs, layout_atoms
 from .vocab import Key, Table
 from .yaml_nodes import (
     CONDITIONS_SCHEMA,

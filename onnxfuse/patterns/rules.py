@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..concepts.function_table import REGION_OPS
+from ..concepts.layout_text import LAYOUT_OPS, MASK_OPS, SCALE_OPS
 from ..targets import names
 from .compute import CompiledExpr
-from .functions import REGION_OPS
-from .layouts import LAYOUT_OPS, MASK_OPS, SCALE_OPS, layout_atoms
-from .syntax import Alt, Call, Concept, Expr, iter_concepts, iter_refs, max_calls
+from .syntax import Alt, Call, Concept, Expr, iter_concepts, iter_refs, layout_atoms, max_calls
 
 TARGETS = names()  # a rule without `targets:` is for every registered target (its kernel facts decide)
 # Rewrite ops whose output has the element type of their first input: an input read through them has that type.

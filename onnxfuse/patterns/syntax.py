@@ -9,19 +9,9 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from .functions import FUNCTIONS
-
-OPT_MARK = "ʔ"  # '?' is rewritten to this identifier letter so Python's parser accepts `B?`
-
-
-class SyntaxProblem(Exception):
-    """An error at a character offset inside one expression string."""
-
-    def __init__(self, message: str, offset: int, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.offset = offset
-        self.hint = hint
+from ..concepts import CONCEPTS
+from ..concepts.function_table import FUNCTIONS
+from ..concepts.language import OPT_MARK, Concept, SyntaxProblem, char_offset, offset_of  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -52,34 +42,10 @@ class Alt:
     off: int
 
 
-@dataclass
-class Concept:
-    """A concept the matcher proves instead of matching ops (match side only): `layout(q, "b s (n d) -> b n
-    s d", scale=S)`, `scaled(MatMul(q, k), scale=S)`, `masked(s, M)`. `arg` is the expression matched where the
-    concept's chain starts; `layout` the text of its rearrangement; `facts` the names it binds (kwarg -> name);
-    `bias` the value name `masked` binds (the sum of its additive terms; absent when there is none), `rows` the
-    value whose dim -2 is the query length when the mask must have every query row (rank 4)."""
-
-    name: str
-    arg: Expr
-    layout: str | None
-    facts: dict[str, str]
-    off: int
-    layout_off: int = 0
-    parsed: object = None  # the parsed Layout (patterns/layouts.py), set by the pattern checker
-    bias: str | None = None
-    rows: str | None = None  # masked(..., rows=X): M gets every query row, X's dim -2 of them
-    causal: bool = False  # masked(..., causal=True): M must mask every later key (match/causal.py proves it)
-    function: str | None = None  # computes(x, "gelu"): the function's name (patterns/functions.py FUNCTIONS)
-
-
 Expr = Ref | Call | Alt | Concept
-# Lowercase call names of the match language that are concepts, not operators (parsed by _concept below).
-CONCEPT_NAMES = frozenset({"layout", "scaled", "masked", "computes"})
+# Lowercase call names of the match language that are concepts, not operators (concepts/: each parses its own).
+CONCEPT_NAMES = frozenset(CONCEPTS)
 
-
-def _char_offset(text: str, col_bytes: int) -> int:
-    return len(text.encode("utf-8")[:col_bytes].decode("utf-8", "ignore"))
 
 
 def parse_python(text: str) -> tuple[ast.expr, str]:
@@ -89,13 +55,10 @@ def parse_python(text: str) -> tuple[ast.expr, str]:
     try:
         tree = ast.parse(flat.strip() and flat, mode="eval")
     except SyntaxError as e:
-        off = _char_offset(flat, (e.offset or 1) - 1) if e.offset else 0
+        off = char_offset(flat, (e.offset or 1) - 1) if e.offset else 0
         raise SyntaxProblem(f"syntax error in expression: {e.msg}", off) from None
     return tree.body, flat
 
-
-def offset_of(node: ast.AST, text: str) -> int:
-    return _char_offset(text, getattr(node, "col_offset", 0))
 
 
 def dotted_name(node: ast.expr) -> str | None:
@@ -153,81 +116,7 @@ def _convert(node: ast.expr, text: str) -> Expr:
 
 
 def _concept(node: ast.Call, text: str, off: int) -> Concept:
-    name = node.func.id  # type: ignore[attr-defined]
-    if name == "masked":
-        return _masked(node, text, off)
-    if name == "computes":
-        return _computes(node, text, off)
-    want = 2 if name == "layout" else 1
-    if len(node.args) != want or any(isinstance(a, ast.Starred) for a in node.args):
-        usage = 'layout(x, "b s (n d) -> b n s d", scale=S)' if name == "layout" else "scaled(x, scale=S)"
-        raise SyntaxProblem(f"{name} takes {want} argument(s): {usage}", off)
-    arg = _convert(node.args[0], text)
-    layout = None
-    layout_off = 0
-    if name == "layout":
-        spec = node.args[1]
-        if not (isinstance(spec, ast.Constant) and isinstance(spec.value, str)):
-            raise SyntaxProblem("the layout is a string, e.g. \"b s (n d) -> b n s d\"", offset_of(spec, text))
-        layout, layout_off = spec.value, offset_of(spec, text) + 1
-    facts: dict[str, str] = {}
-    for kw in node.keywords:
-        if kw.arg != "scale":
-            raise SyntaxProblem(f"{name} has no parameter {kw.arg!r} (it has: scale)", offset_of(kw.value, text))
-        if not isinstance(kw.value, ast.Name) or OPT_MARK in kw.value.id or not kw.value.id[:1].isupper():
-            raise SyntaxProblem("scale= names the factor the concept binds: an UPPERCASE name",
-                                offset_of(kw.value, text))
-        facts["scale"] = kw.value.id
-    if name == "scaled" and "scale" not in facts:
-        raise SyntaxProblem("scaled(x, scale=S) names the factor it binds: scaled(MatMul(q, k), scale=S)", off)
-    return Concept(name, arg, layout, facts, off, layout_off)
-
-
-def _masked(node: ast.Call, text: str, off: int) -> Concept:
-    usage = ("masked(x, M, rows=X, causal=True): x plus the additive mask M it binds, with every query row (X's "
-             "dim -2 is their number), proved to mask every later key where causal=True, e.g. "
-             "Softmax(masked(scores, M, rows=X), axis=-1)")
-    if len(node.args) != 2 or any(isinstance(a, ast.Starred) for a in node.args):
-        raise SyntaxProblem(f"masked takes 2 arguments: {usage}", off)
-    for kw in node.keywords:
-        if kw.arg not in ("rows", "causal"):
-            raise SyntaxProblem(f"masked has no parameter {kw.arg!r} (it has: rows, causal)", offset_of(kw.value, text))
-    causal = next((kw.value for kw in node.keywords if kw.arg == "causal"), None)
-    if causal is not None and not (isinstance(causal, ast.Constant) and isinstance(causal.value, bool)):
-        raise SyntaxProblem(f"masked: causal= is True or False ({usage})", offset_of(causal, text))
-    names = []
-    for arg, what in ((node.args[1], "its second argument names the mask it binds"),
-                      *((kw.value, "rows= names the value whose dim -2 is the query length")
-                        for kw in node.keywords if kw.arg == "rows")):
-        if not isinstance(arg, ast.Name) or OPT_MARK in arg.id or not arg.id[:1].isupper():
-            raise SyntaxProblem(f"masked: {what}, an UPPERCASE name ({usage})", offset_of(arg, text))
-        names.append(arg.id)
-    return Concept("masked", _convert(node.args[0], text), None, {}, off, bias=names[0],
-                   rows=names[1] if len(names) > 1 else None, causal=bool(causal is not None and causal.value))
-
-
-def _computes(node: ast.Call, text: str, off: int) -> Concept:
-    usage = 'computes(x, "gelu") or computes(x, "layernorm", eps=EPS)'
-    if len(node.args) != 2 or any(isinstance(a, ast.Starred) for a in node.args):
-        raise SyntaxProblem(f"computes takes 2 arguments: {usage}", off)
-    spec = node.args[1]
-    if not (isinstance(spec, ast.Constant) and isinstance(spec.value, str)):
-        raise SyntaxProblem(f"computes: the function is a string, one of {', '.join(FUNCTIONS)}",
-                            offset_of(spec, text))
-    fn = FUNCTIONS.get(spec.value)
-    if fn is None:
-        raise SyntaxProblem(f"computes: no function {spec.value!r} (there are: {', '.join(FUNCTIONS)})",
-                            offset_of(spec, text) + 1)
-    facts: dict[str, str] = {}
-    for kw in node.keywords:
-        if kw.arg != "eps" or not fn.eps:
-            has = "eps" if fn.eps else "none"
-            raise SyntaxProblem(f"computes {fn.name!r} has no parameter {kw.arg!r} (it has: {has})",
-                                offset_of(kw.value, text))
-        if not isinstance(kw.value, ast.Name) or OPT_MARK in kw.value.id or not kw.value.id[:1].isupper():
-            raise SyntaxProblem("eps= names the number the concept binds: an UPPERCASE name", offset_of(kw.value, text))
-        facts["eps"] = kw.value.id
-    return Concept("computes", _convert(node.args[0], text), None, facts, off, function=fn.name)
+    return CONCEPTS[node.func.id].parse(node, text, off, lambda a: _convert(a, text))  # type: ignore[attr-defined]
 
 
 def iter_calls(expr: Expr):
@@ -289,3 +178,9 @@ def literal(node: ast.expr, off: int) -> object:
         return ast.literal_eval(node)
     except ValueError:
         raise SyntaxProblem("attribute values in 'match' must be literals (numbers, strings, lists)", off) from None
+
+
+def layout_atoms(lines) -> frozenset[str]:
+    """The axis names of the layouts in a rule's match lines (dims the rule reads by name)."""
+    return frozenset(a for e in lines.values() for c in iter_concepts(e) if c.parsed is not None
+                     for a in c.parsed.atoms)

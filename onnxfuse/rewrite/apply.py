@@ -9,9 +9,11 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..concepts.language import ABSENT
+from ..concepts.masked import MaskSum
 from ..ir import Graph, Node, make_model
 from ..load.shape_values import reshape_types, slice_types
-from ..match.matcher import ABSENT, SHAPE_ARITHMETIC, Binding, MaskSum
+from ..match.matcher import SHAPE_ARITHMETIC, Binding
 from ..opschema import MS_DOMAIN, AttrSpec, attr_value, op_spec
 from ..patterns.compute import VALUE_FIELDS, ComputeError, Env, evaluate
 from ..patterns.rules import RewriteNode, Rule

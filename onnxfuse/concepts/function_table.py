@@ -1,6 +1,6 @@
 """The functions of the `computes(x, "gelu")` concept, as the pattern language knows them: each one's name, what
 it computes (its doc line), the ops one of which its region must have, whether it binds `eps=`, and its family;
-and the ops a region may consist of. The matcher proves a region computes one (match/functions.py, which holds
+and the ops a region may consist of. The matcher proves a region computes one (function_regions.py, which holds
 each function's float64 reference); this module is the language side, read by the parser, the rule loader and
 the docs."""
 

@@ -1,15 +1,13 @@
 """The layout text of the `layout(x, "b s (n d) -> b n s d")` concept: source axes and result axes as groups
 of named atoms (einops-style), and the ops a concept's chain may consist of. The matcher proves a chain is the
-layout (match/algebra.py); this module is the language side: parsing, with the column of a problem."""
+layout (layout_proof.py); this module is the language side: parsing, with the column of a problem."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-from .syntax import iter_concepts
-
-__all__ = ["LAYOUT_OPS", "MASK_OPS", "SCALE_OPS", "Layout", "LayoutError", "layout_atoms", "parse_layout"]
+__all__ = ["LAYOUT_OPS", "MASK_OPS", "SCALE_OPS", "Layout", "LayoutError", "parse_layout"]
 
 # Ops that only move elements: a chain of them is a rearrangement.
 LAYOUT_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
@@ -96,8 +94,3 @@ def parse_layout(text: str) -> Layout:
         raise LayoutError(f"axis {odd!r} is on one side of the layout only (a rearrangement keeps every axis)")
     return Layout(text.strip(), src, res)
 
-
-def layout_atoms(lines) -> frozenset[str]:
-    """The axis names of the layouts in a rule's match lines (dims the rule reads by name)."""
-    return frozenset(a for e in lines.values() for c in iter_concepts(e) if c.parsed is not None
-                     for a in c.parsed.atoms)

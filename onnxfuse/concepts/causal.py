@@ -19,7 +19,8 @@ import numpy as np
 import onnx
 
 from ..ir import Graph, Node
-from .algebra import MAX_ELEMENTS, Interpreter, Opaque, Sizes, Unprovable, static_dims
+from .interpreter import MAX_ELEMENTS, Interpreter, Opaque, Sizes, static_dims
+from .shape_ops import Unprovable
 
 __all__ = ["prove_causal", "prove_rows_keep_a_key"]
 

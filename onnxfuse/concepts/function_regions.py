@@ -22,8 +22,9 @@ import onnx
 
 from ..ir import Graph, Node
 from ..opschema import attr_value, op_spec
-from ..patterns.functions import FUNCTIONS, REGION_OPS, Function
-from .algebra import Interpreter, Opaque, Sizes, Unprovable, static_dims
+from .function_table import FUNCTIONS, REGION_OPS, Function
+from .interpreter import Interpreter, Opaque, Sizes, static_dims
+from .shape_ops import Unprovable
 
 __all__ = ["FUNCTIONS", "REFERENCES", "Region", "regions"]
 
