@@ -26,8 +26,9 @@ For each model:
   ``onnxfuse.find_inputs`` discovers (the ones ``onnxfuse optimize`` validates on): the original at
   ORT_DISABLE_ALL, each variant at ORT_ENABLE_ALL, CPU; the largest absolute difference over all outputs, and
   ``FAIL`` where a variant does not load or run.
-* ``--time N``: median latency of each variant over N interleaved runs (1 intra-op thread, ORT_ENABLE_ALL)
-  as a ratio to the original's.
+* ``--time S``: each variant against the original by the tool's own protocol (``onnxfuse.measure.compare``:
+  A/A pairs, sessions made twice, interleaved; 1 intra-op thread, ORT_ENABLE_ALL), at least S seconds of runs
+  each: the median ratio to the original's latency.
 
 Cells read ``fused/present`` (attention, norms). Heavy: run one at a time on a shared machine.
 """
@@ -37,7 +38,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,6 +49,8 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
+
+from onnxfuse.measure.compare import compare
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from transformer_fusions import (  # noqa: E402
@@ -209,13 +211,7 @@ def max_abs(ref: list[np.ndarray], got: list[np.ndarray]) -> float:
     return worst
 
 
-def median_ms(sess: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> float:
-    t0 = time.perf_counter()
-    sess.run(None, feeds)
-    return (time.perf_counter() - t0) * 1e3
-
-
-def check(row: ModelRow, src: Path, paths: dict[str, Path], runs: int) -> None:
+def check(row: ModelRow, src: Path, paths: dict[str, Path], seconds: float) -> None:
     import onnxfuse
 
     try:
@@ -238,20 +234,12 @@ def check(row: ModelRow, src: Path, paths: dict[str, Path], runs: int) -> None:
             sessions[tool] = sess
         except Exception as exc:  # noqa: BLE001 - record
             t.check_error = one_line(exc)
-    if runs <= 0 or not sessions:
+    if seconds <= 0 or not sessions:
         return
-    times: dict[str, list[float]] = {k: [] for k in ("original", *sessions)}
-    orig = session(str(src), ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
-    every = {"original": orig, **sessions}
-    for s in every.values():  # warm-up
-        for _ in range(3):
-            s.run(None, feeds)
-    for _ in range(runs):
-        for k, s in every.items():
-            times[k].append(median_ms(s, feeds))
-    base_ms = statistics.median(times["original"])
-    for tool in sessions:
-        row.tools[tool].ratio = statistics.median(times[tool]) / base_ms
+    del sessions  # each variant against the original by the tool's own protocol (onnxfuse.measure.compare)
+    for tool, path in paths.items():
+        if row.tools[tool].check_error is None:
+            row.tools[tool].ratio = compare(str(src), str(path), feeds, seconds=seconds).verdict.ratio.median
 
 
 # --------------------------------------------------------------------------- #
@@ -306,7 +294,7 @@ def to_row(d: dict[str, Any]) -> ModelRow:
     return ModelRow(d["file"], Counts(**d["present"]), tools, d.get("feeds", ""))
 
 
-def audit(src: Path, tools: list[str], work: Path, do_check: bool, runs: int,
+def audit(src: Path, tools: list[str], work: Path, do_check: bool, seconds: float,
           reused: ModelRow | None) -> ModelRow:
     model = onnx.load(str(src), load_external_data=False)
     row = ModelRow(src.name, count_present(model))
@@ -329,7 +317,7 @@ def audit(src: Path, tools: list[str], work: Path, do_check: bool, runs: int,
         t.seconds = time.perf_counter() - t0
         row.tools[tool] = t
     if do_check:
-        check(row, src, paths, runs)
+        check(row, src, paths, seconds)
     for p in paths.values():
         p.unlink(missing_ok=True)
         Path(str(p) + ".data").unlink(missing_ok=True)
@@ -341,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("models", nargs="+", help="ONNX files")
     ap.add_argument("--tools", default=",".join(TOOLS), help="comma-separated: " + ", ".join(TOOLS))
     ap.add_argument("--no-check", action="store_true", help="counts only; do not run the models")
-    ap.add_argument("--time", type=int, default=0, metavar="RUNS", help="also time each variant (RUNS runs)")
+    ap.add_argument("--time", type=float, default=0, metavar="SECONDS",
+                    help="also compare each variant with the original (at least SECONDS of runs each)")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--reuse", help="a --json file of an earlier run: tools not run now keep its results")
     a = ap.parse_args(argv)

@@ -9,7 +9,7 @@ Usage::
 
 For each model: ``onnxfuse.optimize(path, out, OptimizeOptions())`` (the default: validated, measured
 selection at 1 thread), then ``onnxfuse.profile`` of the input and of the output (1 thread, ORT_ENABLE_ALL, CPU). Their latency
-is measured first with the two sessions run alternately (median over >= 20 rounds, ~4 s) and handed to
+is measured first by the tool's comparison protocol (onnxfuse.measure.compare, ~4-12 s) and handed to
 ``profile(latency_ms=...)``: two sequential profiles on a shared machine differed by 20% on the same graph.
 One markdown row per model:
 
@@ -60,7 +60,7 @@ import onnxfuse
 from onnxfuse.inspect.latency import probed_inputs
 from onnxfuse.inspect.op_profile import ProfileResult, captured_share
 from onnxfuse.inspect.remaining import ort_optimized
-from onnxfuse.validate.runtime import make_session, run
+from onnxfuse.measure.compare import compare
 
 
 def depthwise_names(path: str) -> set[str]:
@@ -81,23 +81,13 @@ def depthwise_time(p: ProfileResult, names: set[str]) -> tuple[float, float]:
     return ms, calls
 
 
-def interleaved_ms(a: str, b: str, threads: int, budget_s: float = 4.0, min_rounds: int = 20) -> tuple[float, float]:
-    """Median latency (ms) of a and b timed in alternating runs on the same feeds (onnxfuse's probed inputs of
-    a), so that load from other processes hits both alike; at least `min_rounds` rounds, about `budget_s`."""
-    sa, sb = (make_session(p, "all", "cpu", threads) for p in (a, b))
-    feeds = probed_inputs(a, onnx.load(a, load_external_data=False), None, None, "cpu", sa)
-    ta: list[float] = []
-    tb: list[float] = []
-    for _ in range(3):
-        run(sa, feeds)
-        run(sb, feeds)
-    start = time.perf_counter()
-    while len(ta) < min_rounds or time.perf_counter() - start < budget_s:
-        for sess, acc in ((sa, ta), (sb, tb)) if len(ta) % 2 == 0 else ((sb, tb), (sa, ta)):
-            t = time.perf_counter()
-            run(sess, feeds)
-            acc.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(ta), statistics.median(tb)
+def interleaved_ms(a: str, b: str, threads: int, seconds: float = 4.0) -> tuple[float, float]:
+    """Median latency (ms) of a and b on the same feeds (onnxfuse's probed inputs of a), compared by the tool's
+    own protocol (onnxfuse.measure.compare: A/A pairs, interleaved, sessions made twice), so that load from
+    other processes hits both alike; about `seconds` of runs."""
+    feeds = probed_inputs(a, onnx.load(a, load_external_data=False), None, None, "cpu")
+    c = compare(a, b, feeds, threads=threads, seconds=seconds)
+    return c.base_s * 1e3, c.variant_s * 1e3
 
 
 def best_profiles(a: str, b: str, threads: int) -> tuple[ProfileResult, ProfileResult]:

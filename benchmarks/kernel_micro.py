@@ -5,9 +5,10 @@ decisions on norms and behind leaving GroupQueryAttention out.
 Usage::
 
     python benchmarks/kernel_micro.py                 # 1 thread
-    python benchmarks/kernel_micro.py --threads 2 --runs 2000
+    python benchmarks/kernel_micro.py --threads 2 --seconds 4
 
-Cases (each pair is checked equal first, then timed interleaved; the ratio is fused / unfused, median):
+Cases (each pair is checked equal first, then compared by the tool's protocol, onnxfuse.measure.compare: A/A
+pairs, sessions made twice, interleaved; the ratio is fused / unfused with its interval; about 2-6 s each):
 
 * ``SkipLayerNormalization`` against ``Add`` + ``LayerNormalization`` (what a TorchScript / dynamo export at
   opset 17+ runs), hidden 256 and 768, 1 / 16 / 128 tokens;
@@ -21,7 +22,6 @@ Cases (each pair is checked equal first, then timed interleaved; the ratio is fu
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import onnx
@@ -29,37 +29,30 @@ import onnxruntime as ort
 from onnx import TensorProto as TP
 from onnx import helper as oh
 
+from onnxfuse.measure.compare import compare
+
 OPSETS = [oh.make_opsetid("", 18), oh.make_opsetid("com.microsoft", 1)]
 
 
-def session(nodes, inputs, outputs, inits, threads: int) -> ort.InferenceSession:
-    model = oh.make_model(oh.make_graph(nodes, "m", inputs, outputs, inits), opset_imports=OPSETS)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+def model(nodes, inputs, outputs, inits) -> bytes:
+    return oh.make_model(oh.make_graph(nodes, "m", inputs, outputs, inits), opset_imports=OPSETS).SerializeToString()
 
 
 def vi(name: str, shape, elem=TP.FLOAT):
     return oh.make_tensor_value_info(name, elem, shape)
 
 
-def compare(a, b, fa: dict, fb: dict, runs: int) -> tuple[float, float, float, float]:
-    """(max abs difference of the first outputs, median us of a, of b, median of per-run b / a)."""
-    diff = float(np.abs(a.run(None, fa)[0] - b.run(None, fb)[0]).max())
-    for _ in range(30):
-        a.run(None, fa)
-        b.run(None, fb)
-    ta, tb = [], []
-    for i in range(runs):
-        for s, f, ts in ((a, fa, ta), (b, fb, tb))[:: 1 if i % 2 else -1]:
-            t = time.perf_counter()
-            s.run(None, f)
-            ts.append(time.perf_counter() - t)
-    return diff, np.median(ta) * 1e6, np.median(tb) * 1e6, float(np.median(np.asarray(tb) / np.asarray(ta)))
+def timed(a: bytes, b: bytes, feeds: dict, threads: int, seconds: float) -> tuple[float, str]:
+    """(max abs difference of the first outputs, the comparison's line: b against a), on `feeds` (each model
+    reads the inputs it declares)."""
+    sa, sb = (ort.InferenceSession(m, providers=["CPUExecutionProvider"]) for m in (a, b))
+    outs = [s.run(None, {i.name: feeds[i.name] for i in s.get_inputs()})[0] for s in (sa, sb)]
+    del sa, sb
+    c = compare(a, b, feeds, threads=threads, seconds=seconds, subset_inputs=True)
+    return float(np.abs(outs[0] - outs[1]).max()), c.line()
 
 
-def norms(threads: int, runs: int) -> None:
+def norms(threads: int, seconds: float) -> None:
     rng = np.random.default_rng(0)
     for kind, widths in (("layernorm", (256, 768)), ("rmsnorm", (512, 1024))):
         for e in widths:
@@ -84,17 +77,16 @@ def norms(threads: int, runs: int) -> None:
                 fused = [oh.make_node("SkipSimplifiedLayerNormalization", ["x", "s", "g"], ["y", "", "", "sum"],
                                       domain="com.microsoft", epsilon=1e-5)]
                 inits, name = [g, *consts], "SkipSimplifiedLayerNormalization vs Add + RMSNorm (decomposed)"
-            a = session(plain, ins, outs, inits, threads)
-            f = session(fused, ins, outs, [g] if kind == "rmsnorm" else [g, b], threads)
+            a = model(plain, ins, outs, inits)
+            f = model(fused, ins, outs, [g] if kind == "rmsnorm" else [g, b])
             for t in (1, 16, 128):
                 feeds = {"x": rng.standard_normal((1, t, e), np.float32),
                          "s": rng.standard_normal((1, t, e), np.float32)}
-                diff, ua, ub, r = compare(a, f, feeds, feeds, runs)
-                print(f"{name}, hidden {e}, {t:3d} tokens: {ua:7.1f} us -> {ub:7.1f} us, ratio {r:.2f} "
-                      f"(max diff {diff:.1e})", flush=True)
+                diff, line = timed(a, f, feeds, threads, seconds)
+                print(f"{name}, hidden {e}, {t:3d} tokens: {line} (max diff {diff:.1e})", flush=True)
 
 
-def attention(threads: int, runs: int) -> None:
+def attention(threads: int, seconds: float) -> None:
     rng = np.random.default_rng(0)
     h = 64
     for n, nkv in ((8, 2), (16, 4)):
@@ -114,11 +106,11 @@ def attention(threads: int, runs: int) -> None:
                       oh.make_node("Reshape", [f"{x}5e", "s4r"], [f"{x}r"])]
         nodes.append(oh.make_node("MultiHeadAttention", ["q", "kr", "vr", "", "", "mask"], ["y"],
                                   domain="com.microsoft", num_heads=n))
-        mha = session(nodes, [*ins, vi("mask", ["b", 1, "s", "t"])], outs, inits, threads)
-        gqa = session([oh.make_node("GroupQueryAttention", ["q", "k", "v", "pk", "pv", "seqlens", "total"],
+        mha = model(nodes, [*ins, vi("mask", ["b", 1, "s", "t"])], outs, inits)
+        gqa = model([oh.make_node("GroupQueryAttention", ["q", "k", "v", "pk", "pv", "seqlens", "total"],
                                     ["y", "present_k", "present_v"], domain="com.microsoft", num_heads=n,
                                     kv_num_heads=nkv)],
-                      [*ins, vi("seqlens", ["b"], TP.INT32), vi("total", [], TP.INT32)], outs, [], threads)
+                    [*ins, vi("seqlens", ["b"], TP.INT32), vi("total", [], TP.INT32)], outs, [])
         for s, p, label in ((128, 0, "prefill 128"), (1, 127, "decode 1 after 127")):
             t = p + s
             common = {"q": rng.standard_normal((1, s, n * h), np.float32),
@@ -127,21 +119,20 @@ def attention(threads: int, runs: int) -> None:
                       "pk": rng.standard_normal((1, nkv, p, h), np.float32),
                       "pv": rng.standard_normal((1, nkv, p, h), np.float32)}
             mask = np.triu(np.full((s, t), -np.inf, np.float32), k=1 + p)[None, None]
-            diff, ua, ub, r = compare(mha, gqa, {**common, "mask": mask},
-                                      {**common, "seqlens": np.full((1,), t - 1, np.int32),
-                                       "total": np.array(t, np.int32)}, runs)
+            diff, line = timed(mha, gqa, {**common, "mask": mask, "seqlens": np.full((1,), t - 1, np.int32),
+                                          "total": np.array(t, np.int32)}, threads, seconds)
             print(f"GroupQueryAttention vs Concat + repeat KV + MultiHeadAttention, {n}/{nkv} heads, {label}: "
-                  f"{ua:7.1f} us -> {ub:7.1f} us, ratio {r:.2f} (max diff {diff:.1e})", flush=True)
+                  f"{line} (max diff {diff:.1e})", flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--runs", type=int, default=1000)
+    ap.add_argument("--seconds", type=float, default=2.0, help="seconds of runs per comparison (at least)")
     a = ap.parse_args()
     print(f"onnxruntime {ort.__version__}, CPU, {a.threads} thread(s), onnx {onnx.__version__}")
-    norms(a.threads, a.runs)
-    attention(a.threads, a.runs)
+    norms(a.threads, a.seconds)
+    attention(a.threads, a.seconds)
 
 
 if __name__ == "__main__":

@@ -1,45 +1,38 @@
-"""Which rules make a model faster or slower on this machine: optimize with each fired rule alone, time every
-variant interleaved with the original in one process (onnxruntime CPU, ORT_ENABLE_ALL, N threads).
+"""Which rules make a model faster or slower on this machine: optimize with each fired rule alone and with every
+rule but it, and compare each variant with the original by the tool's own protocol (onnxfuse.measure.compare:
+A/A pairs, sessions made twice, interleaved, a verdict beyond the noise floor; onnxruntime CPU, ORT_ENABLE_ALL).
 
-    python benchmarks/rule_ablation.py MODEL [--threads 1] [--runs 200] [--shape name:dims]...
+    python benchmarks/rule_ablation.py MODEL [--threads 1] [--seconds 2] [--shape name:dims]...
+
+About (2 x rules fired + 1) x 2-6 seconds of timing, plus one optimize per variant.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 
-import onnxruntime as ort
+import onnx
 
 from onnxfuse import OptimizeOptions, optimize
 from onnxfuse.inputs.shapes import parse_shape_specs
 from onnxfuse.inputs.synth import make_inputs
-
-
-def session(path: str, threads: int) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+from onnxfuse.measure.compare import compare
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--seconds", type=float, default=2.0, help="seconds of runs per comparison (at least)")
     ap.add_argument("--shape", action="append", default=[])
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         full = os.path.join(tmp, "all.onnx")
         res = optimize(a.model, full, OptimizeOptions(shapes=a.shape, measure=False))
-        variants = {"original": a.model, "all rules": full}
+        variants = {"all rules": full}
         for rule in sorted(res.fired):
             p = os.path.join(tmp, f"{rule}.onnx")
             optimize(a.model, p, OptimizeOptions(shapes=a.shape, only=[rule], measure=False))
@@ -47,25 +40,12 @@ def main() -> int:
             p = os.path.join(tmp, f"no-{rule}.onnx")
             optimize(a.model, p, OptimizeOptions(shapes=a.shape, skip=[rule], measure=False))
             variants[f"all but {rule}"] = p
-        import onnx
-
         feeds = make_inputs(onnx.load(a.model, load_external_data=False),
-                              parse_shape_specs(a.shape) if a.shape else None)
-        sessions = {k: session(p, a.threads) for k, p in variants.items()}
-        for s in sessions.values():
-            for _ in range(10):
-                s.run(None, feeds)
-        times: dict[str, list[float]] = {k: [] for k in sessions}
-        for _ in range(a.runs):
-            for k, s in sessions.items():
-                t = time.perf_counter()
-                s.run(None, feeds)
-                times[k].append(time.perf_counter() - t)
-        base = statistics.median(times["original"])
-        print(f"{os.path.basename(a.model)}  threads={a.threads} runs={a.runs}  fired={res.fired}")
-        for k, ts in times.items():
-            med = statistics.median(ts)
-            print(f"  {k:40s} median {med * 1e3:8.3f} ms  ratio {med / base:6.3f}")
+                            parse_shape_specs(a.shape) if a.shape else None)
+        print(f"{os.path.basename(a.model)}  threads={a.threads}  fired={res.fired}")
+        for k, path in variants.items():
+            c = compare(a.model, path, feeds, threads=a.threads, seconds=a.seconds)
+            print(f"  {k:40s} {c.line()}", flush=True)
     return 0
 
 

@@ -6,7 +6,7 @@ Usage::
     python models/make_transformer_models.py                      # once: builds models/transformers/
     python benchmarks/transformer_fusions.py                      # every .onnx in models/transformers/
     python benchmarks/transformer_fusions.py /work/shared/models/bert_tiny.onnx --json /tmp/fusions.json
-    python benchmarks/transformer_fusions.py --dir '' X.onnx --tools ortx-o1,onnxfuse --runs 50
+    python benchmarks/transformer_fusions.py --dir '' X.onnx --tools ortx-o1,onnxfuse --seconds 4
 
 For each model (the ``--dir`` folder, default ``models/transformers/``, plus any paths given) it builds:
 
@@ -21,7 +21,9 @@ reported as ``error: ...`` in one line. Then for every variant: the fused ops (a
 ``LayerNormalization``, and non-ONNX ops in the default domain such as ``SimplifiedLayerNormalization``),
 whether it loads and runs in onnxruntime CPU at ``ORT_ENABLE_ALL``, its max abs error against the untouched
 model at ``ORT_DISABLE_ALL`` on the same feeds, and its median latency at
-``ORT_ENABLE_ALL`` with 1 and 2 intra-op threads (all variants interleaved, same feeds, after warm-up).
+``ORT_ENABLE_ALL`` with 1 and 2 intra-op threads and its ratio to the untouched model's, each variant compared
+with the untouched model by the tool's own protocol (``onnxfuse.measure.compare``: A/A pairs, sessions made
+twice, interleaved; same feeds).
 
 Feeds: models with an ``inputs.json`` beside them (written by ``models/make_transformer_models.py``) get
 exactly the feeds it describes; other models get batch 2 and sequence 16 for symbolic dims, token ids
@@ -38,7 +40,6 @@ import io
 import json
 import logging
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,6 +53,8 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
+
+from onnxfuse.measure.compare import compare
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = REPO / "models" / "transformers"
@@ -321,32 +324,24 @@ def check_variant(var: Variant, feeds: Feeds, ref: dict[str, np.ndarray]) -> Non
         var.load_error = one_line(exc)
 
 
-def time_variants(variants: list[Variant], feeds: Feeds, threads: int, runs: int, warmup: int) -> None:
-    """Median latency of every loadable variant, interleaved with a rotating order."""
-    live = [v for v in variants if v.loads]
-    sessions = [session(v.path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads) for v in live]
-    for sess in sessions:
-        for _ in range(warmup):
-            sess.run(None, feeds)
-    times: list[list[float]] = [[] for _ in live]
-    for r in range(runs):
-        for k in range(len(live)):
-            i = (k + r) % len(live)
-            start = time.perf_counter()
-            sessions[i].run(None, feeds)
-            times[i].append(time.perf_counter() - start)
-    for var, samples in zip(live, times, strict=True):
-        var.ms[threads] = statistics.median(samples) * 1e3
-    base = next((v for v in live if v.tool == "untouched"), None)
-    if base is not None:
-        for var in live:
-            var.ratio[threads] = var.ms[threads] / base.ms[threads]
+def time_variants(variants: list[Variant], feeds: Feeds, threads: int, seconds: float) -> None:
+    """Each loadable variant against the untouched model by the tool's own protocol (onnxfuse.measure.compare:
+    A/A pairs, sessions made twice, interleaved): its median latency and its ratio to the untouched model's."""
+    base = next((v for v in variants if v.tool == "untouched" and v.loads), None)
+    if base is None:
+        return
+    for var in variants:
+        if var.loads and var is not base:
+            c = compare(base.path, var.path, feeds, threads=threads, seconds=seconds)
+            base.ms.setdefault(threads, c.base_s * 1e3)
+            var.ms[threads], var.ratio[threads] = c.variant_s * 1e3, c.verdict.ratio.median
+    base.ratio[threads] = 1.0
 
 
 # --------------------------------------------------------------------------- #
 # One model
 # --------------------------------------------------------------------------- #
-def bench_model(path: Path, tools: list[str], threads: list[int], runs: int, warmup: int,
+def bench_model(path: Path, tools: list[str], threads: list[int], seconds: float,
                 keep: Path | None) -> list[Variant]:
     feeds = feeds_for(path)
     ref = run_named(session(str(path), ort.GraphOptimizationLevel.ORT_DISABLE_ALL), feeds)
@@ -363,7 +358,7 @@ def bench_model(path: Path, tools: list[str], threads: list[int], runs: int, war
             if var.path:
                 check_variant(var, feeds, ref)
         for t in threads:
-            time_variants(variants, feeds, t, runs, warmup)
+            time_variants(variants, feeds, t, seconds)
     return variants
 
 
@@ -414,8 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default=str(DEFAULT_DIR), help="folder of .onnx files ('' for none)")
     ap.add_argument("--tools", default=",".join(ALL_TOOLS), help=f"comma-separated subset of {ALL_TOOLS}")
     ap.add_argument("--threads", default="1,2", help="intra-op thread counts to time")
-    ap.add_argument("--runs", type=int, default=30, help="timed runs per variant and thread count")
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=2.0,
+                    help="seconds of runs per comparison with the untouched model (at least; onnxfuse.measure.compare)")
     ap.add_argument("--keep", default=None, help="write the optimized models here instead of a temp folder")
     ap.add_argument("--json", default=None, help="dump all results to this file")
     a = ap.parse_args(argv)
@@ -432,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in collect_paths(a.dir, a.paths):
         print(f"== {path}", file=sys.stderr, flush=True)
         try:
-            variants = bench_model(path, tools, threads, a.runs, a.warmup, keep)
+            variants = bench_model(path, tools, threads, a.seconds, keep)
         except Exception as exc:  # noqa: BLE001 - keep going with the other models
             print(f"### {path.name}\n\nerror: {one_line(exc)}\n", flush=True)
             results[str(path)] = {"error": one_line(exc)}

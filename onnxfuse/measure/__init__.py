@@ -7,6 +7,7 @@
   while the verdict is undecided and the deadline allows), and `Timings`.
 - `stats.py`: paired ratios with a seeded bootstrap CI, and `judge`. `verdicts.py`: the one verdict, a variant
   against a base beyond the A/A noise floor, on the estimator.
+- `compare.py`: one model against another on given inputs, by the same protocol (for benchmarks and experiments).
 - `lock.py`: the timing lock: one process times at a time on this machine.
 """
 
