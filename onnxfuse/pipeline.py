@@ -15,11 +15,11 @@ import onnx
 
 from .errors import InputSpecError, ModelError, OnnxfuseError, write_error
 from .inputs import InputPlan, discover_profiles, parse_profiles, parse_shape_specs
+from .inputs.static_shapes import fix_input_shapes
 from .ir import Model
 from .load.collisions import check_writes
 from .load.freeze import freeze_weights
 from .load.loader import LoadInfo, load_model
-from .load.static_shapes import fix_input_shapes
 from .load.write import approx_bytes, drop_unused_initializers, save_model
 from .measure.lock import timing_lock
 from .opschema import RUNTIME_DOMAINS

@@ -362,7 +362,7 @@ def _probe_nchwc() -> bool:
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from .ir import make_model
+    from .model_proto import make_model
 
     w = numpy_helper.from_array(np.ones((16, 16, 3, 3), np.float32), "w")
     graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "probe",

@@ -9,7 +9,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "onnxfuse"
 # the stages, in pipeline order (the first part of the module path below onnxfuse; "" is the package itself)
-STAGES = [("errors", "files", "cache_folder", "options", "progress", "signals", "words", "ir", "tensors", "opschema", "op_cost", "targets",
+STAGES = [("errors", "files", "cache_folder", "options", "progress", "signals", "words", "ir", "model_proto", "tensors", "opschema", "op_cost", "targets",
            "kernels", "concepts", "patterns", "match"),
           ("inputs", "load"), ("rewrite",), ("validate",), ("measure",), ("select",), ("result",), ("inspect",),
           ("pipeline", "batch", "forkserver_guard", "ir_pass", "fleet", "cli", "")]
@@ -82,3 +82,19 @@ def test_no_import_cycles():
     for m in sorted(graph):
         if m not in state:
             visit(m, [m])
+
+
+MAX_MODULE_LINES = 450  # a module past this holds more than one concept: split it by concept
+MAX_FUNCTION_LINES = 70  # a function past this does several steps: name them
+
+
+def test_modules_and_functions_stay_small():
+    too_big = []
+    for module, (path, _) in MODULES.items():
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            too_big.append(f"{module}: {len(text.splitlines())} lines")
+        for n in ast.walk(ast.parse(text)):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES:
+                too_big.append(f"{module}.{n.name}: {n.end_lineno - n.lineno + 1} lines")
+    assert too_big == [], too_big

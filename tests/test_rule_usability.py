@@ -4,7 +4,8 @@ fused op with no kernel on any of the rule's targets, an id that collides with a
 
 from __future__ import annotations
 
-from onnxfuse.inspect.selftest import NOT_VALIDATED, check_rule
+from onnxfuse.inspect.selftest import check_rule
+from onnxfuse.inspect.selftest_report import NOT_VALIDATED
 from onnxfuse.kernels.applicable import rule_issue
 from onnxfuse.patterns.parser import load_path
 

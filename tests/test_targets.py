@@ -376,7 +376,7 @@ def test_models_onnxfuse_builds_pin_the_lowest_ir_their_opsets_need(monkeypatch)
     import onnx
 
     from onnxfuse.inspect.selftest import check_rule
-    from onnxfuse.ir import min_ir_version
+    from onnxfuse.model_proto import min_ir_version
     from onnxfuse.patterns.parser import load_path
 
     seen = _loaded_models(monkeypatch)

@@ -16,75 +16,106 @@ from ..load.collisions import check_report_path
 from ..measure.lock import REPORT_WAIT_S, WAIT_KEY, busy_lock, timing_lock
 from ..options import check_count
 from ..targets import HOST
-from . import app as cli_app
-from .app import PatternsOpt, TargetOpt, app, bench_status, out, parse_target, parse_threads, profile_status
+from .app import (
+    PIPED_WIDTH,
+    PatternsOpt,
+    TargetOpt,
+    app,
+    bench_status,
+    out,
+    parse_target,
+    parse_threads,
+    profile_status,
+)
 
-
-@app.command()
-def optimize(
-    ctx: typer.Context,
-    paths: Annotated[list[str], typer.Argument(help="IN OUT: the model (.onnx) and "
+# optimize's own options (the shared ones are in app.py)
+_Paths = Annotated[list[str], typer.Argument(help="IN OUT: the model (.onnx) and "
                                                "where to write it (an existing folder OUT: OUT/<IN's file name>); or IN... OUTDIR: several models and/or folders "
-                                               "of models (their *.onnx) and an output folder.")],
-    patterns: PatternsOpt = None,
-    only: Annotated[list[str] | None, typer.Option("--only", help="Apply only this rule id (repeatable).")] = None,
-    skip: Annotated[list[str] | None, typer.Option("--skip", help="Never apply this rule id (repeatable).")] = None,
-    target: TargetOpt = HOST,
-    no_builtin: Annotated[bool, typer.Option("--no-builtin", help="Use only the --patterns files.")] = False,
-    no_validate: Annotated[bool, typer.Option("--no-validate", help="Skip the onnxruntime check.")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Report what would change; write nothing.")] = False,
-    shape: Annotated[list[str] | None, typer.Option("--shape", help="Input shape name:1x3x224x224, or a "
-                                                    "symbolic dim batch=4 (repeatable).")] = None,
-    inputs: Annotated[str | None, typer.Option("--inputs", help="Validation inputs from an .npz file.")] = None,
-    profile: Annotated[list[str] | None, typer.Option("--profile", help="A named shape profile NAME:DIM=V,..."
+                                               "of models (their *.onnx) and an output folder.")]
+_Only = Annotated[list[str] | None, typer.Option("--only", help="Apply only this rule id (repeatable).")]
+_Skip = Annotated[list[str] | None, typer.Option("--skip", help="Never apply this rule id (repeatable).")]
+_NoBuiltin = Annotated[bool, typer.Option("--no-builtin", help="Use only the --patterns files.")]
+_NoValidate = Annotated[bool, typer.Option("--no-validate", help="Skip the onnxruntime check.")]
+_DryRun = Annotated[bool, typer.Option("--dry-run", help="Report what would change; write nothing.")]
+_Shape = Annotated[list[str] | None, typer.Option("--shape", help="Input shape name:1x3x224x224, or a "
+                                                    "symbolic dim batch=4 (repeatable).")]
+_Inputs = Annotated[str | None, typer.Option("--inputs", help="Validation inputs from an .npz file.")]
+_Profile = Annotated[list[str] | None, typer.Option("--profile", help="A named shape profile NAME:DIM=V,..."
                                                       "[@WEIGHT] (repeatable): validated on each, measured on "
-                                                      "their weighted total.")] = None,
-    rtol: Annotated[float | None, typer.Option("--rtol", help="Relative tolerance (default by dtype).")] = None,
-    atol: Annotated[float | None, typer.Option("--atol", help="Absolute tolerance (default by dtype).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Allow OUTPUT to be the input file.")] = False,
-    static: Annotated[bool, typer.Option("--static", help="Fix the dynamic input dims to the --shape values "
-                                         "first (the output then accepts only those shapes).")] = False,
-    freeze_weights: Annotated[bool, typer.Option("--freeze-weights", help="Make initializers that are also "
+                                                      "their weighted total.")]
+_Rtol = Annotated[float | None, typer.Option("--rtol", help="Relative tolerance (default by dtype).")]
+_Atol = Annotated[float | None, typer.Option("--atol", help="Absolute tolerance (default by dtype).")]
+_Force = Annotated[bool, typer.Option("--force", help="Allow OUTPUT to be the input file.")]
+_Static = Annotated[bool, typer.Option("--static", help="Fix the dynamic input dims to the --shape values "
+                                         "first (the output then accepts only those shapes).")]
+_FreezeWeights = Annotated[bool, typer.Option("--freeze-weights", help="Make initializers that are also "
                                                  "listed as graph inputs (ONNX Model Zoo style) constants, so "
                                                  "they fold and fuse; the output no longer takes them as "
-                                                 "inputs.")] = False,
-    pad_channels: Annotated[bool, typer.Option("--pad-channels", help="Pad Conv channels to a multiple of 8 with "
-                                               "zero weights (exact); kept only where measured faster.")] = False,
-    no_fold: Annotated[bool, typer.Option("--no-fold", help="Do not fold constants or inline If nodes whose "
-                                          "condition is constant.")] = False,
-    no_measure: Annotated[bool, typer.Option("--no-measure", help="Keep every validated rewrite without timing "
+                                                 "inputs.")]
+_PadChannels = Annotated[bool, typer.Option("--pad-channels", help="Pad Conv channels to a multiple of 8 with "
+                                               "zero weights (exact); kept only where measured faster.")]
+_NoFold = Annotated[bool, typer.Option("--no-fold", help="Do not fold constants or inline If nodes whose "
+                                          "condition is constant.")]
+_NoMeasure = Annotated[bool, typer.Option("--no-measure", help="Keep every validated rewrite without timing "
                                              "them (default: time groups of rewrites, keep only those that help).")]
-    = False,
-    threads: Annotated[str, typer.Option("--threads", help="onnxruntime intra-op threads while measuring: a count, "
+_Threads = Annotated[str, typer.Option("--threads", help="onnxruntime intra-op threads while measuring: a count, "
                                          "or auto (onnxruntime's default: one per physical core). Decisions hold "
-                                         "for this count; the report, JSON, HTML and decision cache name it.")] = "1",
-    measure_budget: Annotated[float | None, typer.Option("--measure-budget", help="Seconds for the whole "
+                                         "for this count; the report, JSON, HTML and decision cache name it.")]
+_MeasureBudget = Annotated[float | None, typer.Option("--measure-budget", help="Seconds for the whole "
                                                          "measuring phase, on the clock decisions are read on "
                                                          "(thread CPU time at --threads 1; default: automatic, "
                                                          "12 s and 225 runs of the model, 12-90 s, more past 1 GiB). "
                                                          "It limits what is timed, never what is kept: the rest "
                                                          "follows its prior.")]
-    = None,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither reuse nor record measured decisions "
-                                           "(the decision cache: onnxfuse cache show).")] = False,
-    bench_after: Annotated[bool, typer.Option("--bench", help="Benchmark the input against the output "
-                                              "afterwards (interleaved, same options).")] = False,
-    html: Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report (implies "
-                                             "--bench; adds the op-time profile of both models).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
-    details: Annotated[bool, typer.Option("--details", "-v", help="Print every table (rules fired, op counts, "
+_NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither reuse nor record measured decisions "
+                                           "(the decision cache: onnxfuse cache show).")]
+_BenchAfter = Annotated[bool, typer.Option("--bench", help="Benchmark the input against the output "
+                                              "afterwards (interleaved, same options).")]
+_Html = Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report (implies "
+                                             "--bench; adds the op-time profile of both models).")]
+_AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+_Details = Annotated[bool, typer.Option("--details", "-v", help="Print every table (rules fired, op counts, "
                                           "validation per output, the measured selection) after the summary's "
-                                          "facts; the default is a few lines, the answer first.")] = False,
-    jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Several models: worker processes that "
+                                          "facts; the default is a few lines, the answer first.")]
+_Jobs = Annotated[int | None, typer.Option("--jobs", "-j", help="Several models: worker processes that "
                                              "rewrite and validate side by side (default: min(4, CPUs)); "
-                                             "measuring stays one model at a time.")] = None,
-    recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Input folders: also the models in "
-                                            "their subfolders.")] = False,
-    ray: Annotated[str | None, typer.Option("--ray", help="Optimize the models on a Ray cluster instead of "
+                                             "measuring stays one model at a time.")]
+_Recursive = Annotated[bool, typer.Option("--recursive", "-r", help="Input folders: also the models in "
+                                            "their subfolders.")]
+_Ray = Annotated[str | None, typer.Option("--ray", help="Optimize the models on a Ray cluster instead of "
                                             "--jobs: auto (a running cluster, else one started here) or its "
                                             "address; each node measures one model at a time and all nodes "
                                             "share decisions (docs/fleet.md; pip install 'onnxfuse[ray]').")]
-    = None,
+
+
+@app.command()
+def optimize(
+    ctx: typer.Context,
+    paths: _Paths,
+    patterns: PatternsOpt = None,
+    only: _Only = None, skip: _Skip = None,
+    target: TargetOpt = HOST,
+    no_builtin: _NoBuiltin = False,
+    no_validate: _NoValidate = False,
+    dry_run: _DryRun = False,
+    shape: _Shape = None,
+    inputs: _Inputs = None,
+    profile: _Profile = None,
+    rtol: _Rtol = None, atol: _Atol = None,
+    force: _Force = False,
+    static: _Static = False,
+    freeze_weights: _FreezeWeights = False,
+    pad_channels: _PadChannels = False,
+    no_fold: _NoFold = False,
+    no_measure: _NoMeasure = False,
+    threads: _Threads = "1",
+    measure_budget: _MeasureBudget = None,
+    no_cache: _NoCache = False,
+    bench_after: _BenchAfter = False,
+    html: _Html = None,
+    as_json: _AsJson = False, details: _Details = False,
+    jobs: _Jobs = None, recursive: _Recursive = False,
+    ray: _Ray = None,
 ) -> None:
     """Apply fusion patterns to a fixed point, validate with onnxruntime, write OUT atomically. With several
     models (or a folder), write each into the folder OUT under its own file name."""
@@ -225,7 +256,7 @@ def _optimize_batch(inputs: list[str], out_dir: str, opts, jobs: int | None, rec
     else:
         from ..inspect.summary import fit, fit_list, short_path
 
-        width = out.width if not details else cli_app.PIPED_WIDTH
+        width = out.width if not details else PIPED_WIDTH
         done = "checked (dry run: nothing written)" if opts.dry_run else f"written to {short_path(out_dir, max(30, width - 60))}"
         tail = f"; {time.perf_counter() - t0:.1f} s with {how}"
         head = f"{len(results)} model(s): {len(results) - len(failed)} {done}, {len(failed)} failed"

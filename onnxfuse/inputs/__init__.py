@@ -3,7 +3,9 @@
 `shapes.py` (`--shape`, the model's inputs), `npz.py` (`--inputs`), `synth.py` (values: ids inside their tables,
 masks, positions), `budget.py` (memory estimate and budget), `profiles.py` (prefill/decode shape profiles); how
 shapes are found when none are given: `roles.py` (roles and bounds read from the graph), `retry.py` (retries read
-from onnxruntime's errors), `discover.py` (the search). May import the base modules only (errors, tensors).
+from onnxruntime's errors), `discover.py` (the search); `static_shapes.py` (`--static`: the dynamic input dims fixed
+to the `--shape` values). May import the base modules and load/ (budget.py: a model without its weights); load/
+imports nothing from here.
 """
 
 from .discover import DimChoice, InputPlan, default_budget_bytes, discover, fmt_bytes

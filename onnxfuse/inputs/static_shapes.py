@@ -12,8 +12,8 @@ import os
 import onnx
 
 from ..errors import OnnxfuseError
-from ..inputs.shapes import check_spec_names, dim_key, model_inputs, parse_shape_specs, resolve_shapes
 from ..tensors import all_tensors
+from .shapes import check_spec_names, dim_key, model_inputs, parse_shape_specs, resolve_shapes
 
 
 def fix_input_shapes(path: str, specs: list[str], out_dir: str) -> tuple[str, list[str]]:

@@ -25,9 +25,10 @@ from importlib import metadata, resources
 import numpy as np
 import onnx
 
-from ..ir import Model, make_model
+from ..ir import Model
 from ..load.loader import merge_types
 from ..match.matcher import Matcher
+from ..model_proto import make_model
 from ..opschema import input_type_str
 from ..patterns.compute import ComputeError
 from ..patterns.rules import Rule

@@ -9,10 +9,8 @@ rate still comes out above CACHE_FACTOR x the measured copy peak is not shown as
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -22,13 +20,20 @@ import onnx
 
 from ..errors import OnnxfuseError
 from ..inputs.shapes import parse_shape_specs
-from ..ir import make_model
 from ..measure.timing import run_times
-from ..op_cost import CONTROL_FLOW, GEMM_CLASS, entries, model_index, node_bytes, node_flops, released_bytes
+from ..model_proto import make_model
+from ..op_cost import GEMM_CLASS, entries, model_index, node_bytes, node_flops, released_bytes
 from ..options import check_count, check_strings
 from ..progress import Phase, quiet
 from ..targets import HOST
 from ..validate.runtime import make_session
+from .profiler_events import (
+    kernel_events,
+    last_runs,
+    profiled_events,
+    profiler_inside_fraction,
+    run_spans,
+)
 from .remaining import Note, notes
 
 SHORT_US = 5.0  # an op call shorter than this is dominated by per-op overhead
@@ -252,81 +257,6 @@ def _conv_probe_gflops(threads: int) -> float:
     return flops / min(run_times(s, feeds, 12, warmup=2)) / 1e9
 
 
-def profiler_inside_fraction(threads: int = 1) -> float:
-    """Which fraction of the profiler's slowdown lands inside the kernel events it records: on a chain of 200
-    one-element Neg kernels (no real work), (kernel sum - unprofiled latency) / (profiled run - unprofiled
-    latency). Median of three alternating measurements."""
-    return statistics.median(_chain_fraction(threads) for _ in range(3))
-
-
-def _chain_fraction(threads: int, chain: int = 200, runs: int = 40) -> float:
-    import onnx.helper as oh
-
-    nodes = [oh.make_node("Neg", [f"v{i}"], [f"v{i + 1}"]) for i in range(chain)]
-    g = oh.make_graph(nodes, "calib", [oh.make_tensor_value_info("v0", onnx.TensorProto.FLOAT, [1])],
-                      [oh.make_tensor_value_info(f"v{chain}", onnx.TensorProto.FLOAT, [1])])
-    data = make_model(g, {"": 13}).SerializeToString()
-    feeds = {"v0": np.ones(1, np.float32)}
-    plain = make_session(data, "all", HOST, threads)
-    events, plain_times = _profiled_events(data, feeds, "all", HOST, threads, 10 + runs, plain)
-    latency = statistics.median(plain_times[10:]) * 1e6
-    kernels = statistics.median(_per_run_kernel_us(events, runs))
-    run = statistics.median(e["dur"] for e in _last_runs(events, runs))
-    return min(1.0, max(0.0, (kernels - latency) / max(run - latency, 1e-9)))
-
-
-def _profiled_events(model: str | bytes, feeds: dict, level: str, provider: str, threads: int, n: int,
-                     plain=None) -> tuple[list[dict], list[float]]:
-    """Profiled runs; with `plain` (an unprofiled session of the same model) its runs alternate with the
-    profiled ones, so both see the same machine state. Returns the events and the plain run times (s)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        sess = make_session(model, level, provider, threads, profile_prefix=os.path.join(tmp, "prof"))
-        plain_times: list[float] = []
-        for _ in range(n):
-            if plain is not None:
-                plain_times.extend(run_times(plain, feeds, 1))
-            sess.run(None, feeds)
-        with open(sess.end_profiling()) as f:
-            return json.load(f), plain_times
-
-
-def _last_runs(events: list[dict], runs: int) -> list[dict]:
-    return sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])[-runs:]
-
-
-
-
-def _kernel_events(events: list[dict], runs: int) -> list[dict]:
-    """Kernel events of the last `runs` runs. A control-flow node's duration is reduced to its own time
-    (its subgraph's kernels are events of their own), so nothing is counted twice."""
-    start = _last_runs(events, runs)[0]["ts"]
-    kernels = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
-               and e["ts"] >= start]
-    out = []
-    for e in kernels:
-        if e.get("args", {}).get("op_name") in CONTROL_FLOW:
-            end = e["ts"] + e["dur"]
-            inner = [k for k in kernels if k is not e and e["ts"] <= k["ts"] and k["ts"] + k["dur"] <= end]
-            e = {**e, "dur": max(0.0, e["dur"] - sum(k["dur"] for k in inner)), "nested": len(inner)}
-        out.append(e)
-    return out
-
-
-def _run_index(events: list[dict], runs: int) -> list[tuple[float, float]]:
-    return [(e["ts"], e["ts"] + e["dur"]) for e in _last_runs(events, runs)]
-
-
-def _per_run_kernel_us(events: list[dict], runs: int) -> list[float]:
-    spans = _run_index(events, runs)
-    totals = [0.0] * len(spans)
-    for e in _kernel_events(events, runs):
-        for i, (a, b) in enumerate(spans):
-            if a <= e["ts"] <= b:
-                totals[i] += e["dur"]
-                break
-    return totals
-
-
 def profile(path: str, provider: str = HOST, threads: int | str = 1, level: str = "all", runs: int = 30,
             warmup: int = 10, shapes: list[str] | None = None, inputs_npz: str | None = None,
             latency_ms: float | None = None, batches: list[int] | None = None,
@@ -385,16 +315,16 @@ def profile(path: str, provider: str = HOST, threads: int | str = 1, level: str 
 
 def _profile(path: str, proto: onnx.ModelProto, feeds: dict, provider: str, threads: int, level: str, runs: int,
              warmup: int, latency_ms: float | None, plain) -> ProfileResult:
-    events, plain_times = _profiled_events(path, feeds, level, provider, threads, warmup + runs, plain)
+    events, plain_times = profiled_events(path, feeds, level, provider, threads, warmup + runs, plain)
     if latency_ms is None:  # unprofiled latency, measured in alternation with the profiled runs
         latency_ms = statistics.median(plain_times[warmup:]) * 1e3
-    runs_ev = _last_runs(events, runs)
-    spans = _run_index(events, runs)
+    runs_ev = last_runs(events, runs)
+    spans = run_spans(events, runs)
     peaks = measure_peaks(threads)
     # the profiler slows every event down; the share of that slowdown inside kernel events is subtracted
     # evenly from each event (calibrated once per process, see profiler_inside_fraction)
-    kernel_events = _kernel_events(events, runs)
-    all_events = len(kernel_events) / runs
+    kernels = kernel_events(events, runs)
+    all_events = len(kernels) / runs
     run_us = statistics.median(e["dur"] for e in runs_ev)
     slowdown_us = max(0.0, run_us - latency_ms * 1e3) / max(all_events, 1.0)
     per_event_us = peaks.profiler_inside * slowdown_us
@@ -402,7 +332,7 @@ def _profile(path: str, proto: onnx.ModelProto, feeds: dict, provider: str, thre
     index = model_index(proto)
     per_node: dict[str, NodeStat] = {}
     samples: dict[str, list[float]] = {}  # node -> its time in each run (robust to outlier runs: median)
-    for e in kernel_events:
+    for e in kernels:
         args = e.get("args", {})
         name = e["name"][: -len("_kernel_time")]
         st = per_node.get(name)

@@ -14,7 +14,7 @@ import onnx.helper as oh
 from onnx import numpy_helper
 
 from ..concepts.function_table import FUNCTIONS
-from ..ir import make_model
+from ..model_proto import make_model
 from ..opschema import op_spec
 from ..patterns.rules import Rule
 from ..patterns.syntax import Alt, Call, Concept, Expr, Ref

@@ -7,7 +7,7 @@
 - `lazy.py`: large embedded weights read lazily from the model file itself.
 - `repair.py`, `repair_types.py`: models onnxruntime loads but `onnx.checker` rejects, repaired in the loaded copy.
 - `ort_check.py`: asks onnxruntime about the original file.
-- `static_shapes.py`: `--static-shapes`, the model's dynamic input dims fixed from `--shape`.
 
-May import: `errors`, `ir`, `tensors`, `opschema`, `inputs/`. Nothing from rewrite/, validate/, select/, inspect/.
+May import: `errors`, `ir`, `tensors`, `opschema`. Nothing from inputs/ (which imports from here), rewrite/, validate/,
+select/, inspect/.
 """

@@ -88,23 +88,7 @@ def save_model(
         tmp_files.append(tmp_model)
         written = [out_path]
         if external:
-            fd, tmp_data = tempfile.mkstemp(prefix=".onnxfuse-", suffix=".data.tmp", dir=out_dir)
-            os.close(fd)
-            tmp_files.append(tmp_data)
-            with open(tmp_data, "wb") as f:
-                data_file = _Hashing(f)
-                _externalize(proto.graph, data_file, _PENDING, source_base_dir)
-            data_name = _data_name(out_path, data_file)
-            for t in all_tensors(proto.graph):
-                for e in t.external_data:
-                    if e.key == "location" and e.value == _PENDING:
-                        e.value = data_name
-            with open(tmp_model, "wb") as f:
-                f.write(proto.SerializeToString())
-            default_mode(tmp_data)
-            data_path = os.path.join(out_dir, data_name)
-            fresh = not os.path.lexists(data_path)  # else the same bytes already (_data_name)
-            os.replace(tmp_data, data_path)
+            data_path, fresh = _write_pair(proto, out_path, tmp_model, source_base_dir, tmp_files)
             if fresh:
                 placed = data_path
             written.append(data_path)
@@ -126,6 +110,31 @@ def save_model(
             with contextlib.suppress(OSError):
                 os.unlink(p)
     return written
+
+
+def _write_pair(proto: onnx.ModelProto, out_path: str, tmp_model: str, source_base_dir: str,
+                tmp_files: list[str]) -> tuple[str, bool]:
+    """The data file written under a temporary name (added to `tmp_files`), the model that reads it into
+    `tmp_model`, then the data file renamed into place: (its path, whether no file was there before)."""
+    out_dir = os.path.dirname(tmp_model)
+    fd, tmp_data = tempfile.mkstemp(prefix=".onnxfuse-", suffix=".data.tmp", dir=out_dir)
+    os.close(fd)
+    tmp_files.append(tmp_data)
+    with open(tmp_data, "wb") as f:
+        data_file = _Hashing(f)
+        _externalize(proto.graph, data_file, _PENDING, source_base_dir)
+    data_name = _data_name(out_path, data_file)
+    for t in all_tensors(proto.graph):
+        for e in t.external_data:
+            if e.key == "location" and e.value == _PENDING:
+                e.value = data_name
+    with open(tmp_model, "wb") as f:
+        f.write(proto.SerializeToString())
+    default_mode(tmp_data)
+    data_path = os.path.join(out_dir, data_name)
+    fresh = not os.path.lexists(data_path)  # else the same bytes already (_data_name)
+    os.replace(tmp_data, data_path)
+    return data_path, fresh
 
 
 def _own_data(out_path: str) -> list[str]:

@@ -11,9 +11,10 @@ from onnx import numpy_helper
 
 from ..concepts.language import ABSENT
 from ..concepts.masked import MaskSum
-from ..ir import Graph, Node, make_model
+from ..ir import Graph, Node
 from ..load.shape_values import reshape_types, slice_types
 from ..match.matcher import SHAPE_ARITHMETIC, Binding
+from ..model_proto import make_model
 from ..opschema import MS_DOMAIN, AttrSpec, attr_value, op_spec
 from ..patterns.compute import VALUE_FIELDS, ComputeError, Env, evaluate
 from ..patterns.rules import RewriteNode, Rule
@@ -233,17 +234,7 @@ def apply_match(rule: Rule, graph: Graph, b: Binding) -> Application:
             # built, its outputs are absent
         while inputs and inputs[-1] == ABSENT:
             inputs.pop()
-        outputs: list[str] = []
-        for o in rn.outputs:
-            if o == "_":
-                outputs.append(ABSENT)
-            elif o in rule.lines:
-                outputs.append(b.values[o])
-            else:
-                temps[o] = graph.fresh_name(f"{prefix}/{rule.id}/{o}")
-                outputs.append(temps[o])
-        while outputs and outputs[-1] == ABSENT:
-            outputs.pop()
+        outputs = _output_names(rn, rule, graph, b, temps, prefix)
         name = graph.fresh_name(f"{prefix}/{rule.id}" + (f"/{k}" if len(built) > 1 else ""))
         proto = onnx.helper.make_node(rn.call.op, inputs, outputs, name=name, domain=rn.call.domain or None)
         proto.attribute.extend(attrs)
@@ -263,6 +254,24 @@ def apply_match(rule: Rule, graph: Graph, b: Binding) -> Application:
         _infer_temp_types(graph, [graph.producer[t].proto for t in temps.values() if t in graph.producer],
                           set(temps.values()))
     return Application(rule.id, graph.proto.name, b.values[rule.root], tuple(replaced), tuple(created), tuple(ops))
+
+
+def _output_names(rn: RewriteNode, rule: Rule, graph: Graph, b: Binding, temps: dict[str, str], prefix: str
+                  ) -> list[str]:
+    """The values a rewrite node writes: a match line's own value, a fresh name for a temporary (recorded in
+    `temps`), absent for `_`; trailing absent ones dropped."""
+    outputs: list[str] = []
+    for o in rn.outputs:
+        if o == "_":
+            outputs.append(ABSENT)
+        elif o in rule.lines:
+            outputs.append(b.values[o])
+        else:
+            temps[o] = graph.fresh_name(f"{prefix}/{rule.id}/{o}")
+            outputs.append(temps[o])
+    while outputs and outputs[-1] == ABSENT:
+        outputs.pop()
+    return outputs
 
 
 def _build_mask(graph: Graph, mask: MaskSum, rows: str | None, prefix: str, seq: tuple[int, ...],

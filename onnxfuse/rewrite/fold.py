@@ -16,8 +16,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..ir import Graph, Model, Node, export_node, make_model
+from ..ir import Graph, Model, Node, export_node
 from ..load.shape_values import slice_types
+from ..model_proto import make_model
 from .apply import Application, alias_value, drop_dead_producers
 
 FOLD_MAX_ELEMENTS = 1 << 16

@@ -21,7 +21,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..ir import Graph, Model, Node, make_model
+from ..ir import Graph, Model, Node
+from ..model_proto import make_model
 from ..rewrite.apply import Application
 from ..tensors import TensorType
 from .decide import Evidence

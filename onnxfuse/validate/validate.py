@@ -234,25 +234,7 @@ class Validator:
                     size = max(1, min(OBSERVE_CHUNK, int(OBSERVE_BYTES * len(chunk) / max(biggest, 1))))
         except Exception:  # noqa: BLE001 - a value onnxruntime cannot return (bfloat16, a sequence): no shapes
             return {}
-        # a dynamic input dim's values over the runs name every dim that takes the same values
-        names_by_values: dict[tuple[int, ...], str] = {}
-        kept_size = False  # some dynamic input dim has the same size in both runs: a fixed dim proves nothing
-        for i in model_inputs(self.proto):
-            for axis, d in enumerate(i.shape or []):
-                if not isinstance(d, int) and all(i.name in f and f[i.name].ndim > axis for f in feeds_sets):
-                    key = tuple(int(f[i.name].shape[axis]) for f in feeds_sets)
-                    names_by_values.setdefault(key, d if isinstance(d, str) and d else f"{i.name}[{axis}]")
-                    kept_size |= len(set(key)) == 1 and key[0] != 0  # an empty past stays empty: nothing strides it
-        out: dict[str, TensorType] = {}
-        for v, runs in seen.items():
-            elems, shapes = {e for e, _ in runs}, [s for _, s in runs]
-            if len(elems) != 1 or len({len(s) for s in shapes}) != 1:
-                continue
-            dims = tuple(names_by_values.get(d, d[0] if len(set(d)) == 1 and not kept_size
-                                             else f"?{'/'.join(map(str, d))}")
-                         for d in zip(*shapes, strict=True))
-            out[v] = TensorType(elems.pop(), dims)
-        return out
+        return _types_seen(self.proto, feeds_sets, seen)
 
     def at_all(self, r: ProfileRun) -> dict:
         """The original's outputs at ORT_ENABLE_ALL on a profile's inputs."""
@@ -357,3 +339,29 @@ def _matches_at(level: str) -> Check:
 
 
 CHECKS: list[Check] = [checker_accepts, _matches_at("disable"), _matches_at("all")]
+
+
+def _types_seen(proto: onnx.ModelProto, feeds_sets: list[dict], seen: dict[str, list[tuple[int, tuple[int, ...]]]]
+                ) -> dict[str, TensorType]:
+    """The types the runs on `feeds_sets` showed for each value (its element type and shape per run): a dim that
+    takes the values a dynamic input dim takes is that dim, one the same in every run that number (unless some
+    dynamic input dim kept its size too), another a name of its values (Validator.observed_types)."""
+    # a dynamic input dim's values over the runs name every dim that takes the same values
+    names_by_values: dict[tuple[int, ...], str] = {}
+    kept_size = False  # some dynamic input dim has the same size in both runs: a fixed dim proves nothing
+    for i in model_inputs(proto):
+        for axis, d in enumerate(i.shape or []):
+            if not isinstance(d, int) and all(i.name in f and f[i.name].ndim > axis for f in feeds_sets):
+                key = tuple(int(f[i.name].shape[axis]) for f in feeds_sets)
+                names_by_values.setdefault(key, d if isinstance(d, str) and d else f"{i.name}[{axis}]")
+                kept_size |= len(set(key)) == 1 and key[0] != 0  # an empty past stays empty: nothing strides it
+    out: dict[str, TensorType] = {}
+    for v, runs in seen.items():
+        elems, shapes = {e for e, _ in runs}, [s for _, s in runs]
+        if len(elems) != 1 or len({len(s) for s in shapes}) != 1:
+            continue
+        dims = tuple(names_by_values.get(d, d[0] if len(set(d)) == 1 and not kept_size
+                                         else f"?{'/'.join(map(str, d))}")
+                     for d in zip(*shapes, strict=True))
+        out[v] = TensorType(elems.pop(), dims)
+    return out
