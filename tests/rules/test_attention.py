@@ -1214,6 +1214,31 @@ def _sdpa_on_inputs(key: str = "transpose", out: str = "merge") -> onnx.ModelPro
     return make_model(nodes, inputs, [("y", [B, N, S, D])], inits)
 
 
+def test_float16_heads_with_softmax_in_float32_fuse_for_cuda():
+    """SDPA over float16 heads with its Softmax taken in float32 between Casts (a float16 decoder exported for a
+    GPU): MultiHeadAttention for CUDA, the output's guard fill in float16; the CPU kernel takes float only, so
+    not on the CPU target. onnxruntime runs the float16 op here in float32 between Casts it inserts."""
+    m = _sdpa_on_inputs()
+    for t in list(m.graph.input) + list(m.graph.output):
+        t.type.tensor_type.elem_type = TensorProto.FLOAT16
+    m.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array(0.3, np.float16), "sc"))
+    nodes = list(m.graph.node)
+    i = next(k for k, n in enumerate(nodes) if n.op_type == "Softmax")
+    nodes[i:i + 1] = [oh.make_node("Cast", ["s"], ["s32"], to=TensorProto.FLOAT),
+                      oh.make_node("Softmax", ["s32"], ["p32"], axis=-1),
+                      oh.make_node("Cast", ["p32"], ["p"], to=TensorProto.FLOAT16)]
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    rng = np.random.default_rng(5)
+    feeds = {n: rng.standard_normal((B, N, S, D)).astype(np.float16) for n in ("q", "k", "v")}
+    got = check_fires(m, "attention-heads-split", ["Transpose", "Reshape", "Reshape", "com.microsoft.MultiHeadAttention",
+                                                   "IsNaN", "Where", "Reshape"], target="cuda", feeds=feeds,
+                      rtol=2e-2, atol=2e-2)
+    fill = next(i for i in got.graph.initializer if i.name.endswith("/FILL"))
+    assert fill.data_type == TensorProto.FLOAT16
+    check_misses(m, "attention-heads-split", "the CPU kernel for com.microsoft.MultiHeadAttention does not take float16")
+
+
 def test_attention_on_a_key_that_arrives_transposed():
     """K^T as a graph input (or any producer): transposed back for MultiHeadAttention, whose scale is the factor."""
     got = check_fires(_sdpa_on_inputs(key="given"), "attention-heads-key-transposed",
