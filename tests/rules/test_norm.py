@@ -574,3 +574,26 @@ def test_layernorm_with_a_gamma_of_leading_ones_fires(gamma_shape):
                       rtol=1e-5, atol=1e-5)
     scale = next(t for t in got.graph.initializer if t.name == got.graph.node[0].input[1])
     assert list(scale.dims) == [K]
+
+
+def test_skip_rmsnorm_over_the_cast_of_an_int_input_is_exact():
+    """SkipSimplifiedLayerNormalization reads the Cast's float output (an int input cast to float, as a token-count
+    or quantized model feeds it): the kernel computes in float32 what the ops did, so the fused op gives the
+    original's numbers at every batch and length, small ints and large ones alike."""
+    nodes = [oh.make_node("Cast", ["ids"], ["a"], to=TensorProto.FLOAT),
+             oh.make_node("Add", ["a", "skip"], ["s"]), oh.make_node("Pow", ["s", "two"], ["p"]),
+             oh.make_node("ReduceMean", ["p", "ax"], ["m"], keepdims=1), oh.make_node("Add", ["m", "eps"], ["me"]),
+             oh.make_node("Sqrt", ["me"], ["r"]), oh.make_node("Div", ["s", "r"], ["n"]),
+             oh.make_node("Mul", ["n", "g"], ["y"])]
+    m = make_model(nodes, [("ids", ["b", "t", 32], TensorProto.INT64), ("skip", ["b", "t", 32])], [("y", ["b", "t", 32])],
+                   {"two": np.float32(2), "ax": np.array([-1], np.int64), "eps": np.float32(1e-6),
+                    "g": np.linspace(0.5, 1.5, 32).astype(np.float32)}, opset=18)
+    m = onnx.shape_inference.infer_shapes(m)
+    r, got = fuse(m, "skip-rmsnorm")
+    assert r.fired == {"skip-rmsnorm": 1}
+    assert [n.op_type for n in got.graph.node] == ["Cast", "SkipSimplifiedLayerNormalization"]
+    rng = np.random.default_rng(2)
+    for b, t, hi in ((1, 1, 4), (2, 7, 1000), (3, 16, 1 << 20)):
+        feeds = {"ids": rng.integers(-hi, hi, (b, t, 32)).astype(np.int64),
+                 "skip": rng.standard_normal((b, t, 32)).astype(np.float32)}
+        assert_same(m, got, feeds, rtol=1e-5, atol=1e-5)

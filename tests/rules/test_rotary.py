@@ -6,7 +6,7 @@ import onnx.helper as oh
 import pytest
 from onnx import TensorProto
 
-from .conftest import check_fires, check_misses, fuse, make_model, rand_feeds
+from .conftest import assert_same, check_fires, check_misses, fuse, make_model, rand_feeds
 
 B, N, S, D = 2, 4, 8, 16
 INT64_MAX = np.iinfo(np.int64).max
@@ -168,3 +168,22 @@ def test_rotary_embedding_const_fires():
 ])
 def test_rotary_embedding_const_near_misses(kw, reason):
     check_misses(_rotary_const(**kw), "rotary-embedding-const", reason)
+
+
+def test_rotary_embedding_is_exact_for_any_cos_sin_the_model_computes_at_run_time():
+    """The cache is the model's own cos / sin rows for this call, whatever computes them: frequencies that arrive
+    at run time (an inv_freq input, a scaled or learned one) and any sequence length give the original's numbers.
+    Checked at 1, 5 and 11 positions, with frequencies that are no rotary schedule at all."""
+    m = _rotary()
+    for vi in list(m.graph.input) + list(m.graph.output):  # the sequence length left to run time
+        dims = vi.type.tensor_type.shape.dim
+        dims[-2].Clear()
+        dims[-2].dim_param = "s"
+    r, got = fuse(m, "rotary-embedding")
+    assert r.fired == {"rotary-embedding": 2}
+    rng = np.random.default_rng(11)
+    for s in (1, 5, 11):
+        feeds = {"q": rng.standard_normal((B, N, s, D)).astype(np.float32),
+                 "k": rng.standard_normal((B, N, s, D)).astype(np.float32),
+                 "f": (rng.standard_normal((1, s, D // 2)) * 7).astype(np.float32)}  # any run-time angles
+        assert_same(m, got, feeds, rtol=1e-5, atol=1e-5)
