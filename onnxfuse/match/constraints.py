@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..concepts.interpreter import Interpreter, Sizes, static_dims
 from ..concepts.language import short
+from ..concepts.shape_ops import Unprovable
 from ..ir import Node
 from ..patterns.rules import Constraint
 from ..tensors import dtype_name
@@ -60,15 +62,63 @@ def check_value(m, name: str, value: str, con: Constraint, b, consumer: Node | N
         return None
     if con.shape is not None:
         shape = t.shape if t is not None else None
+        declared = m.graph.model.input_dim_names
         for alt in con.shape:
-            dims = unify(alt, shape, b.dims, m.graph.model.input_dim_names, m.rule.atoms)
+            dims = unify(alt, shape, b.dims, declared, m.rule.atoms)
             if dims is not None:
                 return b.with_dims(dims)
+        fixed = _fixed_symbols(m, b, value, shape)  # made-up dims the producers fix: retried as their numbers
+        if fixed and shape is not None:
+            bound = {k: fixed.get(v, v) if isinstance(v, str) else v for k, v in b.dims.items()}
+            for alt in con.shape:
+                dims = unify(alt, tuple(fixed.get(d, d) if isinstance(d, str) else d for d in shape), bound,
+                             declared, m.rule.atoms)
+                if dims is not None:
+                    return b.with_dims(dims)
         why = dim_conflict(con.shape[0], shape, b.dims) if len(con.shape) == 1 else None
         m.fail(b, value, f"{name} has shape {list(shape) if shape is not None else 'unknown'}, rule needs "
                + " or ".join(str(list(a)) for a in con.shape) + (f": {why}" if why else ""))
         return None
     return b
+
+def _fixed_symbols(m, b, value: str, shape: tuple | None) -> dict[str, int]:
+    """The dims shape inference made up (symbols the model does not declare) on `value` and on the values the
+    match has bound, which their producers fix to one number: worked out by the shape interpreter at two sets of
+    sizes for the model's symbolic dims, the same number at both and no guess on the way (ViT's 1 + 14 x 14
+    tokens after a Reshape whose target is read from Shape at run time). Asked only where a shape constraint
+    failed; memoized per matcher."""
+    declared = m.graph.model.input_dim_names
+    wanted = {d for d in (shape or ()) if isinstance(d, str) and d not in declared}
+    wanted |= {d for d in b.dims.values() if isinstance(d, str) and d not in declared}
+    if not wanted:
+        return {}
+    cache = m.cache("fixed symbols")
+    out: dict[str, int] = {}
+    for v in dict.fromkeys([value, *b.values.values()]):
+        t = m.graph.type_of(v) if v else None
+        if t is None or t.shape is None or not wanted.intersection(d for d in t.shape if isinstance(d, str)):
+            continue
+        if v not in cache:
+            cache[v] = _worked_out(m.graph, v, t.shape, declared)
+        out.update({k: n for k, n in cache[v].items() if k in wanted})
+    return out
+
+
+def _worked_out(graph, value: str, shape: tuple, declared: frozenset[str]) -> dict[str, int]:
+    """symbol -> number for each made-up dim of `value` its producers fix (see _fixed_symbols)."""
+    found = []
+    for variant in (0, 1):
+        interp = Interpreter(graph, Sizes(static_dims(graph), variant))
+        try:
+            got = interp.shape_of(value)
+        except Unprovable:
+            return {}
+        if got is None or value in interp.guessed or len(got) != len(shape):
+            return {}
+        found.append(got)
+    return {d: a for d, a, c in zip(shape, *found, strict=True)
+            if isinstance(d, str) and d not in declared and a == c}
+
 
 def const_ok(v: np.ndarray, con: Constraint) -> bool:
     assert con.const is not None

@@ -597,3 +597,45 @@ def test_skip_rmsnorm_over_the_cast_of_an_int_input_is_exact():
         feeds = {"ids": rng.integers(-hi, hi, (b, t, 32)).astype(np.int64),
                  "skip": rng.standard_normal((b, t, 32)).astype(np.float32)}
         assert_same(m, got, feeds, rtol=1e-5, atol=1e-5)
+
+
+def _patch_embeddings(pos_rows: int = 4) -> onnx.ModelProto:
+    """ViT's embeddings in small: Conv patches flattened by a Reshape whose target is read from Shape at run time
+    (shape inference makes the token count up), plus a position table [1, t, k] shared by every batch row, then
+    the first LayerNormalization."""
+    rng = np.random.default_rng(4)
+    nodes = [oh.make_node("Conv", ["x", "w"], ["c"], strides=[4, 4]),
+             oh.make_node("Shape", ["c"], ["cs"], start=0, end=2),
+             oh.make_node("Concat", ["cs", "m1"], ["flat"], axis=0),
+             oh.make_node("Reshape", ["c", "flat"], ["f"]),
+             oh.make_node("Transpose", ["f"], ["p"], perm=[0, 2, 1]),
+             oh.make_node("Add", ["p", "pos"], ["e"]),
+             oh.make_node("LayerNormalization", ["e", "g", "bt"], ["y"], axis=-1, epsilon=1e-6)]
+    m = make_model(nodes, [("x", ["batch", 3, 8, 8])], [("y", None), ("e", None)],
+                   {"w": rng.standard_normal((16, 3, 4, 4)).astype(np.float32), "m1": np.array([-1], np.int64),
+                    "pos": rng.standard_normal((1, pos_rows, 16)).astype(np.float32),
+                    "g": rng.uniform(0.5, 1.5, 16).astype(np.float32), "bt": rng.standard_normal(16).astype(np.float32)},
+                   opset=17)
+    return onnx.shape_inference.infer_shapes(m)
+
+
+def test_skip_layernorm_takes_a_skip_shared_by_every_batch_row():
+    """ViT's embeddings: the patches' token count is a dim shape inference made up; the producers fix it to 4
+    (worked out by the shape interpreter at two sets of sizes), so the position table [1, 4, 16] is a skip
+    SkipLayerNormalization broadcasts over the batch; its sum stays readable (output 3)."""
+    m = _patch_embeddings()
+    patches = next(v for v in m.graph.value_info if v.name == "p").type.tensor_type.shape.dim
+    assert not patches[1].HasField("dim_value"), "the test needs a token count shape inference made up"
+    r, got = fuse(m, "skip-layernorm")
+    assert r.fired == {"skip-layernorm": 1}
+    sln = next(n for n in got.graph.node if n.op_type == "SkipLayerNormalization")
+    assert list(sln.input[:2]) == ["p", "pos"] and sln.output[3] == "e"
+    for batch in (1, 3):
+        assert_same(m, got, {"x": np.random.default_rng(batch).standard_normal((batch, 3, 8, 8)).astype(np.float32)})
+
+
+def test_skip_layernorm_refuses_a_skip_whose_rows_the_producers_do_not_fix():
+    """A table of 5 rows against 4 tokens is no skip of theirs (the Add would not run either): refused with the
+    reason in dims."""
+    r, _ = fuse(_patch_embeddings(pos_rows=5), "skip-layernorm")
+    assert r.fired == {}
