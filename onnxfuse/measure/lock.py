@@ -44,7 +44,7 @@ LOCK_MODE = 0o644  # what a lock file this process creates gets (flock needs rea
 _OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
                | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
 WAIT_KEY = "wait for timing lock"  # the Result.timings entry (seconds), when the wait was noticeable
-REPORT_WAIT_S = 0.1
+REPORT_WAIT_S = 0.1  # a wait for the lock shorter than this is not reported (below notice, not measured)
 _held = threading.local()  # .fd, .path: the shared hold busy_lock took in this thread, if any
 
 

@@ -30,8 +30,8 @@ __all__ = ["GENERATIONS", "MAX_RUNS", "MIN_RUNS_FLOOR", "MODEL_ROUND_S", "REMAKE
            "round_times", "run_times", "warm_up"]
 
 Progress = Callable[[str, float], None]  # (what, fraction done)
-MIN_RUNS_FLOOR = 8  # never fewer rounds: a verdict on fewer is not one
-MAX_RUNS = 400  # rounds at most
+MIN_RUNS_FLOOR = 8  # never fewer rounds: a verdict on fewer is not one (chosen, not measured)
+MAX_RUNS = 400  # rounds at most (about 1 s of a 2.5 ms model's rounds: see COMPARE_MIN_S in select/region_run.py)
 SETTLE_EVERY = 5  # rounds between checks of `settled` at least (a bootstrap each; then a quarter of the rounds)
 CLOCKS = (WALL, CPU)
 ROUND_S = 2e-3  # a session's share of a round at least, in runs of a short model (a region)
@@ -40,7 +40,7 @@ MODEL_ROUND_S = 0.1  # the same in comparisons of whole models (optimize's, benc
 # p10-p90 of the per-round A/A contrast, 5 sets each): 40 ms rounds spread vit_tiny 0.972-1.012 and gpt2_tiny
 # 0.969-1.010, 100 ms rounds 0.979-1.005 and 0.967-0.999 (one run per session: +-5-7%); what is left is the
 # sessions' own offsets (verdicts.py), which longer rounds do not change
-MAX_REPEAT = 400  # runs per session and round at most
+MAX_REPEAT = 400  # runs per session and round at most (a bound for sub-microsecond regions, not measured)
 MEDIAN_OF = 3  # whole-model comparisons: a round holds this many runs of each session at least, where they fit in
 # MODEL_ROUND_S: the median of 3 passes over a run that something else slowed, the mean of 2 (the median of 2)
 # carries half of it. ppocr_det_v4 (21 ms), every core busy, 8 sets of two generations of 10 rounds, the same runs

@@ -39,7 +39,7 @@ FORMAT = 2  # 2: a cached selection's report in its own format (cached_report.py
 # reused.
 PROTOCOL = 5
 FILE = "decisions.json"
-MAX_BYTES = 256 << 20  # a cache file holding more is ignored (read only up to this bound)
+MAX_BYTES = 256 << 20  # a cache file holding more is ignored (read only up to this bound; a safety bound)
 MAX_ENTRIES = 4096  # decisions kept at most: a save drops the oldest past this (about 4 MB)
 
 

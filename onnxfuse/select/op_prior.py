@@ -20,7 +20,8 @@ from ..tensors import dtype_name
 
 __all__ = ["SIZES", "OpCost", "op_cost", "total"]
 
-SIZES = (2, 64)  # what a symbolic dim is taken to be (each in turn)
+SIZES = (2, 64)  # what a symbolic dim is taken to be (each in turn; chosen, not measured: a prior must hold at a
+# small and a large size alike to count)
 STANDARD = ("", "ai.onnx")
 
 

@@ -39,6 +39,7 @@ from .units import Kind, Unit, Untimeable
 __all__ = ["automatic_budget", "region_selection"]
 
 MAX_PASSES = 3  # rounds of region finding: the rewrites of the full run, then those dropped ones had shadowed
+# (a bound, not measured)
 
 
 def region_selection(input_path: str, rules: list[Rule], opts: OptimizeOptions, base: EngineOptions,

@@ -32,9 +32,10 @@ from .units import Untimeable
 __all__ = ["Region", "RegionClass", "const_bytes", "find_regions", "region_model", "signature"]
 
 Key = tuple[str, str]
-SMALL_CONST = 64  # constants up to this many elements enter a signature by value (shapes, axes, scales)
+SMALL_CONST = 64  # constants up to this many elements enter a signature by value (shapes, axes, scales; a
+# bound, not measured: larger ones are weights, which enter by shape and type)
 CONTEXT_MAX_BYTES = 16 << 20  # a neighbour with more weights than this is not context: it would swamp the
-# region's time (and memory) with work both versions do alike
+# region's time (and memory) with work both versions do alike (a bound, not measured)
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,8 @@ class Region:
         return "+".join(sorted(set(self.ops))) or "(removes nodes only)"
 
 
-SHAPE_VALUES = 64  # a region whose inputs are all integers this small computes shapes (see RegionClass.shape_only)
+SHAPE_VALUES = 64  # a region whose inputs are all integers this small computes shapes (see RegionClass.shape_only;
+# a bound, not measured: shape vectors have at most a few dozen elements)
 # the order classes are timed in (RegionClass.potential) only: not measured, a roofline guess (a core moving
 # ~10 GB/s and computing ~50 GFLOP/s weighs a FLOP a fifth of a byte; a node of unknown types 256 KB); a wrong
 # guess times a class later, and the budget's end leaves it to its prior, never to a coin flip
