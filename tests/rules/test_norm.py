@@ -639,3 +639,15 @@ def test_skip_layernorm_refuses_a_skip_whose_rows_the_producers_do_not_fix():
     reason in dims."""
     r, _ = fuse(_patch_embeddings(pos_rows=5), "skip-layernorm")
     assert r.fired == {}
+
+
+def test_skip_layernorm_bias_takes_the_bias_added_after_the_skip():
+    """(x + skip) + bias[k]: the other association of the same sum (the bias was "a skip of shape [k]" to the
+    plain rule); SkipLayerNormalization adds all three."""
+    bias = RNG.standard_normal(K).astype(np.float32)
+    nodes = [oh.make_node("Add", ["x", "skip"], ["xs"]), oh.make_node("Add", ["xs", "bias"], ["s"]),
+             oh.make_node("LayerNormalization", ["s", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-5)]
+    m = make_model(nodes, [("x", SHAPE), ("skip", SHAPE)], [("y", SHAPE)],
+                   {"gamma": GAMMA, "beta": BETA, "bias": bias}, opset=17)
+    got = check_fires(m, "skip-layernorm-bias", ["com.microsoft.SkipLayerNormalization"], rtol=1e-4, atol=1e-4)
+    assert list(got.graph.node[0].input) == ["x", "skip", "gamma", "beta", "bias"]
