@@ -30,6 +30,7 @@ __all__ = ["FUNCTIONS", "REFERENCES", "Region", "regions"]
 
 MAX_REGION = 32  # nodes a region may have
 MAX_TEST = 1 << 16  # elements of a test input
+SOME_DIM = 3  # a dim of unknown size, tested at this one (_some_shape)
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
@@ -237,6 +238,15 @@ class _Run:
         return env[self.value]
 
 
+def _some_shape(t) -> tuple[int, ...] | None:
+    """A shape of the source's rank to test on where the interpreter knows none (a dim written as -1 in the
+    model, Paddle's export): its known dims, SOME_DIM for the others. The region's ops are elementwise or reduce
+    over a whole axis, so what it computes does not depend on the sizes it is tested at."""
+    if t is None or t.shape is None:
+        return None
+    return tuple(d if isinstance(d, int) and d > 0 else SOME_DIM for d in t.shape)
+
+
 def _inputs(shape: tuple[int, ...], fn: Function, eps: float) -> list[np.ndarray]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape)
@@ -298,7 +308,7 @@ def regions(graph: Graph, value: str, fn: Function, skip: set[int], fail: Fail, 
             continue
         try:
             run = _Run(graph, nodes, src, value, interp)
-            shape = interp.shape_of(src)
+            shape = interp.shape_of(src) or _some_shape(st)
             if shape is None:
                 raise Unprovable(f"the shape of {src!r} is not known")
             if shape and 0 in shape[:-1] or (not fn.eps and shape and shape[-1] == 0):  # a declared empty dim:

@@ -231,3 +231,13 @@ def test_silu_as_x_over_one_plus_exp():
     # x / (1 + exp(x)) is not silu
     m = _x_over([("Exp", ["x"]), ("Add", ["t0", "one"]), ("Div", ["x", "t1"])], {"one": 1.0})
     check_misses(m, "silu", "computes 'silu': the ops from 'x' compute something else")
+
+
+def test_hardswish_on_a_value_whose_type_writes_a_dim_as_minus_one():
+    """Paddle's exports type their inputs [-1, C, h, w]: the interpreter reads no shape from such a type, and the
+    region is tested on one of its rank (the ops are elementwise: what they compute does not depend on it)."""
+    m = _x_over([("Add", ["x", "c3"]), ("Clip", ["t0", "c0", "c6"]), ("Mul", ["x", "t1"]), ("Div", ["t2", "d6"])],
+                {"c3": 3.0, "c0": 0.0, "c6": 6.0, "d6": 6.0})
+    for vi in (m.graph.input[0], m.graph.output[0]):
+        vi.type.tensor_type.shape.dim[0].dim_value = -1
+    check_fires(m, "hardswish-decomposed", ["HardSigmoid", "Mul"], feeds=LINSPACE)
