@@ -95,6 +95,7 @@ class Graph:
         self.new_initializers: dict[str, onnx.TensorProto] = {}
         self.frozen = False  # kept verbatim: passes (model.graphs()) never visit it or its subgraphs
         self.revision = 0  # counts the changes of nodes, edges and types (what caches of derived facts key on)
+        self._derived: tuple[int, dict[str, dict]] = (0, {})  # (revision, memos): see derived()
         for i, np_ in enumerate(proto.node):
             self._index(Node(np_, self, (i,)))
         model.names.update(self.initializers)
@@ -282,6 +283,13 @@ class Graph:
 
     def fresh_name(self, base: str) -> str:
         return self.model.fresh_name(base)
+
+    def derived(self, name: str) -> dict:
+        """A memo of facts derived from the graph as it is now (layout proofs, dims worked out): emptied when the
+        graph changes (revision), and gone with the graph."""
+        if self._derived[0] != self.revision:
+            self._derived = (self.revision, {})
+        return self._derived[1].setdefault(name, {})
 
     def set_type(self, name: str, t: TensorType) -> None:
         """The type (and shape) known for value `name`."""

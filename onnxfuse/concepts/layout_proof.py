@@ -76,30 +76,25 @@ def _expected(layout: Layout, x: np.ndarray, size: dict[str, int]) -> np.ndarray
     return y.reshape([math.prod(size[a] for a in g) for g in layout.result])
 
 
-# Proofs of the graph as it is now (its revision): the same chain is proved for every rule and alternative that
-# reads it (a GPT-2 export with a KV cache: 7220 proofs in one rewrite, 3787 of them distinct, half its time)
-_proofs: dict[tuple, Proof | tuple[type[Unprovable], tuple]] = {}
-_starts: dict[tuple, tuple] = {}  # the state after a proof's first step (_started)
+# Proofs are memoized on the graph as it is now (Graph.derived): the same chain is proved for every rule and
+# alternative that reads it (a GPT-2 export with a KV cache: 7220 proofs in one rewrite, 3787 of them distinct,
+# half its time), and the state after a proof's first step is reused by the proofs from the same source (_started)
 _numbers: dict[int, np.ndarray] = {}
 SMALL_VALUE = 1 << 12  # values a proof's first step computed that later proofs reuse: shape arithmetic, not the
 # dummies it ran data movement on (kept, those held 100 MB more while a Swin export was rewritten)
-_proofs_of: list[tuple[Graph, int]] = []
 
 
 def prove_layout(graph: Graph, source: str, value: str, identity: frozenset[int], layout: Layout) -> Proof:
     """Prove that `value` is `layout` applied to `source` (the nodes in `identity`, scalar factors, count as
     the identity); raises Unprovable with the reason it is not. Memoized while the graph is unchanged."""
-    if not _proofs_of or _proofs_of[0][0] is not graph or _proofs_of[0][1] != graph.revision:
-        _proofs.clear()
-        _starts.clear()
-        _proofs_of[:] = [(graph, graph.revision)]
+    proofs = graph.derived("layout proofs")
     key = (source, value, identity, layout.text)
-    if key not in _proofs:
+    if key not in proofs:
         try:
-            _proofs[key] = _prove_layout(graph, source, value, identity, layout)
+            proofs[key] = _prove_layout(graph, source, value, identity, layout)
         except Unprovable as e:
-            _proofs[key] = (type(e), e.args)  # not the exception: its traceback holds the proof's arrays
-    out = _proofs[key]
+            proofs[key] = (type(e), e.args)  # not the exception: its traceback holds the proof's arrays
+    out = proofs[key]
     if isinstance(out, tuple):
         raise out[0](*out[1])
     return out
@@ -118,16 +113,17 @@ def _numbered(n: int) -> np.ndarray:
 
 def _started(graph: Graph, source: str, identity: frozenset[int], sizes: Sizes) -> Interpreter:
     """An interpreter at `sizes` that has worked out the shape of `source` (interp.shapes[source]): from the
-    state an earlier proof of the unchanged graph left after the same step (`_starts`: the sizes its symbols got,
-    the shapes and values worked out), else worked out now. The proofs from one source share its ancestors:
+    state an earlier proof of the unchanged graph left after the same step (the sizes its symbols got, the shapes
+    and values worked out), else worked out now. The proofs from one source share its ancestors:
     hundreds of values in a decoder whose made-up dims all come from the KV cache."""
+    starts = graph.derived("layout proof starts")
     key = (source, identity, sizes.variant)
-    hit = _starts.get(key)
+    hit = starts.get(key)
     interp = Interpreter(graph, sizes, identity)
     if hit is None:
         interp.shape_of(source)
         small = {k: v for k, v in interp.memo.items() if not isinstance(v, np.ndarray) or v.size <= SMALL_VALUE}
-        _starts[key] = (dict(sizes.of), dict(interp.shapes), set(interp.guessed), small)
+        starts[key] = (dict(sizes.of), dict(interp.shapes), set(interp.guessed), small)
     else:
         sizes.of, interp.shapes, interp.guessed, interp.memo = dict(hit[0]), dict(hit[1]), set(hit[2]), dict(hit[3])
     return interp

@@ -252,9 +252,9 @@ def check_rule(rule: Rule, dtypes: list[int] | None = None) -> RuleReport:
     # an alternative valid in one dtype only (a float16 model's Casts to float32 and back) is covered by that one,
     # checked in full there (in a report of its own: this one is about `dtypes`)
     for elem in (e for e in claimed if e not in (dtypes or claimed)):
-        if _uncovered(rule, covered):
-            _check_dtype(rule, elem, True, RuleReport(rule.id), covered, only={(li, oi) for li, _, oi in
-                                                                               _uncovered(rule, covered)})
+        missing = {(li, oi) for li, _, oi in _uncovered(rule, covered)}
+        if missing:
+            _check_dtype(rule, elem, True, RuleReport(rule.id), covered, only=missing)
     for _, name, oi in _uncovered(rule, covered):
         rep.problems.append(f"line {name!r} alternative #{oi + 1}: no valid model could be built at "
                             f"opsets {rule_opsets(rule)} (add an 'example' with input shapes)")

@@ -86,13 +86,13 @@ def _fixed_symbols(m, b, value: str, shape: tuple | None) -> dict[str, int]:
     match has bound, which their producers fix to one number: worked out by the shape interpreter at two sets of
     sizes for the model's symbolic dims, the same number at both and no guess on the way (ViT's 1 + 14 x 14
     tokens after a Reshape whose target is read from Shape at run time). Asked only where a shape constraint
-    failed; memoized per matcher."""
+    failed; memoized on the graph as it is (every rule shares them)."""
     declared = m.graph.model.input_dim_names
     wanted = {d for d in (shape or ()) if isinstance(d, str) and d not in declared}
     wanted |= {d for d in b.dims.values() if isinstance(d, str) and d not in declared}
     if not wanted:
         return {}
-    cache = m.cache("fixed symbols")
+    cache = m.graph.derived("made-up dims fixed")
     out: dict[str, int] = {}
     for v in dict.fromkeys([value, *b.values.values()]):
         t = m.graph.type_of(v) if v else None
