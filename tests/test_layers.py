@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "onnxfuse"
 # the stages, in pipeline order (the first part of the module path below onnxfuse; "" is the package itself)
 STAGES = [("errors", "files", "cache_folder", "options", "progress", "signals", "words", "ir", "model_proto", "tensors", "opschema", "op_cost", "targets",
            "kernels", "concepts", "patterns", "match"),
-          ("inputs", "load"), ("rewrite",), ("validate",), ("measure",), ("select",), ("result",), ("inspect",),
+          ("inputs", "load"), ("rewrite",), ("regions",), ("validate",), ("measure",), ("select",), ("result",), ("inspect",),
           ("pipeline", "batch", "forkserver_guard", "ir_pass", "fleet", "cli", "")]
 
 

@@ -15,8 +15,8 @@ from onnxfuse.measure.clock import CPU, WALL, estimator_for
 from onnxfuse.measure.lock import timing_lock
 from onnxfuse.measure.stats import UNDECIDED, Ratio
 from onnxfuse.measure.verdicts import Verdict, aa_contrast, verdict
+from onnxfuse.regions.cost import OpCost
 from onnxfuse.select import decision_cache as DC
-from onnxfuse.select.op_prior import OpCost
 from onnxfuse.select.region_run import weak_evidence
 
 

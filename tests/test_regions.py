@@ -18,11 +18,13 @@ from onnxfuse.measure import timing as rt
 from onnxfuse.measure.stats import Ratio
 from onnxfuse.measure.timing import Timings, interleave
 from onnxfuse.measure.verdicts import MIN_FLOOR, model_settled, verdict
+from onnxfuse.regions.cut import find_regions
+from onnxfuse.regions.model import region_model, signature
 from onnxfuse.rewrite.engine import EngineOptions, run
 from onnxfuse.rewrite.ruleset import load_rules
 from onnxfuse.select import region_run as rr
+from onnxfuse.select.classes import RegionClass
 from onnxfuse.select.decision_cache import DecisionCache
-from onnxfuse.select.regions import RegionClass, find_regions, region_model, signature
 from onnxfuse.tensors import TensorType
 from onnxfuse.validate.compare import default_tolerance
 

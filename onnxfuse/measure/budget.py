@@ -1,13 +1,8 @@
-"""The measuring budget's clock. Where decisions are read on this thread's CPU time (clock.py: one intra-op thread
-on the CPU, where onnxruntime runs every kernel on the calling thread), the budget is counted in that CPU time
-too: on a loaded machine the same seconds of budget buy the same runs, sessions and rebuilds as on a quiet one,
-so what is timed, and so what is kept, does not follow the load. Wall time then runs longer than the budget by
-the load, up to WALL_CAP times it: past that the wall clock counts (a machine so busy that the budget would
-take hours). With several threads or on a device, the budget is wall time, as the estimator is.
-
-Measured (benchmarks/selection_stability.py): the budget planner on wall time read a PicoDet detector's capture
-as 186 s under load (1.0 s quiet) and kept nothing; on this clock the plan is the same quiet and loaded.
-"""
+"""The measuring budget's clock. Where decisions are read on this thread's CPU time (clock.py), the budget is
+counted in it too: on a loaded machine the same budget buys the same runs, sessions and rebuilds as on a quiet
+one, so what is timed, and so kept, does not follow the load (on wall time a PicoDet detector's capture read as
+186 s loaded, 1.0 s quiet, and nothing was kept). Wall time then runs longer, up to WALL_CAP times the budget.
+With several threads or on a device, the budget is wall time, as the estimator is."""
 
 from __future__ import annotations
 

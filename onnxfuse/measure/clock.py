@@ -1,9 +1,8 @@
 """What a timing measures: the estimator. With one intra-op thread onnxruntime runs every kernel on the calling
-thread, so that thread's CPU time (`time.thread_time`) is the work a rewrite changed, without the time other
-processes took the core away (on a loaded machine a run's wall time was 4x its CPU time, and an A/A pair of
-sessions spread 0.74-1.27 in wall time against 0.92-1.08 in CPU time). With several threads, or on a GPU, the
-work is on other threads or devices: wall time is the truth there. `bench`'s latencies are wall time always; its
-verdict, like optimize's decisions, uses the estimator."""
+thread, so that thread's CPU time is the work a rewrite changed, without the time other processes took the core
+(loaded, a BERT-tiny A/A pair spread 0.74-1.27 in wall time, 0.92-1.08 in CPU time: docs/measured-selection.md,
+"The estimator"). With several threads, or on a device, wall time is the truth. `bench`'s latencies are wall
+time always; its verdict, like optimize's decisions, uses the estimator."""
 
 from __future__ import annotations
 

@@ -1,23 +1,14 @@
-"""The timing lock: one process at a time times models on this machine, and nothing onnxfuse runs in parallel
-runs meanwhile. Timings taken while another process runs onnxruntime on the same cores lie (both slow down, by
-amounts that change from run to run), so measured selection (and the benchmarks the CLI runs) hold an exclusive
-`fcntl.flock` on one lock file while they time: across the workers of `onnxfuse optimize --jobs N` and across
-separate onnxfuse invocations. Batch workers hold the same lock *shared* while they load, rewrite and validate
-(`busy_lock`): any number of them work side by side, but never while a process times; a worker's own
-measuring turns its shared hold into the exclusive one.
+"""The timing lock: one process at a time times models on this machine (timings taken beside other onnxruntime
+work lie). Measured selection and the CLI's benchmarks hold an exclusive `fcntl.flock` while they time; batch
+workers hold it shared while they load, rewrite and validate (`busy_lock`), and a worker's own measuring turns
+its shared hold exclusive. The file is `timing.lock` in the cache folder, else `onnxfuse-timing-<uid>.lock` in
+the temporary folder. A dead process's lock goes with its descriptor; where no lock can be taken, timing runs
+unlocked: the lock never makes optimize fail.
 
-The lock file is `timing.lock` in the decision cache folder (cache_folder.cache_dir()); if that folder cannot
-be created, `onnxfuse-timing-<uid>.lock` in the system's temporary folder (one per user: in a shared /tmp nobody
-else can pre-create this user's name). The kernel drops a flock lock with its file descriptor, so a process that
-dies releases it. Where no lock can be taken (no fcntl, a file system without locks) timing runs unlocked: the
-lock never makes optimize fail.
-
-The lock file is opened safely (`_open`): never through a symbolic link (O_NOFOLLOW), never blocking (O_NONBLOCK:
-a FIFO planted there does not hang the open), only a regular file is used, and in the temporary folder only one
-this user owns. Anything else there means the lock is skipped, as on a file system without locks. Only a file
-this process has just created (O_CREAT|O_EXCL) has its mode set, through its descriptor (fchmod, 0644: read is
-all flock needs, so other users sharing a cache folder can lock it too); a file that was already there is never
-chmodded."""
+The file is opened safely (`_open`): never through a symbolic link (O_NOFOLLOW) or blocking on a FIFO
+(O_NONBLOCK), only a regular file, in the temporary folder only one this user owns; anything else skips the
+lock. Only a file this process has just created (O_CREAT|O_EXCL) gets its mode, through its descriptor (0644:
+flock needs read access, so users sharing a cache folder can lock it too)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Timing sessions: one onnxruntime session per model at ORT_ENABLE_ALL (as deployed), and the A/A control, a
-second session of one of them. Two sessions of one model can differ by a few percent for as long as they live
-(memory placement), which paired ratios cannot see; the control's difference from its twin is the noise floor
-a change must clear (verdicts.py)."""
+second session of one of them, whose difference from its twin is the noise floor (verdicts.py)."""
 
 from __future__ import annotations
 
@@ -17,11 +15,9 @@ Source = str | bytes  # a model file's path, or its bytes
 def timing_sessions(sources: dict[str, Source], provider: str, threads: int,
                     control: tuple[str, str] | list[tuple[str, str]] | None = None,
                     wrap: Callable[[object], object] | None = None, reverse: bool = False) -> dict[str, object]:
-    """Sessions of `sources` (label -> model) in their order; `control` = (label, twin), or several: a second
-    session of that label's model, made after the sources in the order given, under the twin's label (A B B2 A2:
-    a session made first or last sits in each side once). `reverse` makes them in the opposite order (A2 B2 B A,
-    timing.in_generations); the mapping keeps the first order. `wrap` wraps each session (e.g.
-    interleave.Filtered)."""
+    """Sessions of `sources` (label -> model) in their order; `control` = (label, twin), or several: a second session
+    of that label's model under the twin's label, made after the sources (A B B2 A2). `reverse` makes them in the
+    opposite order (in_generations); the mapping keeps the first. `wrap` wraps each session (e.g. Filtered)."""
     controls = [control] if isinstance(control, tuple) else list(control or [])
     todo = list(sources.items()) + [(twin, sources[label]) for label, twin in controls]
     made = {}

@@ -1,18 +1,9 @@
-"""The one timing loop: sessions run round by round, interleaved run by run, over the shape profiles, each run timed
-on both clocks (wall and this thread's CPU time, clock.py); at least a floor of rounds, then on while a deadline
-allows until a minimum of rounds and of seconds is reached, and, given `settled`, on until the verdict it
-checks no longer depends on noise (noise is a reason to measure longer within the budget, not to stop).
-
-A round of a short model is several passes over the sessions, one run of each per pass, in a cycle of orders
-where no session runs twice in a row (pass_orders), and a session's time in the round is the median of its runs,
-each divided by its pass's mean first (`round_times`). Measured on a 2-core machine (thread CPU time, two
-sessions of one model, p10-p90 of the per-round ratio): one run per session and round spread +-5% (BERT-tiny, 3.4 ms) to +-11-13% (a 0.8 ms CNN);
-the same runs taken as a block of one session after the other spread more than one run did (consecutive runs
-share the machine's slow and fast moments; interleaved ones share them between the sessions). With about
-10-300 interleaved runs per session (40 ms of them) the median spread +-0.2-3% on six models, loaded or not.
-Silero VAD's runs (0.1 ms) fell into two modes 20% apart, whose shares drifted from round to round: they were
-its runs right after a run of the same session, which the passes' former alternating order (A B C D, D C B A)
-gave the sessions at its turns; no session follows itself now."""
+"""The one timing loop: sessions interleaved run by run over the shape profiles, each run timed on both clocks
+(wall and this thread's CPU time, clock.py); a floor of rounds, then on while the deadline allows until the
+minimum of rounds and seconds, and, given `settled`, until the verdict no longer depends on noise. A round of a
+short model is several passes over the sessions in a cycle of orders where no session runs twice in a row
+(pass_orders); a session's time in it is the median of its runs, pass-normalized (round_times). The measurements
+behind each choice: docs/measured-selection.md, "How it times"."""
 
 from __future__ import annotations
 
@@ -35,17 +26,11 @@ MAX_RUNS = 400  # rounds at most (about 1 s of a 2.5 ms model's rounds: see COMP
 SETTLE_EVERY = 5  # rounds between checks of `settled` at least (a bootstrap each; then a quarter of the rounds)
 CLOCKS = (WALL, CPU)
 ROUND_S = 2e-3  # a session's share of a round at least, in runs of a short model (a region)
-MODEL_ROUND_S = 0.1  # the same in comparisons of whole models (optimize's, bench's and profile's): about 25
-# interleaved runs of a 3-4 ms model. Measured with every core of a 2-core machine busy (four sessions of one model,
-# p10-p90 of the per-round A/A contrast, 5 sets each): 40 ms rounds spread vit_tiny 0.972-1.012 and gpt2_tiny
-# 0.969-1.010, 100 ms rounds 0.979-1.005 and 0.967-0.999 (one run per session: +-5-7%); what is left is the
-# sessions' own offsets (verdicts.py), which longer rounds do not change
+MODEL_ROUND_S = 0.1  # the same in whole-model comparisons (about 25 runs of a 3-4 ms model): every core busy,
+# the A/A contrast's p10-p90 was 0.979-1.005 (vit_tiny) with 100 ms rounds, 0.972-1.012 with 40 ms
 MAX_REPEAT = 400  # runs per session and round at most (a bound for sub-microsecond regions, not measured)
-MEDIAN_OF = 3  # whole-model comparisons: a round holds this many runs of each session at least, where they fit in
-# MODEL_ROUND_S: the median of 3 passes over a run that something else slowed, the mean of 2 (the median of 2)
-# carries half of it. ppocr_det_v4 (21 ms), every core busy, 8 sets of two generations of 10 rounds, the same runs
-# read three ways: per-round A/A p10-p90 at worst 0.986-1.014 with the median of 3 runs, 0.971-1.029 with the
-# mean of the first 2, 0.961-1.039 with one run
+MEDIAN_OF = 3  # whole-model rounds hold this many runs of each session at least where they fit in MODEL_ROUND_S:
+# ppocr_det_v4, every core busy, A/A p10-p90 at worst 0.986-1.014 with the median of 3, 0.961-1.039 with one run
 GENERATIONS = 2  # whole-model comparisons: sessions made twice, the second time in the opposite order
 REMAKE_S = 1.0  # ... where making them takes at most this long (about the fewest seconds of runs a comparison
 # takes: a large model's sessions would cost more than its runs)
@@ -53,11 +38,9 @@ REMAKE_S = 1.0  # ... where making them takes at most this long (about the fewes
 
 @dataclass
 class Timings(Mapping):
-    """Per-round seconds of each session (labels), on both clocks; reading it as a mapping gives the chosen
-    estimator's. With several shape profiles a round's time is the weighted sum over profiles of each
-    profile's time relative to the first session's median there (profile_scale); `raw` keeps each profile's
-    own seconds per round, keyed (clock, label, profile index), and `runs` the seconds of every single run (a
-    latency's percentiles are of runs, not of rounds)."""
+    """Per-round seconds of each session (labels) on both clocks; as a mapping, the estimator's. With several shape
+    profiles a round's time is the weighted sum of each profile's time relative to the first session's median there
+    (profile_scale); `raw` keeps each profile's own seconds per round by (clock, label, profile), `runs` every run."""
 
     estimator: str
     clocks: dict[str, dict[str, list[float]]]
@@ -87,9 +70,8 @@ class Timings(Mapping):
         return len(next(iter(self.clocks[self.estimator].values()), []))
 
     def paired(self, other: Timings) -> Timings:
-        """Round i of these timings and round i of `other` (the same sessions made again, in_generations) as one
-        round, a session's time in it the geometric mean of its two (a ratio of such rounds is the geometric
-        mean of the two rounds' ratios); single runs are both generations'."""
+        """Round i of these and of `other` (the sessions made again, in_generations) as one round: each session's time
+        the geometric mean of its two; single runs are both generations'."""
         def both(a: list[float], b: list[float]) -> list[float]:
             return [float(np.sqrt(x * y)) for x, y in zip(a, b, strict=True)]
 
@@ -131,16 +113,14 @@ def interleave(sessions: Mapping[str, object], profiles: list[tuple[float, dict]
                repeat: int | None = None, round_s: float = ROUND_S, keep_runs: bool = False,
                runs_each: int = 0, generations: int = 1, after_s: float = 0.0, median_of: tuple[int, float] = (1, 0.0),
                clock: Callable[[], float] | None = None) -> Timings:
-    """Time `sessions` (label -> anything with `run(None, feeds)`) interleaved over `profiles` ((weight, feeds)
-    each) after one warm-up run of each: at least `floor_runs` rounds, then, while `deadline` allows and up to
-    `max_runs`, until `min_runs` rounds and `min_seconds` are done and `settled(timings so far)` (checked every
-    SETTLE_EVERY rounds or more) says the verdict is clear. OutOfBudget where the floor of rounds would end past
-    `hard_deadline`. A round runs each session `repeat` times (default: as many as fit in `round_s`, at least
-    `median_of` = (n, seconds) where n runs fit in those seconds), in the passes of pass_orders, and their
-    median counts (round_times). `keep_runs`: every run's seconds besides (Timings.runs); `runs_each`: at least
-    that many single runs of each session; `generations` > 1: the first of that many generations of sessions
-    (in_generations), rounds shared out where a round is one run, `after_s` of work between them. Deadlines are
-    read on `clock` (budget.py), the result on `estimator`."""
+    """Time `sessions` (label -> anything with `run(None, feeds)`) interleaved over `profiles` ((weight, feeds) each)
+    after one warm-up run of each: `floor_runs` rounds at least, then, while `deadline` allows and up to `max_runs`,
+    until `min_runs` rounds and `min_seconds` are done and `settled(timings)` (checked every SETTLE_EVERY rounds or
+    more) says the verdict is clear. OutOfBudget where the floor would end past `hard_deadline`. A round runs each
+    session `repeat` times (default: as many as fit in `round_s`, at least `median_of` = (n, seconds) where n runs fit
+    in those seconds) in pass_orders. `keep_runs`: every run's seconds too (Timings.runs); `runs_each`: that many
+    single runs at least; `generations` > 1: the first generation of in_generations, `after_s` of work between them.
+    Deadlines are read on `clock` (budget.py), the result on `estimator`."""
     clock = clock or time.perf_counter
     order, first = list(sessions), _warm_up(sessions, profiles, clock)
     warm = clock()
@@ -245,29 +225,14 @@ def in_generations(open_sessions: Callable[[bool], Mapping[str, object]], profil
                    progress: Progress | None = None, round_s: float = MODEL_ROUND_S, keep_runs: bool = False,
                    runs_each: int = 0, settled: Callable[[Timings], bool] | None = None,
                    max_seconds: float = float("inf"), clock: Callable[[], float] | None = None) -> Timings:
-    """A whole-model comparison in GENERATIONS of sessions: `open_sessions(False)` makes them in their order
-    (A B B2 A2) and they are timed (interleave: half of `round_s` per round, or, for a model whose round is one
-    run, half of the rounds; up to half of what is left before `deadline`, half of `min_seconds` and of
-    `runs_each`); they are deleted, `open_sessions(True)` makes them again in the opposite order (A2 B2 B A), and
-    these are timed for as many rounds, their places in the passes reversed too (pass_orders of A2 B2 B A). Round i of each generation make one round (Timings.paired): the runs are
-    those one generation would take, the sessions are made twice. `settled` (interleave) is asked of the first
-    generation: it runs on while that says the verdict is not clear, within its share of `deadline` and of
-    `max_seconds` (seconds of rounds, both generations, the sessions' making not counted), and the second takes
-    as many rounds. Where making them took longer than REMAKE_S,
-    they are made once (generations(): a large model's sessions would cost more than the runs).
-
-    Why: part of a session's offset follows the order the sessions were made in (the first made ran about 1%
-    slower than the mean of four, the last 1-3% faster; the cause is not known). Made A B B2 A2 once, each side
-    of the comparison holds one early and one late session, but the A/A contrast sqrt(B2/B x A2/A) sets the
-    last made against the first and carried it (silero VAD: centred at 0.973-0.984 in 6 sets of 20 rounds, every
-    core busy), and so did each twin's ratio, the noise floor. Made again the other way round, the order's part
-    cancels in the contrast and in the floor, while the comparison keeps its balance; and each side averages four
-    sessions' placement, not two. Measured as above, pairs of 20 rounds of 50 ms against 20 of 100 ms in one
-    generation: silero's contrast centred at 0.994-1.000 and spread 0.968-1.030 at worst (was 0.938-1.004),
-    transformer_op18's 0.992-1.012 (was 0.980-1.004). A session's place in the passes has a part of its own
-    (silero, quiet, 16 generations of 10 rounds, four sessions each: the contrast of a generation made A B B2 A2
-    centred at 0.97-0.99, one made A2 B2 B A at 1.03-1.04 with the places kept, 1.01-1.03 with them reversed; two
-    generations' at 1.001-1.012 kept, 0.993-1.006 reversed)."""
+    """A whole-model comparison in GENERATIONS of sessions: `open_sessions(False)` makes them (A B B2 A2) and they
+    are timed (interleave) for half of `round_s` a round (or, where a round is one run, half of the rounds), within
+    half of what is left before `deadline` and of `max_seconds`; they are deleted, `open_sessions(True)` makes them
+    again in the opposite order (A2 B2 B A) and these are timed, places in the passes reversed, for as many rounds.
+    Round i of each generation is one round (Timings.paired). `settled` is asked of the first generation. Sessions
+    that took longer than REMAKE_S to make are made once (generations()). Why: a session's offset follows the order
+    it was made in, and making them again the other way cancels it in the A/A contrast and the floor
+    (docs/measured-selection.md, "Sessions")."""
     clock = clock or time.perf_counter
     t = clock()
     sessions = open_sessions(False)
@@ -309,14 +274,10 @@ def generations(sessions_s: float) -> int:
 
 
 def pass_orders(n: int) -> list[tuple[int, ...]]:
-    """The orders of a cycle of passes over `n` sessions (indices), run one after the other: no session runs twice
-    in a row, not even from one pass to the next (a session run right after itself finds its weights in the
-    cache: silero VAD's back-to-back runs took 18-20% less thread CPU time than its runs after another session's,
-    and with passes in alternating order, A B C D D C B A, the sessions at the turns ran half their runs that
-    way, the others none: two modes whose shares followed a session's place in the round, and an A/A contrast
-    of 0.96-1.01 quiet); each session runs after each other one equally often within the passes and holds each
-    place in a pass equally often (a Williams design: n passes for an even n, 2n for an odd one). Two sessions
-    alternate (A B A B); one runs alone."""
+    """The orders of a cycle of passes over `n` sessions (indices): no session runs twice in a row, not even from one
+    pass to the next (a session run right after itself finds its weights in the cache), each follows each other
+    one equally often and holds each place equally often (a Williams design: n passes for an even n, 2n for an odd
+    one; docs/measured-selection.md, "One loop"). Two sessions alternate (A B A B); one runs alone."""
     if n <= 2:
         return [tuple(range(n))]
     first = [0]  # 0, 1, n-1, 2, n-2, ...: the differences between neighbours are all different
@@ -351,23 +312,18 @@ def _chain(rows: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
 
 
 def model_round_s(run_s: float) -> float:
-    """About the seconds of runs one session takes in one round of a whole-model comparison (in_generations),
-    both generations together, for a model whose run takes `run_s`: MODEL_ROUND_S, or MEDIAN_OF runs in each
-    generation where they fit in it, or one run (a long model's rounds are shared out between the generations)."""
+    """About the seconds of runs of one session in one round of a whole-model comparison, both generations, for a
+    model whose run takes `run_s`: MODEL_ROUND_S, or MEDIAN_OF runs per generation where they fit, or one run."""
     median = GENERATIONS * MEDIAN_OF * run_s if MEDIAN_OF * run_s <= MODEL_ROUND_S else 0.0
     return max(run_s, MODEL_ROUND_S, median)
 
 
 def round_times(runs: Mapping[str, list[float]]) -> dict[str, float]:
-    """Each session's time in a round, from its runs there (one per pass, the passes in the same order for every
-    session): the median of its runs, each divided by its pass's geometric mean over the sessions, times the
-    median of those means (seconds again). A pass's sessions run within a few milliseconds of each other and share
-    the machine's slow moments (another process's memory traffic, a preemption's cache refill): dividing by the
-    pass removes what they share, and the median is robust to a run disturbed alone and to two modes. Ratios of
-    sessions within a pass are unchanged. bert_tiny (10 ms) against its output, 4 sessions, 60 s of passes, the
-    A/A contrast's p10-p90 half-width with 5 runs a round: while 2 processes streamed 64 MB copies, 2.8% with the
-    plain median, 2.1% pass-normalized (runs' cv 10%, runs in one pass correlated r = 0.6-0.8); with 2 busy loops,
-    0.8% both ways. One session: the median of its runs."""
+    """Each session's time in a round from its runs there (one per pass): the median of its runs, each divided by its
+    pass's geometric mean over the sessions, times the median of those means. Runs of one pass share the machine's
+    slow moments, which the division removes; ratios within a pass are unchanged. One session: the median of its
+    runs. (bert_tiny, 4 sessions, while 2 processes streamed 64 MB copies: A/A p10-p90 half-width 2.8% with the plain
+    median, 2.1% pass-normalized.)"""
     labels = list(runs)
     m = np.maximum(np.asarray([runs[k] for k in labels], dtype=np.float64), 1e-12)  # sessions x passes
     g = np.exp(np.log(m).mean(axis=0))

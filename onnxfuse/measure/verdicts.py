@@ -1,5 +1,5 @@
-"""The one verdict: a variant against a base, beyond the noise floor that A/A pairs (two sessions of one of
-them, or of each, sessions.py) show in the same rounds, on the estimator the timings were read with (clock.py). Optimize's
+"""The one verdict: a variant against a base, beyond the noise floor that A/A pairs (two sessions of one model,
+sessions.py) show in the same rounds, on the estimator the timings were read with (clock.py). Optimize's
 decisions and confirmation, `bench` and `profile` all judge through `verdict`."""
 
 from __future__ import annotations
@@ -15,11 +15,8 @@ from .stats import SIGNIFICANT, UNDECIDED, Ratio, decided, judge, paired_ratio
 __all__ = ["MIN_FLOOR", "Verdict", "aa_contrast", "model_settled", "model_verdict", "offset", "reference",
            "region_verdict", "verdict"]
 
-# The noise floor at least: one A/A pair is one sample of how much two sessions of one model differ (memory
-# placement), and a small one is luck. In one quiet run of a small CNN the pairs of its ten region classes
-# differed by 0.0% to 2.6%; with a floor of 0.0-0.1% a class whose effect was 0.4-0.6% (Conv + Relu, which
-# onnxruntime fuses itself) counted as faster in one run and not in the next.
-MIN_FLOOR = 0.005
+MIN_FLOOR = 0.005  # the noise floor at least: one A/A pair is one sample, a small one luck (a small CNN's ten
+# class pairs differed by 0.0-2.6% in one quiet run; with a 0-0.1% floor a 0.5% Conv + Relu class flipped)
 
 Labels = str | tuple[str, str]  # one session, or an A/A pair (its rounds' mean is the reference)
 
@@ -69,14 +66,9 @@ def reference(times: Mapping[str, list[float]], labels: Labels) -> list[float]:
 
 def offset(aa: Ratio) -> float:
     """What an A/A pair's two sessions differ by for sure: how far its interval lies from 1 (0 where it holds 1).
-
-    Why not |median - 1|: that is the sessions' placement offset plus the sampling noise of a median of rounds,
-    and the noise is the comparison's own interval's business already; counted again in the floor it made the
-    margin itself a random number, and the same pair's verdict with it. gpt2_tiny against its output (an effect
-    of 1.3-1.5%), 10 benches of 3 s with 2 busy loops on 2 cores: |median - 1| put the floor at 0.50-0.77% and
-    3 of the 10 said "within the noise floor"; the interval's distance from 1 kept it at 0.50% (MIN_FLOOR), and
-    9 of the 10 said faster, as optimize's confirmation did. A real offset (a session placed on slower memory,
-    constant over rounds) keeps its interval clear of 1 and still counts whole."""
+    Not |median - 1|, which adds the rounds' sampling noise (the comparison's own interval counts that already) and
+    made the margin a random number (docs/measured-selection.md, "Sessions"); a real offset keeps its interval
+    clear of 1 and counts whole."""
     return max(0.0, aa.low - 1, 1 - aa.high)
 
 
@@ -92,10 +84,9 @@ def verdict(times: Mapping[str, list[float]], variant: Labels, base: Labels, est
 
 
 def aa_contrast(times) -> np.ndarray:
-    """Per round, the four sessions' A/A contrast sqrt(c2/c x o2/o): a comparison of two sessions against two in
-    which no change is (each side holds one session of each model), independent of the comparison itself and with
-    the same per-round noise and the same variance of session offsets. Its spread is what the comparison shows of
-    a change that is not there; one pair's ratio (c2 / c) spreads sqrt(2) times as wide."""
+    """Per round, the four sessions' A/A contrast sqrt(c2/c x o2/o): two sessions against two with no change between
+    them, with the comparison's per-round noise and variance of session offsets; its spread is what the comparison
+    shows of a change that is not there (one pair's ratio spreads sqrt(2) times as wide)."""
     c, c2, o, o2 = (np.asarray(times[k]) for k in ("c", "c2", "o", "o2"))
     return np.sqrt(c2 / c * (o2 / o))
 
@@ -111,7 +102,6 @@ def model_verdict(times) -> Verdict:
 
 
 def model_settled(times) -> bool:
-    """Whether a confirmation's verdict is clear of the faster line: while it is not, it runs on within the
-    budget (a selection 1.6-2.4% faster against a 1% margin, gpt2_tiny's, was kept whole when its interval
-    cleared the line and cut to its best group when it did not: two outputs for one model, by the load)."""
+    """Whether a confirmation's verdict is clear of the faster line; while it is not, it runs on within the budget
+    (gpt2_tiny's selection, 1.6-2.4% faster against a 1% margin, was kept whole or cut by the load before)."""
     return model_verdict(times).decided

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..regions.cut import Region
 from ..rewrite.rebuild import Rewritten
 from .decide import Decision, Evidence, Origin
 from .decision_cache import digest
 from .region_run import RegionRun
-from .regions import Region
 from .report import Key
 from .units import Unit
 

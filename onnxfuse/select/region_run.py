@@ -33,51 +33,46 @@ from ..measure.timing import (
 from ..measure.verdicts import aa_contrast, model_settled, model_verdict, region_verdict, verdict
 from ..options import OptimizeOptions
 from ..patterns.rules import Rule
+from ..regions.cut import Region
+from ..regions.model import region_model, signature
 from ..rewrite.engine import EngineOptions
 from ..rewrite.fold import CLEANUP_STEPS
 from ..rewrite.rebuild import Rewritten, rebuild
 from ..validate.runtime import Candidate, release_memory, session_with_outputs
 from ..validate.validate import Validator
 from .cached_report import from_cache
+from .classes import RegionClass
 from .decide import Evidence, Origin
 from .decision_cache import DecisionCache, digest, environment_key
-from .regions import Region, RegionClass, region_model, signature
 from .report import Key, MeasureReport, Phases
 
 __all__ = ["Comparison", "RegionRun", "automatic_budget"]
 
-MIN_RUNS = 20  # interleaved rounds per region class, budget permitting (more while its verdict is undecided);
-# chosen, not measured: the floor of rounds (MIN_RUNS_FLOOR) and runs on while undecided carry the precision
+MIN_RUNS = 20  # interleaved rounds per region class, budget permitting, more while undecided (chosen, not measured)
 SESSIONS = 4  # in a whole-model comparison: two of the candidate, two of its base (measure/sessions.py)
-UNDECIDED_MAX_RUNS = 2000  # rounds at most while a class's verdict is undecided (a small region's are cheap; a
-# bound, not measured: the class's share of the deadline usually ends it first)
-CAPTURE_CHUNK = 32  # region inputs fetched per run of the original (bounds the memory they take; a bound, not
-# measured)
+UNDECIDED_MAX_RUNS = 2000  # rounds at most while a class is undecided (a bound, not measured: its share of the
+# deadline usually ends it first)
+CAPTURE_CHUNK = 32  # region inputs fetched per run of the original (bounds their memory; a bound, not measured)
 CONFIRM_RUNS = 20  # whole-model confirmation, budget permitting (and COMPARE_MIN_S of runs at least)
-ON_MODEL_ROUNDS = 20  # rounds reserved for each group decided on the whole model (the 8 of a confirmation left
-# YOLOv8n's 6% layout gain at [0.89, 0.99]: not significant, dropped in one run of two)
-SHORT_MODEL_ROUNDS = 16  # a model shorter than a round (MODEL_ROUND_S) runs several times in each: as many of its
-# rounds as take the time that the rounds above take of one of MODEL_ROUND_S, or this many at least (with 10,
-# cnn_small's reported A/A p90 under load was 1.016-1.021 in 3 runs of 4: the p90 of ten rounds is their largest
-# but one; with 16, 1.002-1.005 in 3 of 3, its confirmation 4-8 s of a 10 s budget, was 2.4-5.5)
-CONFIRM_GRACE = 0.5  # the whole-model confirmation may end this share of the timing deadline past it (so the
-# deadline of the rest is the budget / 1.5): a kept selection is never left unconfirmed for want of a few seconds
-COMPARE_MIN_S = 1.0  # and runs on to about this many seconds (a small model's 20 runs are a few milliseconds: a
-# 0.2 ms BERT block's confirmation on 20 runs read 0.979-1.083 around a real 1.14 and kept a slower selection)
-# The automatic budget, on the budget clock: AUTO_BASE_S and AUTO_RUNS runs of the model, between AUTO_MIN_S and
-# AUTO_MAX_S (times the GiB of weights past 1 GiB), of which the confirmation may take the last third
-# (CONFIRM_GRACE). A whole-model confirmation takes 8-16 rounds of four sessions (MIN_RUNS_FLOOR,
-# SHORT_MODEL_ROUNDS), about 64 runs of a 100+ ms model, and a group on the whole model 20 rounds more: AUTO_RUNS
-# leaves room for both and the region classes: on 7 models of realistic size (benchmarks/selection_stability.py,
-# docs/measured-selection.md) measuring spent 22-62 s of budgets of 26-90 s, 24-92 s of wall time quiet or loaded;
-# the old wall-time 10 s, raised to 40 s by an estimate of the steps around timing, kept nothing on a PicoDet
-# detector under load
+ON_MODEL_ROUNDS = 20  # rounds reserved per group decided on the whole model (8 left YOLOv8n's 6% layout gain at
+# [0.89, 0.99], dropped in one run of two)
+SHORT_MODEL_ROUNDS = 16  # rounds at least for a model shorter than MODEL_ROUND_S (with 10, cnn_small's A/A p90
+# under load was 1.016-1.021 in 3 runs of 4; with 16, 1.002-1.005 in 3 of 3)
+CONFIRM_GRACE = 0.5  # the confirmation may end this share of the deadline past it (the rest's deadline is the
+# budget / 1.5): a kept selection is never left unconfirmed for want of a few seconds (chosen, not measured)
+COMPARE_MIN_S = 1.0  # and runs on to about this many seconds (a 0.2 ms BERT block's 20 runs read 0.979-1.083
+# around a real 1.14 and kept a slower selection)
+# The automatic budget, on the budget clock: AUTO_BASE_S plus AUTO_RUNS runs of the model, within AUTO_MIN_S and
+# AUTO_MAX_S (times the GiB of weights past 1 GiB). On 7 models of realistic size (selection_stability.py)
+# measuring spent 22-62 s of budgets of 26-90 s quiet or loaded; a wall-time 40 s kept nothing on a loaded PicoDet
 AUTO_BASE_S = 12.0
 AUTO_RUNS = 225
 AUTO_MIN_S = 12.0
 AUTO_MAX_S = 90.0
-CAPTURE_SHARE = 0.3  # capture stops at this share of the budget: the regions not reached follow their prior
-# (a PicoDet detector's 1493-node capture took 1.0 s of its 36 s quiet; capturing is never worth a whole budget)
+CAPTURE_SHARE = 0.3  # capture stops at this share of the deadline, the rest follow their prior (a PicoDet's
+# 1493-node capture took 1.0 s of its 36 s); region timing gets this share at least, whatever is reserved
+
+
 class RegionRun:
     """One region selection: the state shared by its steps. Times are on the budget clock (`clock`, seconds
     since the selection began): `budget` is its deadline."""
@@ -111,21 +106,16 @@ class RegionRun:
         self.model_s = 0.0
 
     @property
-    def budget(self) -> float:
+    def deadline(self) -> float:
         """The deadline of everything but the confirmation, on the budget clock."""
         return self.cap / (1 + CONFIRM_GRACE)
-
-    @property
-    def deadline(self) -> float:
-        return self.budget
 
     # ---- capture: the values at region boundaries, from runs of the original -----------------------------------
 
     def capture(self, original: Model, regions: list[Region]) -> tuple[list[RegionClass], list[Region]]:
-        """Run the original with the regions' inputs as extra outputs (CAPTURE_CHUNK at a time) and group the
-        regions into classes by signature; the first region of a class keeps its inputs for timing. Capture
-        stops at CAPTURE_SHARE of the budget: (classes, regions not captured). The first run sets the automatic
-        budget (it knows the model's run time now)."""
+        """Run the original with the regions' inputs as extra outputs (CAPTURE_CHUNK at a time) and group the regions into
+        classes by signature (a class's first region keeps its inputs); stops at CAPTURE_SHARE of the budget. Returns
+        (classes, regions not captured). The first run sets the automatic budget (the model's run time is known then)."""
         # what the runs feed; an overridable initializer left unfed (its default) is fetched like any value
         feeds_names = {k for _, feeds in self.profiles for k in feeds}
         wanted = [v for v in dict.fromkeys(v for r in regions for v in r.inputs) if v not in feeds_names]
@@ -136,7 +126,7 @@ class RegionRun:
                                   self.opts.measure_threads) as session:
             self.session_s = self.clock() - t
             model_timed = self.model_s > 0  # (by an earlier pass's capture)
-            while pending and (not classes or self.clock() < CAPTURE_SHARE * self.budget):
+            while pending and (not classes or self.clock() < CAPTURE_SHARE * self.deadline):
                 chunk: list[Region] = []
                 names: set[str] = set()
                 while pending and (not chunk or len(names | set(pending[0].inputs)) <= CAPTURE_CHUNK):
@@ -228,9 +218,8 @@ class RegionRun:
         return Evidence(v.ratio, v.floor, share, settled=v.decided or v.faster)
 
     def _cached(self, key: str, kinds: tuple[str, ...]) -> dict | None:
-        """A cached result, unless it is weak evidence (weak_evidence) and this run can do better: a larger
-        --measure-budget, or a quieter machine. Runs with the automatic budget reuse every firm result, so two
-        runs with the same flags write the same model."""
+        """A cached result, unless it is weak evidence (weak_evidence) and this run can do better (a larger
+        --measure-budget, or a quieter machine): runs with the same flags write the same model."""
         hit = self.cache.get(key, kinds)
         if hit is not None and weak_evidence(hit) and (self.opts.measure_budget_s is not None and self.cap > hit.get(
                 "budget", float("inf")) or _load_per_core() < hit.get("load", 0.0) - QUIETER):
@@ -296,16 +285,14 @@ class RegionRun:
         return h.hexdigest()
 
     def comparison_s(self) -> float:
-        """About what one whole-model comparison takes before its runs: four sessions (SESSIONS) and a warm-up round of
-        each (from the capture run; the validator's where nothing was captured), in each of its generations of
-        sessions (two where four sessions are made in REMAKE_S at most: measure/timing.py in_generations)."""
+        """About what one whole-model comparison takes before its runs: SESSIONS sessions and a warm-up round of each
+        (the capture's session and run times, else the validator's), in each generation of sessions (timing.generations)."""
         session_s = self.session_s or self.validator.session_s
         return generations(SESSIONS * session_s) * SESSIONS * (session_s + self.run_s * len(self.profiles))
 
     def whole_model_s(self, rounds: int = MIN_RUNS_FLOOR) -> float:
-        """About what one whole-model comparison takes with its runs: comparison_s and `rounds` interleaved
-        rounds of its four sessions (at least COMPARE_MIN_S of runs). The confirmation needs its minimum
-        (MIN_RUNS_FLOOR); a group decided on the whole model ON_MODEL_ROUNDS, since its effect is a few percent."""
+        """About what one whole-model comparison takes with `rounds` rounds of runs (model_round_s each, COMPARE_MIN_S of
+        runs at least): MIN_RUNS_FLOOR for the confirmation, ON_MODEL_ROUNDS for a group on the whole model."""
         # a round of a short model is MODEL_ROUND_S of runs per session and profile (MEDIAN_OF runs at least where
         # they fit), half in each generation of sessions; a longer model's is one run, and each generation takes
         # half the rounds (measure/timing.py model_round_s)
@@ -318,9 +305,8 @@ class RegionRun:
         return self.latency_s or self.validator.run_s
 
     def rounds(self, n: int) -> int:
-        """`n` rounds of a whole-model comparison, for a model of MODEL_ROUND_S or longer (one run each); a
-        shorter model's rounds hold several runs each (measure/timing.py), and as many of them are taken as hold
-        the runs that `n` rounds of the model's length would (SHORT_MODEL_ROUNDS at least, `n` at most)."""
+        """`n` rounds of a whole-model comparison for a model of MODEL_ROUND_S or longer; a shorter model's rounds hold
+        several runs, and as many rounds are taken as hold the runs `n` would (SHORT_MODEL_ROUNDS to `n`)."""
         if self.run_s >= MODEL_ROUND_S:
             return n
         return min(n, max(SHORT_MODEL_ROUNDS, math.ceil(n * self.run_s / MODEL_ROUND_S)))
@@ -339,11 +325,9 @@ class RegionRun:
 
     def compare(self, base: str | Rewritten, candidate: Rewritten, key: str, kind: str, tag: dict,
                 deadline: float | None = None, runs: int = CONFIRM_RUNS) -> Comparison:
-        """Candidate against `base` (the input model's path, or a rebuilt selection) on the whole model,
-        interleaved, two sessions of the candidate giving the noise floor; up to `runs` runs while `deadline`
-        (default: the budget's) allows. Skipped (ratio None, status "skipped: why") when the budget
-        or memory does not allow it; that, too, is cached under `key`, so that a run with the same budget makes
-        the same choice."""
+        """Candidate against `base` (the input's path, or a rebuilt selection) on the whole model, two sessions of each,
+        up to `runs` rounds while `deadline` (default: the budget's) allows; the result is cached under `key`. Skipped
+        (ratio None, status "skipped: why") where the budget or memory does not allow it; a skip is not cached."""
         weights = candidate.info.size_bytes + candidate.info.external_bytes
         why = ""
         # the sessions and one warm-up round must fit; whether MIN_RUNS_FLOOR runs do is decided after the warm-up

@@ -21,18 +21,19 @@ from ..load.loader import load_model
 from ..options import OptimizeOptions
 from ..patterns.rules import Rule
 from ..progress import Phase, quiet
+from ..regions.cost import total
+from ..regions.cut import Region, find_regions
 from ..rewrite.engine import EngineOptions
 from ..rewrite.rebuild import Rewritten
 from ..tensors import all_tensors
 from ..validate.runtime import release_memory
 from ..validate.validate import Validator
 from .cached_report import to_cache
+from .classes import RegionClass
 from .decide import Decision, Evidence, Origin, Reason, best_alone, decide, fall_back, firm_faster, why
 from .decision_cache import DecisionCache, digest
 from .on_model import groups_on_model, split_on_model, time_on_model
-from .op_prior import total
-from .region_run import RegionRun, automatic_budget
-from .regions import Region, RegionClass, find_regions
+from .region_run import CAPTURE_SHARE, RegionRun, automatic_budget
 from .report import GroupEffect, Key, MeasureReport, Phases
 from .units import Kind, Unit, Untimeable
 
@@ -151,7 +152,7 @@ class _Selection:
             if pass_no == 0:  # keep time for the confirmation and each group on the whole model
                 reserve = run.whole_model_s() + run.rebuild_s
                 region_deadline = max(run.deadline - reserve - run.group_s() * len(groups_on_model(whole)),
-                                      run.clock() + 0.3 * run.budget)
+                                      run.clock() + CAPTURE_SHARE * run.deadline)
             with phase("time regions"):
                 run.time_classes(classes, region_deadline)
             for r in others:  # timed: what timing needed (the models' constants, captured inputs) goes

@@ -12,36 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from ..regions.cut import Untimeable
+
 __all__ = ["Kind", "Unit", "Untimeable"]
 
 Key = tuple[str, str]  # one applied rewrite: (rule id, root value)
-
-
-class Untimeable(Enum):
-    """Why a region cannot be timed alone; the value is its message (a detail may follow it)."""
-
-    IN_SUBGRAPH = "inside a subgraph"
-    FOLDED = "replaces nodes that folding had made"
-    REMOVES_ONLY = "removes nodes only (exact)"
-    REWRITTEN_AGAIN = "its new nodes were rewritten again by a later rule"
-    HOLDS_SUBGRAPH = "holds a subgraph"
-    READS_RENAMED = "reads a value another rewrite renamed"
-    WRITES_NEW = "writes a value the original nodes do not"
-    SELF_CONTEXT = "its context depends on itself"
-    MISSING_OUTPUT = "the fused nodes do not write a value its readers need"
-    NO_ARRAY = "reads or writes a type onnxruntime's Python API cannot hand over as an array"
-    FAILED = "onnxruntime could not run its two versions alone"
-
-    @property
-    def exact(self) -> bool:
-        """Its rewrite only removes nodes: nothing to time, and it cannot make the model slower."""
-        return self is Untimeable.REMOVES_ONLY
-
-    @property
-    def on_model(self) -> bool:
-        """It reads or rewrites what other rewrites made: decided with them on the whole model (a chain of
-        Transposes moved below a run of ops, a BatchNorm folded after them), not left as the original."""
-        return self in (Untimeable.FOLDED, Untimeable.REWRITTEN_AGAIN, Untimeable.READS_RENAMED)
 
 
 class Kind(Enum):
@@ -54,7 +29,7 @@ class Kind(Enum):
 @dataclass(frozen=True)
 class Unit:
     """One decision's subject. `rules` is the rewrite whose classes are each other's peers (the prior);
-    `weight` its vote among them (regions x nodes); `removes_work`, `cost` the op-cost prior (op_prior.py)."""
+    `weight` its vote among them (regions x nodes); `removes_work`, `cost` the op-cost prior (regions/cost.py)."""
 
     id: str
     label: str  # the fused op types it creates

@@ -1,41 +1,61 @@
-"""Regions: where a rewrite acts, cut out of the model as two small models (the original nodes and the fused ones)
-so that its effect can be timed without running the whole model.
+"""Regions: where a rewrite acts, cut out of the model as two small models (the original nodes and the fused
+ones), so that its effect can be timed without running the whole model (select/ times them).
 
 A region is a cluster of applied rewrites (rewrites that replaced the same original nodes, directly or through
-an earlier rewrite, form one cluster) together with context: the nodes one edge away on each side (the
-producers of its inputs and the readers of its outputs), taken from the original model and the same in both
-versions. The context is there so that onnxruntime's own fusions across the region's boundary (a MatMul's bias
-Add, an activation after a Conv) happen in the timed models as they would in the whole model.
-
-Regions whose two versions are alike (same op types, attributes, constants up to their values where large,
-and the shapes their inputs had when the model ran) are one *class*: twelve BERT layers are timed once. The
-class signature is a digest of that canonical form.
+an earlier rewrite, form one) with context: the nodes one edge away on each side, from the original model and
+the same in both versions, so that onnxruntime's own fusions across the boundary (a MatMul's bias Add, an
+activation after a Conv) happen in the timed models as in the whole one. Why a region cannot be cut out and run
+alone is an `Untimeable`, never a sentence.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from ..ir import Graph, Model, Node
-from ..model_proto import make_model
 from ..rewrite.apply import Application
 from ..tensors import TensorType
-from .decide import Evidence
-from .op_prior import OpCost, op_cost
-from .units import Untimeable
+from .cost import OpCost, op_cost
 
-__all__ = ["Region", "RegionClass", "const_bytes", "find_regions", "region_model", "signature"]
+__all__ = ["Const", "Key", "Region", "Untimeable", "const_bytes", "find_regions"]
 
-Key = tuple[str, str]
+Key = tuple[str, str]  # one applied rewrite: (rule id, root value)
 SMALL_CONST = 64  # constants up to this many elements enter a signature by value (shapes, axes, scales; a
 # bound, not measured: larger ones are weights, which enter by shape and type)
 CONTEXT_MAX_BYTES = 16 << 20  # a neighbour with more weights than this is not context: it would swamp the
 # region's time (and memory) with work both versions do alike (a bound, not measured)
+
+
+class Untimeable(Enum):
+    """Why a region cannot be timed alone; the value is its message (a detail may follow it)."""
+
+    IN_SUBGRAPH = "inside a subgraph"
+    FOLDED = "replaces nodes that folding had made"
+    REMOVES_ONLY = "removes nodes only (exact)"
+    REWRITTEN_AGAIN = "its new nodes were rewritten again by a later rule"
+    HOLDS_SUBGRAPH = "holds a subgraph"
+    READS_RENAMED = "reads a value another rewrite renamed"
+    WRITES_NEW = "writes a value the original nodes do not"
+    SELF_CONTEXT = "its context depends on itself"
+    MISSING_OUTPUT = "the fused nodes do not write a value its readers need"
+    NO_ARRAY = "reads or writes a type onnxruntime's Python API cannot hand over as an array"
+    FAILED = "onnxruntime could not run its two versions alone"
+
+    @property
+    def exact(self) -> bool:
+        """Its rewrite only removes nodes: nothing to time, and it cannot make the model slower."""
+        return self is Untimeable.REMOVES_ONLY
+
+    @property
+    def on_model(self) -> bool:
+        """It reads or rewrites what other rewrites made: decided with them on the whole model (a chain of
+        Transposes moved below a run of ops, a BatchNorm folded after them), not left as the original."""
+        return self in (Untimeable.FOLDED, Untimeable.REWRITTEN_AGAIN, Untimeable.READS_RENAMED)
 
 
 @dataclass(frozen=True)
@@ -58,7 +78,15 @@ class Const:
         if t is not None and t.shape is not None and all(isinstance(d, int) for d in t.shape) and \
                 int(np.prod(t.shape)) > SMALL_CONST and self.graph.initializer(self.name) is not None:
             return f"c{t.elem_type}{list(t.shape)}"
-        return _const_text(self.value())
+        return const_text(self.value())
+
+
+def const_text(a: np.ndarray) -> str:
+    text = f"c{a.dtype.str}{list(a.shape)}"
+    if a.size <= SMALL_CONST:
+        text += hashlib.sha1(np.ascontiguousarray(a).tobytes()).hexdigest()[:16]
+    return text
+
 
 
 @dataclass
@@ -77,7 +105,7 @@ class Region:
     types: dict[str, TensorType] = field(default_factory=dict)  # declared types of inputs/outputs (original)
     untimeable: Untimeable | None = None  # why this region cannot be timed alone (None when it can)
     detail: str = ""  # what that reason names (a value)
-    cost: OpCost | None = None  # the op-cost prior's count (op_prior.py), where every type is known
+    cost: OpCost | None = None  # the op-cost prior's count (cost.py), where every type is known
 
     def drop_models(self) -> None:
         """Forget what building the two models needs (the node protos and constants, which keep the loaded
@@ -93,64 +121,6 @@ class Region:
     @property
     def label(self) -> str:
         return "+".join(sorted(set(self.ops))) or "(removes nodes only)"
-
-
-SHAPE_VALUES = 64  # a region whose inputs are all integers this small computes shapes (see RegionClass.shape_only;
-# a bound, not measured: shape vectors have at most a few dozen elements)
-# the order classes are timed in (RegionClass.potential) only: not measured, a roofline guess (a core moving
-# ~10 GB/s and computing ~50 GFLOP/s weighs a FLOP a fifth of a byte; a node of unknown types 256 KB); a wrong
-# guess times a class later, and the budget's end leaves it to its prior, never to a coin flip
-FLOPS_PER_BYTE = 5.0
-AVG_BYTES = 256 * 1024
-
-
-def _integer(elem_type: int) -> bool:
-    """An integer or bool element type (shape arithmetic's)."""
-    try:
-        return onnx.helper.tensor_dtype_to_np_dtype(elem_type).kind in "iub"
-    except (KeyError, ValueError):
-        return False
-
-
-@dataclass
-class RegionClass:
-    """Alike regions, timed once through the first."""
-
-    sig: str
-    regions: list[Region]
-    feeds: list[dict[str, np.ndarray]] = field(default_factory=list)  # per profile, the first region's inputs
-    evidence: Evidence | None = None  # what timing it showed (None: not timed)
-    seconds_each: float = 0.0  # its first region's original version, per run (estimator clock)
-    failed: str = ""  # why onnxruntime could not run it alone (then its prior decides)
-
-    @property
-    def shape_only(self) -> bool:
-        """The region reads only a few integers and writes integers (shape arithmetic): there is nothing to time;
-        it is kept. (An embedding lookup also reads a few integers at a short sequence, but writes floats.)"""
-        rep = self.regions[0]
-        outs = [rep.types.get(v) for v in rep.outputs]
-        return all(t is not None and _integer(t.elem_type) for t in outs) and all(
-            a.size <= SHAPE_VALUES and a.dtype.kind in "iu" for feeds in self.feeds for a in feeds.values())
-
-    @property
-    def keys(self) -> list[Key]:
-        return [k for r in self.regions for k in r.keys]
-
-    @property
-    def weight(self) -> int:
-        """Its regions times their nodes (once the regions are decided and their nodes gone: its regions)."""
-        return len(self.regions) * max(1, len(self.regions[0].original))
-
-    @property
-    def potential(self) -> float:
-        """What it could save, before timing: its regions times the bytes their original nodes move plus their
-        FLOPs over FLOPS_PER_BYTE (op_prior.py's count, at the larger size of a symbolic dim); by node count
-        (AVG_BYTES each) where a type is unknown. Classes are timed largest first."""
-        cost = self.regions[0].cost
-        work = (cost.bytes[-1][0] + cost.flops[-1][0] / FLOPS_PER_BYTE) if cost is not None else \
-            AVG_BYTES * max(1, len(self.regions[0].original))
-        return len(self.regions) * work
-
 
 
 class _Clusters:
@@ -368,78 +338,3 @@ def _topo(nodes: list[Node]) -> list[Node] | None:
     return order if all(visit(i) for i in range(len(nodes))) else None
 
 
-# ---- signature ------------------------------------------------------------------------------------------------
-
-def _const_text(a: np.ndarray) -> str:
-    text = f"c{a.dtype.str}{list(a.shape)}"
-    if a.size <= SMALL_CONST:
-        text += hashlib.sha1(np.ascontiguousarray(a).tobytes()).hexdigest()[:16]
-    return text
-
-
-def _side_text(nodes: list[onnx.NodeProto], consts: dict[str, Const], region: Region) -> str:
-    ids: dict[str, str] = {}
-
-    def ref(v: str) -> str:
-        if not v:
-            return "_"
-        if v not in ids:
-            if v in consts:
-                ids[v] = f"{len(ids)}:{consts[v].text()}"
-            elif v in region.inputs:
-                ids[v] = f"{len(ids)}:in{region.inputs.index(v)}"
-            else:
-                ids[v] = f"{len(ids)}"
-            return ids[v]
-        return ids[v].split(":")[0]
-
-    parts = []
-    for n in nodes:
-        attrs = ";".join(f"{a.name}={hashlib.sha1(a.SerializeToString()).hexdigest()[:16]}"
-                         for a in sorted(n.attribute, key=lambda a: a.name))
-        ins = ",".join(ref(v) for v in n.input)
-        outs = ",".join(ref(v) for v in n.output)
-        parts.append(f"{n.domain}::{n.op_type}({ins})->({outs}){{{attrs}}}")
-    outs = ",".join(ref(v) for v in region.outputs)
-    return "|".join(parts) + f"=>{outs}"
-
-
-def signature(region: Region, shapes: list[list[tuple[str, tuple[int, ...]]]]) -> str:
-    """The class of a region: both versions' canonical form, and the dtype and shape of each input as it ran
-    (one list per shape profile, in region.inputs order)."""
-    text = _side_text(region.original, region.orig_consts, region) + "##" + \
-        _side_text(region.fused, region.fused_consts, region) + "##" + repr(shapes)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-# ---- a region as a model ----------------------------------------------------------------------------------------
-
-def region_model(region: Region, fused: bool, opsets: dict[str, int], ir_version: int,
-                 feeds: dict[str, np.ndarray] | list[dict[str, np.ndarray]]) -> bytes:
-    """One version of the region as a serialized model whose inputs are the runtime values it reads (typed
-    as in the original model, so that onnxruntime sees the same static and symbolic dims). `feeds`: the values
-    it will be run on (one dict per profile); where the original has no shape for a value, a dim is static
-    only if every profile's value has the same size there."""
-    nodes = region.fused if fused else region.original
-    consts = region.fused_consts if fused else region.orig_consts
-    read = {i for n in nodes for i in n.input if i}
-    all_feeds = feeds if isinstance(feeds, list) else [feeds]
-    inputs = []
-    for v in region.inputs:
-        if v not in read:
-            continue
-        t = region.types.get(v)
-        arr = all_feeds[0][v]
-        typed = t is not None and t.shape is not None and len(t.shape) == arr.ndim
-        dims = [d if not isinstance(d, int) or all(f[v].ndim == arr.ndim and f[v].shape[a] == d for f in all_feeds)
-                else f"{v}_{a}" for a, d in enumerate(t.shape if typed else arr.shape)]
-        elem = onnx.helper.np_dtype_to_tensor_dtype(arr.dtype)
-        inputs.append(onnx.helper.make_tensor_value_info(v, elem, [d if d is not None else None for d in dims]))
-    outputs = []
-    for v in region.outputs:
-        vi = onnx.ValueInfoProto()
-        vi.name = v
-        outputs.append(vi)
-    inits = [numpy_helper.from_array(np.asarray(c.value()), name) for name, c in consts.items() if name in read]
-    graph = onnx.helper.make_graph(list(nodes), "region", inputs, outputs, inits)
-    return make_model(graph, opsets, ir_version).SerializeToString()
