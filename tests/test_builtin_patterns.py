@@ -74,3 +74,18 @@ def test_every_builtin_rule_has_an_example_its_self_test_runs():
     """A rule's `example:` gives the shapes (and values) its self-test builds: every built-in rule has one, so
     none is tested only on shapes guessed from its `where`."""
     assert not [r.id for r in RULES if not r.example and not r.example_attrs]
+
+
+def test_no_match_line_is_copied_between_attention_rules():
+    """What two attention rules share is a named sub-pattern (`patterns:` in attention.yaml), not a copied match
+    line: a spelling learnt once reaches every rule that calls it."""
+    import yaml
+
+    data = yaml.safe_load(open(f"{builtin_patterns_dir()}/attention.yaml").read())
+    seen: dict[str, str] = {}
+    for rule in data["rules"]:
+        for name, expr in (rule.get("match") or {}).items():
+            line = f"{name}: {' '.join(str(expr).split())}"
+            if len(line) > 40:  # a short line (`o: MatMul(weights(p), vh)`) is a name, not a spelling
+                assert seen.setdefault(line, rule["id"]) == rule["id"], \
+                    f"{rule['id']} copies {seen[line]}'s match line {line!r}: make it a named sub-pattern"
