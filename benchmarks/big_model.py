@@ -2,7 +2,7 @@
 (max RSS of the onnxfuse process, which also runs onnxruntime for validation), that the output keeps its
 weights external, loads in onnxruntime and matches the input's outputs.
 
-    python benchmarks/big_model.py [--gb 2.2] [--dir /tmp/onnxfuse-big]
+    python -m benchmarks.big_model [--gb 2.2] [--dir /tmp/onnxfuse-big]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Prints, per model, the kept selection (the output's op counts) and the reported 
 spread optimize reports (p10-p90 of the confirmation's two candidate sessions, per round), and whether
 `profile A B`, `bench A B` and optimize's confirmation agree on faster / slower / unchanged for the same pair.
 
-    python benchmarks/busy_measure.py [--models a.onnx ...] [--load N] [--load-kind spin|memory] [--no-agreement]
+    python -m benchmarks.busy_measure [--models a.onnx ...] [--load N] [--load-kind spin|memory] [--no-agreement]
                                       [--keep DIR]
 
 Defaults: the shared development models and the small bundled ones; N = one busy process per core. About 1-2

@@ -1,10 +1,10 @@
 """The test suite with every core busy: the condition under which a test that asserts what real timing decides
 fails (a second test suite beside it, a loaded CI machine).
 
-    python benchmarks/busy_suite.py                      # the whole suite, one busy loop per core
-    python benchmarks/busy_suite.py tests/test_regions.py -k cached --repeat 5
-    python benchmarks/busy_suite.py --busy 4 --seconds 600 -- tests/test_provenance.py
-    python benchmarks/busy_suite.py --ci --repeat 2       # CI itself: .ci/run on a fresh clone of HEAD, twice
+    python -m benchmarks.busy_suite                      # the whole suite, one busy loop per core
+    python -m benchmarks.busy_suite tests/test_regions.py -k cached --repeat 5
+    python -m benchmarks.busy_suite --busy 4 --seconds 600 -- tests/test_provenance.py
+    python -m benchmarks.busy_suite --ci --repeat 2       # CI itself: .ci/run on a fresh clone of HEAD, twice
 
 Starts N busy-loop processes (default: one per core this process may use), runs
 `python -m pytest -q -p no:cacheprovider [ARGS]` (ARGS: test files, -k, ...) `--repeat` times, and prints each

@@ -3,9 +3,9 @@
 
 Usage::
 
-    python benchmarks/family_table.py /tmp/corpus/*.onnx /tmp/h12/*.onnx --json /tmp/audit.json
-    python benchmarks/family_table.py X.onnx --tools onnxfuse --reuse /tmp/audit.json   # peers from a run before
-    python benchmarks/family_table.py X.onnx --no-check                                # counts only
+    python -m benchmarks.family_table /tmp/corpus/*.onnx /tmp/h12/*.onnx --json /tmp/audit.json
+    python -m benchmarks.family_table X.onnx --tools onnxfuse --reuse /tmp/audit.json   # peers from a run before
+    python -m benchmarks.family_table X.onnx --no-check                                # counts only
 
 For each model:
 
@@ -50,19 +50,17 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from onnxfuse.measure.compare import compare
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from transformer_fusions import (  # noqa: E402
+from benchmarks.transformer_fusions import (
     all_nodes,
     one_line,
     onnxfuse_exe,
     run_onnxscript,
     run_ort_transformers,
 )
-from transformer_fusions import (
+from benchmarks.transformer_fusions import (
     model_types as _model_types,
 )
+from onnxfuse.measure.compare import compare
 
 ATTENTION_OPS = ("Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
                  "PackedMultiHeadAttention")

@@ -5,7 +5,7 @@ seeded with the serial run's decisions: it must time nothing and write the same 
 Prints wall time, models failed, groups timed, peak memory per node (the largest worker process RSS; the
 driver's own for serial) and whether the outputs are byte-identical to the serial run's.
 
-    python benchmarks/fleet_ray.py [--budget 2] [--models 20]
+    python -m benchmarks.fleet_ray [--budget 2] [--models 20]
 
 The nodes of a loopback cluster share this machine's cores and its timing lock file (measure/lock.py), so its
 measuring is serialized as --jobs' is: the cluster's gain here is the rewriting and validating done side by side

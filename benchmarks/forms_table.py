@@ -3,10 +3,10 @@
 
 Usage::
 
-    python benchmarks/make_form_models.py /tmp/forms          # once
-    python benchmarks/forms_table.py [/tmp/forms] [--json out.json] [--only bert_,gpt2_] [--jobs 2]
+    python -m corpora.forms /tmp/forms          # once
+    python -m benchmarks.forms_table [/tmp/forms] [--json out.json] [--only bert_,gpt2_] [--jobs 2]
 
-Per model (listed in ``forms.json``, written by ``make_form_models.py``):
+Per model (listed in ``forms.json``, written by ``corpora/forms.py``):
 
 * ORT-opt: ``onnxruntime.transformers.optimizer.optimize_model(path, model_type, num_heads, hidden_size,
   opt_level=0)`` on CPU, with the model type ``forms.json`` gives (``bert`` if that type fails);
@@ -41,9 +41,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_form_models import feeds_for  # noqa: E402
-from transformer_fusions import quiet, run_onnxscript  # noqa: E402
+from benchmarks.transformer_fusions import quiet, run_onnxscript
+from corpora.forms import feeds_for
 
 KINDS = {
     "attention": {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",

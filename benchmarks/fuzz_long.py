@@ -1,26 +1,29 @@
 """Long fuzz run: the property-based test of tests/test_fuzz.py with many more examples and a fresh seed each
 run (the test suite itself is derandomized), and a tally of the rules the random graphs made fire.
 
-    python benchmarks/fuzz_long.py [EXAMPLES] [--seed N]      (default 1000 examples, a random seed)
+    python -m benchmarks.fuzz_long [EXAMPLES] [--seed N]      (default 1000 examples, a random seed)
 
 The seed is printed first; `--seed N` repeats a run. A failure found here becomes a fixed regression test in
-tests/test_fuzz.py (build the graph with tests/fuzz_graphs.py's helpers, as layernorm_chain does).
+tests/test_fuzz.py (build the graph with corpora/fuzz_graphs.py's helpers, as layernorm_chain does).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import os
 import random
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from fuzz_graphs import random_model  # noqa: E402
-from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
+from corpora.fuzz_graphs import random_model
+
+# this runs tests/test_fuzz.py's own property with more examples: its invariants, imported from the test (which
+# imports conftest.py beside it)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_fuzz import WELL_CONDITIONED, check_invariants, conditioning  # noqa: E402
 
 

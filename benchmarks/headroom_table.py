@@ -3,8 +3,8 @@
 
 Usage::
 
-    python benchmarks/make_membound_models.py /tmp/membound
-    python benchmarks/headroom_table.py /tmp/membound/*.onnx /work/shared/models/ppocr_det_v4.onnx \\
+    python -m corpora.membound /tmp/membound
+    python -m benchmarks.headroom_table /tmp/membound/*.onnx /work/shared/models/ppocr_det_v4.onnx \\
         --json /tmp/headroom.json
 
 For each model: ``onnxfuse.optimize(path, out, OptimizeOptions())`` (the default: validated, measured
@@ -31,17 +31,17 @@ latency between kernels), with the input's and output's time outside GEMM work; 
 plus both profiles' ``to_json()``.
 Heavy: run it alone on the machine (timing), it takes about a minute per model.
 
-Two corpora: ``make_membound_models.py`` builds six nets with onnx.helper in their cleanest form;
-``make_membound_exports.py`` writes thirteen exported by real exporters (tf2onnx from Keras applications
+Two corpora: ``corpora/membound.py`` builds six nets with onnx.helper in their cleanest form;
+``corpora/membound_exports.py`` writes thirteen exported by real exporters (tf2onnx from Keras applications
 EfficientNetB0 / MobileNetV3 and a Keras UNet, torch.onnx TorchScript and dynamo from torchvision
 MobileNetV3 / EfficientNet / LRASPP / SSDLite, a plain-torch CRNN and YOLOv8n, paddle2onnx PP-OCR-rec-like and
 MobileNetV3-small), in the forms users get (Keras NHWC transposes, BN as Mul/Add, Swish as x*Sigmoid,
 ReduceMean squeezes, decomposed HardSwish, Identity leftovers), each exporter in its own venv::
 
-    python benchmarks/make_membound_exports.py /tmp/membound_x --python-tf /tmp/tfvenv/bin/python \\
+    python -m corpora.membound_exports /tmp/membound_x --python-tf /tmp/tfvenv/bin/python \\
         --python-torch /tmp/tvv/bin/python --python-paddle /tmp/pdv/bin/python
-    python benchmarks/headroom_table.py /tmp/membound_x/*.onnx --json /tmp/headroom_x.json
-    python benchmarks/nchwc_breakers.py /tmp/membound_x/*.onnx      # what breaks onnxruntime's NCHWc chains
+    python -m benchmarks.headroom_table /tmp/membound_x/*.onnx --json /tmp/headroom_x.json
+    python -m benchmarks.nchwc_breakers /tmp/membound_x/*.onnx      # what breaks onnxruntime's NCHWc chains
 """
 
 from __future__ import annotations

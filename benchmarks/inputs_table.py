@@ -3,7 +3,7 @@
 
 Usage::
 
-    python benchmarks/inputs_table.py MODEL.onnx [MODEL.onnx ...] [--out DIR] [--timeout 600]
+    python -m benchmarks.inputs_table MODEL.onnx [MODEL.onnx ...] [--out DIR] [--timeout 600]
 
 For every model, one process at a time (each under ``/usr/bin/time``: wall seconds and peak RSS):
 

@@ -4,8 +4,8 @@ decisions on norms and behind leaving GroupQueryAttention out.
 
 Usage::
 
-    python benchmarks/kernel_micro.py                 # 1 thread
-    python benchmarks/kernel_micro.py --threads 2 --seconds 4
+    python -m benchmarks.kernel_micro                 # 1 thread
+    python -m benchmarks.kernel_micro --threads 2 --seconds 4
 
 Cases (each pair is checked equal first, then compared by the tool's protocol, onnxfuse.measure.compare: A/A
 pairs, sessions made twice, interleaved; the ratio is fused / unfused with its interval; about 2-6 s each):

@@ -4,9 +4,9 @@ KV cache) and per thread count, all variants interleaved in one process.
 
 Usage::
 
-    python benchmarks/latency_table.py /tmp/corpus/llama_kv_ts17.onnx /tmp/corpus/bert_base_ts17.onnx \\
+    python -m benchmarks.latency_table /tmp/corpus/llama_kv_ts17.onnx /tmp/corpus/bert_base_ts17.onnx \\
         --threads 1,2 --budget 6 --json /tmp/latency.json
-    python benchmarks/latency_table.py X.onnx --onnxfuse-args "--threads 2"   # onnxfuse measured at 2 threads
+    python -m benchmarks.latency_table X.onnx --onnxfuse-args "--threads 2"   # onnxfuse measured at 2 threads
 
 For each model it builds, in a temporary folder:
 
@@ -43,10 +43,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from family_table import count_fused, count_present, max_abs, run_ortx  # noqa: E402
-from transformer_fusions import one_line, onnxfuse_exe, run_onnxscript  # noqa: E402
-
+from benchmarks.family_table import count_fused, count_present, max_abs, run_ortx
+from benchmarks.transformer_fusions import one_line, onnxfuse_exe, run_onnxscript
 from onnxfuse.inputs import at_batch, discover_profiles  # noqa: E402
 from onnxfuse.inputs.shapes import ShapeSpec  # noqa: E402
 from onnxfuse.measure.stats import SIGNIFICANT, paired_ratio  # noqa: E402

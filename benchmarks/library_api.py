@@ -3,7 +3,7 @@
 `onnxfuse.FusionPass` inside an onnx-ir PassManager. Prints what fired, the time each took, the process's peak
 memory, and the rewritten model's largest difference from the original through onnxruntime.
 
-    python benchmarks/library_api.py /work/corpus/bert_base12.onnx      # any .onnx: a 12-layer BERT, a ResNet
+    python -m benchmarks.library_api /work/corpus/bert_base12.onnx      # any .onnx: a 12-layer BERT, a ResNet
 """
 
 from __future__ import annotations

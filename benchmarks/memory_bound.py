@@ -8,7 +8,7 @@ Cases (each with the weight embedded in the .onnx file and in an external data f
   gelu     MatMul(x[batch, K], W[K, 256]) + erf-Gelu       a rule fires: validation and measuring run
   biasgelu Add(x[batch, N], W[N]) + erf-Gelu               a rule fires, activations as big as the weight
 
-    python benchmarks/memory_bound.py [--mb 128,512] [--cases add,matmul,gelu] [--layout embedded,external]
+    python -m benchmarks.memory_bound [--mb 128,512] [--cases add,matmul,gelu] [--layout embedded,external]
                                       [--dir /tmp/onnxfuse-membound] [--onnxfuse-args "..."]
 
 Prints one row per case: weights, onnxfuse's wall s and peak RSS, the baseline's, and their ratios.

@@ -3,7 +3,7 @@
 
 Usage::
 
-    python benchmarks/nchwc_breakers.py /tmp/membound_x/*.onnx /work/shared/models/ppocr_det_v4.onnx [--json F]
+    python -m benchmarks.nchwc_breakers /tmp/membound_x/*.onnx /work/shared/models/ppocr_det_v4.onnx [--json F]
 
 For each model, an onnxruntime CPU session at ORT_ENABLE_ALL (1 thread) writes its optimized graph
 (``optimized_model_filepath``): the graph after onnxruntime's own fusions and its NchwcTransformer, which

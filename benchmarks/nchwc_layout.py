@@ -4,8 +4,8 @@ inserts before and after, and the latency of the rewritten model against its inp
 
 Usage::
 
-    python benchmarks/make_membound_models.py /tmp/membound
-    python benchmarks/nchwc_layout.py /tmp/membound/*.onnx [--rule se-gate-broadcast] [--budget 6]
+    python -m corpora.membound /tmp/membound
+    python -m benchmarks.nchwc_layout /tmp/membound/*.onnx [--rule se-gate-broadcast] [--budget 6]
 
 For each model: ``onnxfuse.optimize`` with only the named rules of patterns/layout.yaml (validated, no measured
 selection, so every match is rewritten), then onnxruntime (ORT_ENABLE_ALL, 1 thread) on the input and on the

@@ -6,8 +6,8 @@ independent check of what measured selection decided.
 
 Usage::
 
-    python benchmarks/make_form_models.py /tmp/forms
-    python benchmarks/never_slower.py /tmp/forms/*.onnx [--budget 2] [--json /tmp/never_slower.json]
+    python -m corpora.forms /tmp/forms
+    python -m benchmarks.never_slower /tmp/forms/*.onnx [--budget 2] [--json /tmp/never_slower.json]
 
 One markdown row per model: what was kept (rules), optimize's own whole-model confirmation, the bench ratio
 (output over input latency, 95% CI), its A/A control and verdict. Then a count of verdicts; exit 1 if any output

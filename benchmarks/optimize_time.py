@@ -6,7 +6,7 @@ selection, an empty decision cache), run again (decisions cached: must write the
 
 Usage::
 
-    python benchmarks/optimize_time.py MODEL.onnx... [--latency] [--budget S] [--json OUT.json]
+    python -m benchmarks.optimize_time MODEL.onnx... [--latency] [--budget S] [--json OUT.json]
                                        [--peer-python PY]
 
 Each command runs in its own process under /usr/bin/time -v (see realistic_check.timed). The decision cache
@@ -26,8 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from realistic_check import ORT_OPT, ORT_TYPE, timed  # noqa: E402
+from benchmarks.realistic_check import ORT_OPT, ORT_TYPE, timed
 
 
 def _onnxfuse() -> list[str]:

@@ -5,8 +5,8 @@ Here each peer's output and onnxfuse's are timed interleaved in one process (`on
 control session, at the shapes peer_bench uses. Prints one line per model and peer: onnxfuse's time / the
 peer's, with its 95% CI and the verdict.
 
-    python benchmarks/peer_ab.py                      # every model in ../shared/models
-    python benchmarks/peer_ab.py path/to/model.onnx --shape batch=1 --shape seq=64
+    python -m benchmarks.peer_ab                      # every model in ../shared/models
+    python -m benchmarks.peer_ab path/to/model.onnx --shape batch=1 --shape seq=64
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 
 Usage::
 
-    python benchmarks/make_realistic_models.py [CORPUS]          # first: export the models
-    python benchmarks/realistic_check.py [CORPUS] [--only bert_base_ts17,...] [--results DIR] [--no-measured]
+    python -m corpora.realistic [CORPUS]          # first: export the models
+    python -m benchmarks.realistic_check [CORPUS] [--only bert_base_ts17,...] [--results DIR] [--no-measured]
                                           [--measure-timeout 900] [--reuse]
 
 CORPUS defaults to ~/.cache/onnxfuse-corpus. For every ``*.onnx`` in it (``*.opt.onnx`` etc. excluded), each in

@@ -2,7 +2,7 @@
 (does the op-time table add up to the measured latency?), the utilization figures and memory-bound signals,
 and one HTML report per model.
 
-    python benchmarks/report_models.py [--out DIR] [MODEL ...]   (default: ../shared/models/*.onnx)
+    python -m benchmarks.report_models [--out DIR] [MODEL ...]   (default: ../shared/models/*.onnx)
 """
 
 from __future__ import annotations

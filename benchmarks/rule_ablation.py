@@ -2,7 +2,7 @@
 rule but it, and compare each variant with the original by the tool's own protocol (onnxfuse.measure.compare:
 A/A pairs, sessions made twice, interleaved, a verdict beyond the noise floor; onnxruntime CPU, ORT_ENABLE_ALL).
 
-    python benchmarks/rule_ablation.py MODEL [--threads 1] [--seconds 2] [--shape name:dims]...
+    python -m benchmarks.rule_ablation MODEL [--threads 1] [--seconds 2] [--shape name:dims]...
 
 About (2 x rules fired + 1) x 2-6 seconds of timing, plus one optimize per variant.
 """

@@ -3,7 +3,7 @@ about 10k, 30k and 100k nodes. onnxfuse runs load -> match -> rewrite -> write (
 those run the model and scale with its compute, not its node count). Peers on the same files: onnxslim and
 onnxruntime's transformers optimizer (when installed).
 
-    python benchmarks/scaling.py [--sizes 10000,30000,100000] [--no-peers]
+    python -m benchmarks.scaling [--sizes 10000,30000,100000] [--no-peers]
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 rewrites whether or not other onnxruntime work shares the machine, never fall back to keeping nothing, and stay
 within the budget it prints?
 
-    python benchmarks/selection_stability.py MODEL[:DIM=V,DIM=V] ...  [--load N] [--unlimited S] [--no-measure]
-    python benchmarks/selection_stability.py --manifest /path/manifest.json ../shared/models/bert_tiny.onnx
+    python -m benchmarks.selection_stability MODEL[:DIM=V,DIM=V] ...  [--load N] [--unlimited S] [--no-measure]
+    python -m benchmarks.selection_stability --manifest /path/manifest.json ../shared/models/bert_tiny.onnx
 
 For each model, each in its own `onnxfuse optimize --no-cache --json` process (fresh, no decision cache):
   1. quiet: the default run; kept op counts, the confirmation's effect (output / input), the measuring

@@ -7,7 +7,7 @@ An `onnxfuse.OnnxfuseError` is a user-facing refusal ("refused"); any other exce
 per model, to check its exit code (0 ok, 1 user error, 70 internal error); it runs after the API call, so
 measured selection usually comes from the decision cache that call wrote.
 
-    python benchmarks/styles_table.py [PATH_OR_DIR ...] [--no-measure] [--no-cache] [--no-cli]
+    python -m benchmarks.styles_table [PATH_OR_DIR ...] [--no-measure] [--no-cache] [--no-cli]
         (default: models/styles/ and models/styles_tf/)
 """
 

@@ -4,9 +4,9 @@
 Usage::
 
     python models/make_transformer_models.py                      # once: builds models/transformers/
-    python benchmarks/transformer_fusions.py                      # every .onnx in models/transformers/
-    python benchmarks/transformer_fusions.py /work/shared/models/bert_tiny.onnx --json /tmp/fusions.json
-    python benchmarks/transformer_fusions.py --dir '' X.onnx --tools ortx-o1,onnxfuse --seconds 4
+    python -m benchmarks.transformer_fusions                      # every .onnx in models/transformers/
+    python -m benchmarks.transformer_fusions /work/shared/models/bert_tiny.onnx --json /tmp/fusions.json
+    python -m benchmarks.transformer_fusions --dir '' X.onnx --tools ortx-o1,onnxfuse --seconds 4
 
 For each model (the ``--dir`` folder, default ``models/transformers/``, plus any paths given) it builds:
 

@@ -20,7 +20,7 @@ patch 8), ``llama`` (LlamaModel, use_cache=False, 4 heads / 2 kv heads = grouped
 mask and the scale in the query projection), ``segformer`` (SegformerModel, 32x32 image, 2 stages: attention
 on a key / value sequence reduced by a strided conv).
 
-Tiny versions of the families ``benchmarks/make_realistic_models.py`` exports at realistic size:
+Tiny versions of the families ``corpora/realistic.py`` exports at realistic size:
 ``llama_kv`` (LlamaForCausalLM, 2 layers, 4 heads / 2 kv heads, with a KV cache: inputs input_ids
 [batch, sequence], attention_mask [batch, total] (TorchScript: ``past_sequence+sequence``, dynamo:
 ``total_sequence``), position_ids [batch, sequence], ``past_key_values.N.key/value`` [batch, kv heads,

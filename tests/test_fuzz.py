@@ -22,10 +22,10 @@ import onnx.helper as oh
 import onnxruntime as ort
 import pytest
 from conftest import ort_run
-from fuzz_graphs import layernorm_chain, random_model
 from hypothesis import assume, event, given, settings
 from hypothesis.control import currently_in_test_context
 
+from corpora.fuzz_graphs import layernorm_chain, random_model
 from onnxfuse import OptimizeOptions, optimize
 from onnxfuse.validate.compare import default_tolerance
 

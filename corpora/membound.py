@@ -4,9 +4,9 @@ time *between* the GEMMs (depthwise convs, squeeze-excitation, activations, Resi
 
 Usage::
 
-    python benchmarks/make_membound_models.py [OUT_DIR]      # default /tmp/membound
-    python benchmarks/make_membound_models.py --only mnv3,db_
-    python benchmarks/make_membound_models.py --list
+    python -m corpora.membound [OUT_DIR]      # default /tmp/membound
+    python -m corpora.membound --only mnv3,db_
+    python -m corpora.membound --list
 
 Every model is built with ``onnx.helper`` and numpy only (random weights, a fixed seed per model, nothing
 downloaded), float32, batch 1, static input shapes; BatchNormalization nodes are kept where the real nets have

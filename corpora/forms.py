@@ -3,10 +3,10 @@
 
 Usage::
 
-    python benchmarks/make_form_models.py [OUT_DIR]        # default /tmp/forms
-    python benchmarks/make_form_models.py --list
-    python benchmarks/make_form_models.py --only bert_,gelu_
-    python benchmarks/make_form_models.py --torch OUT_DIR  # also export tiny HF BERT / GPT-2 (needs torch,
+    python -m corpora.forms [OUT_DIR]        # default /tmp/forms
+    python -m corpora.forms --list
+    python -m corpora.forms --only bert_,gelu_
+    python -m corpora.forms --torch OUT_DIR  # also export tiny HF BERT / GPT-2 (needs torch,
                                                            # transformers; optional)
 
 Every model is built with ``onnx.helper`` and numpy only (random weights, a fixed seed per model), so the corpus
@@ -799,7 +799,7 @@ def family(name: str) -> str:
     return "attention"
 
 
-# Hugging Face Optimum's dim names (benchmarks/make_optimum_models.py) -> the corpus' sizes
+# Hugging Face Optimum's dim names (corpora/optimum.py) -> the corpus' sizes
 OPTIMUM_DIMS = {"batch_size": "batch", "text_batch_size": "batch", "sequence_length": "seq",
                 "past_sequence_length": "past", "past_sequence_length + sequence_length": "total",
                 "num_channels": 3, "height": 32, "width": 32}
@@ -887,7 +887,7 @@ def main(argv: list[str] | None = None) -> int:
                           **opt_args, "opset": kw.get("opset"), "bytes": path.stat().st_size}
         print(f"{name:28} {path.stat().st_size / 1024:7.1f} KB  {form}")
     if args.torch:
-        from make_form_models_torch import export_all  # noqa: PLC0415 - optional, needs torch
+        from corpora.forms_torch import export_all  # noqa: PLC0415 - optional, needs torch
 
         manifest.update(export_all(out))
     old = out / "forms.json"

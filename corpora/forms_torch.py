@@ -5,8 +5,8 @@ input) at opset 13 and 17. Needs ``pip install torch==2.13.0 'transformers>=5,<6
 
 Usage::
 
-    python benchmarks/make_form_models_torch.py [OUT_DIR]          # default /tmp/forms; updates forms.json
-    python benchmarks/make_form_models.py --torch OUT_DIR          # the same, after the core corpus
+    python -m corpora.forms_torch [OUT_DIR]          # default /tmp/forms; updates forms.json
+    python -m corpora.forms --torch OUT_DIR          # the same, after the core corpus
 
 Configs are built after ``torch.manual_seed(0)`` (nothing downloaded): hidden 64, 4 heads, 2 layers,
 vocabulary 100, 64 positions. An export that fails is reported in one line and left out.

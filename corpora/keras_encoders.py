@@ -6,8 +6,8 @@ image encoder (Conv2D patches, pre-norm blocks, exact GELU), 2 layers, hidden 64
 Usage (TensorFlow is not a dependency of onnxfuse; use a separate environment)::
 
     python3.11 -m venv /tmp/tfenv && /tmp/tfenv/bin/pip install "tensorflow-cpu==2.15.1" "tf2onnx==1.16.1"
-    /tmp/tfenv/bin/python benchmarks/make_keras_models.py /tmp/keras
-    python benchmarks/family_table.py /tmp/keras/*.onnx --tools onnxfuse
+    /tmp/tfenv/bin/python -m corpora.keras_encoders /tmp/keras
+    python -m benchmarks.family_table /tmp/keras/*.onnx --tools onnxfuse
 
 writes ``keras_encoder_tf2onnx17.onnx`` and ``keras_vit_tf2onnx17.onnx`` (0.5 MB each). Every 1-D weight
 (biases, norm parameters) gets N(0, 0.1) noise so that a fusion that drops one cannot pass validation.

@@ -14,7 +14,7 @@ operands that arrive at run time instead of constants and in-graph projections.
   whole: the fill is not -inf there), a causal buffer with a row masked whole, Softmax over another axis, and
   scores scaled by a run-time tensor that is not one number.
 
-The graphs are built by the concept corpus' runner: `python benchmarks/concept_corpus.py --only prov_`.
+The graphs are built by the concept corpus' runner: `python -m benchmarks.concept_corpus --only prov_`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import math
 
 import numpy as np
 import onnx
-from make_form_models import BOOL, F, G
+
+from corpora.forms import BOOL, F, G
 
 N, H = 4, 16  # heads, head size
 D = N * H

@@ -7,12 +7,12 @@ nothing is downloaded) and exported with
 torch, transformers and optimum-onnx (not onnxfuse's dependencies):
 
     python -m venv /tmp/venv-optimum && /tmp/venv-optimum/bin/pip install torch==2.13.0 optimum-onnx
-    /tmp/venv-optimum/bin/python benchmarks/make_optimum_models.py /tmp/optimum [--only bert,gpt2]
+    /tmp/venv-optimum/bin/python -m corpora.optimum /tmp/optimum [--only bert,gpt2]
 
 Writes DIR/<name>.onnx (the main graph of each export; decoders with past are exported with_past and the
-merged or decoder file is taken), DIR/forms.json in the format of make_form_models.py (so that
+merged or decoder file is taken), DIR/forms.json in the format of corpora/forms.py (so that
 benchmarks/forms_table.py runs on it), and prints one line per model. About 1-2 minutes for the whole list on 2 cores.
-Then `python benchmarks/forms_table.py DIR` (or `onnxfuse explain`) shows what each tool fuses.
+Then `python -m benchmarks.forms_table DIR` (or `onnxfuse explain`) shows what each tool fuses.
 """
 
 from __future__ import annotations

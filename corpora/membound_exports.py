@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A corpus of memory-bound CNNs *exported by real exporters* (tf2onnx from Keras, torch.onnx.export with the
 TorchScript and the dynamo exporter, paddle2onnx): the forms users get, beside the hand-built ones of
-``make_membound_models.py``. Random weights (a fixed seed per model; BatchNorm statistics randomized so that no
+``corpora/membound.py``. Random weights (a fixed seed per model; BatchNorm statistics randomized so that no
 BN is an identity), batch 1, float32, static realistic input sizes; nothing is downloaded.
 
 Each exporter lives in its own environment (none is a dependency of onnxfuse). The recipes used::
@@ -17,12 +17,12 @@ Each exporter lives in its own environment (none is a dependency of onnxfuse). T
 Usage::
 
     # everything: each exporter in its venv, then onnx.checker + one onnxruntime CPU run here
-    python benchmarks/make_membound_exports.py /tmp/membound_x --python-tf /tmp/tfvenv/bin/python \\
+    python -m corpora.membound_exports /tmp/membound_x --python-tf /tmp/tfvenv/bin/python \\
         --python-torch /tmp/tvv/bin/python --python-paddle /tmp/pdv/bin/python
     # or one exporter, run with that venv's python (checks run when onnxruntime imports there)
-    /tmp/tvv/bin/python benchmarks/make_membound_exports.py /tmp/membound_x --exporter torch
-    python benchmarks/make_membound_exports.py /tmp/membound_x --check     # check what is there
-    python benchmarks/make_membound_exports.py --list
+    /tmp/tvv/bin/python -m corpora.membound_exports /tmp/membound_x --exporter torch
+    python -m corpora.membound_exports /tmp/membound_x --check     # check what is there
+    python -m corpora.membound_exports --list
 
 ============================== ==============================================================================
 keras_effnetb0_224_tf17        keras.applications.EfficientNetB0 (weights=None), 224x224 NHWC; tf2onnx opset 17
@@ -52,8 +52,8 @@ pd_mnv3small_224_p2o14         paddle.vision.models.mobilenet_v3_small, 224x224;
 
 Every model is checked with ``onnx.checker`` and one onnxruntime CPU run (outputs finite, not constant); its
 size, node count, opset and op histogram are printed. An export that fails is reported in one line and left
-out. Then: ``python benchmarks/headroom_table.py /tmp/membound_x/*.onnx`` and
-``python benchmarks/nchwc_breakers.py /tmp/membound_x/*.onnx``.
+out. Then: ``python -m benchmarks.headroom_table /tmp/membound_x/*.onnx`` and
+``python -m benchmarks.nchwc_breakers /tmp/membound_x/*.onnx``.
 """
 
 from __future__ import annotations

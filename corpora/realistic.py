@@ -4,9 +4,9 @@ input discovery and ``optimize`` on models the size of what people deploy.
 
 Usage::
 
-    python benchmarks/make_realistic_models.py [OUT_DIR]          # default: ~/.cache/onnxfuse-corpus
-    python benchmarks/make_realistic_models.py --only bert_base,crnn --exporters ts
-    python benchmarks/make_realistic_models.py --list
+    python -m corpora.realistic [OUT_DIR]          # default: ~/.cache/onnxfuse-corpus
+    python -m corpora.realistic --only bert_base,crnn --exporters ts
+    python -m corpora.realistic --list
 
 Needs ``pip install torch==2.13.0 'transformers>=5,<6' onnxscript``. The models are never committed: they
 are 10-150 MB each (about 1.5 GB for the whole corpus with both exporters).
@@ -101,8 +101,7 @@ import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "models"))
-from make_transformer_models import _seq2seq_kv_forward  # noqa: E402  (one decoder step with a KV cache)
+from models.make_transformer_models import _seq2seq_kv_forward  # noqa: E402  (one decoder step with a KV cache)
 
 DEFAULT_OUT = Path.home() / ".cache" / "onnxfuse-corpus"
 VOCAB = 8192
