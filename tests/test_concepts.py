@@ -210,7 +210,7 @@ def test_masked_refuses_a_where_that_is_no_mask(tmp_path, spell):
     ("Softmax(masked(Relu(S), m), axis=-1)", 32, "masked: its second argument names the mask it binds"),
     ("Softmax(masked(Relu(S), M, cols=X), axis=-1)", 40, "masked has no parameter 'cols'"),
     ('computes(S)', 8, "computes takes 2 arguments"),
-    ('computes(S, "gelu2")', 21, "computes: no function 'gelu2' (there are: gelu, gelu_tanh, silu, hardsigmoid, hardswish, layernorm, rmsnorm)"),
+    ('computes(S, "gelu2")', 21, "computes: no function 'gelu2' (there are: gelu, gelu_tanh, silu, quickgelu, hardsigmoid, hardswish, layernorm, rmsnorm)"),
     ('computes(S, "gelu", eps=E)', 32, "computes 'gelu' has no parameter 'eps' (it has: none)"),
     ('computes(S, "layernorm", eps=e)', 37, "eps= names the number the concept binds"),
 ])

@@ -1,7 +1,7 @@
 """The computes concept: `computes(x, "gelu")` (or `computes(x, "layernorm", eps=EPS)`) is any region of
 elementwise and normalizing ops from one source to the value that computes the function of it
 (function_regions.py proves it by running the region; function_table.py names the functions). `x` is matched
-at the source, the nearest source first, and eps= binds the number the region adds."""
+at the source, the nearest source first; eps= binds the number the region adds, alpha= QuickGelu's factor."""
 
 from __future__ import annotations
 
@@ -32,11 +32,11 @@ def parse(node: ast.Call, text: str, off: int, convert: Callable[[ast.expr], Any
                             offset_of(spec, text) + 1)
     facts: dict[str, str] = {}
     for kw in node.keywords:
-        if kw.arg != "eps" or not fn.eps:
-            has = "eps" if fn.eps else "none"
-            raise SyntaxProblem(f"computes {fn.name!r} has no parameter {kw.arg!r} (it has: {has})",
+        if not fn.param or kw.arg != fn.param:
+            raise SyntaxProblem(f"computes {fn.name!r} has no parameter {kw.arg!r} (it has: {fn.param or 'none'})",
                                 offset_of(kw.value, text))
-        facts["eps"] = upper_name(kw.value, text, "eps= names the number the concept binds: an UPPERCASE name")
+        facts[fn.param] = upper_name(kw.value, text, f"{fn.param}= names the number the concept binds: an "
+                                                     "UPPERCASE name")
     return Concept("computes", convert(node.args[0]), None, facts, off, function=fn.name)
 
 
@@ -68,8 +68,8 @@ def match(m, c: Concept, value: str, b, consumer: Node | None) -> Iterator:
         for x in reversed(r.nodes):
             b2 = b2.take(x)
         # (not `chained`: a region's value read outside fails the match, it is not computed twice)
-        if "eps" in c.facts:
-            b2 = b2.with_fact(c.facts["eps"], r.eps)
+        for name in c.facts:  # the function's parameter (eps, alpha)
+            b2 = b2.with_fact(c.facts[name], r.param)
         yield from m.expr(c.arg, r.source, b2, r.reader)
 
 
@@ -79,4 +79,6 @@ COMPUTES = ConceptKind("computes", parse, match, (
      "inputs; the nearest source is tried first; the functions: {functions}"),
     ('`computes(x, "NAME", eps=E)`', "the same for a normalization; `E` is the number the region adds under the "
      "root (0 when there is none)"),
+    ('`computes(x, "quickgelu", alpha=A)`', "x * sigmoid(A * x): `A` is the factor the region multiplies by (a "
+     "region with none is not this function)"),
 ))

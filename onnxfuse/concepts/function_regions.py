@@ -8,7 +8,8 @@ the nearest first. A candidate is proved by running the region in float64 on tes
 offset each; for a normalization also rows scaled so that eps matters) and comparing with the function's
 reference. A region that computes another function of the same family (Gelu's tanh approximation against Gelu)
 is refused when it is nearer that one. A normalization's eps is the one-element value the region adds (tried in
-turn when there are several; 0 when there is none).
+turn when there are several; 0 when there is none); QuickGelu's alpha a one-element factor it multiplies or divides
+by, with either sign (tried in turn; none: not that function).
 """
 
 from __future__ import annotations
@@ -47,11 +48,12 @@ def _rmsnorm(x: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
 
 
-# Each function's reference (x, eps) -> y in float64.
+# Each function's reference (x, its parameter: eps or alpha) -> y in float64.
 REFERENCES: dict[str, Callable[[np.ndarray, float], np.ndarray]] = {
     "gelu": lambda x, e: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),
     "gelu_tanh": lambda x, e: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3))),
     "silu": lambda x, e: x * _sigmoid(x),
+    "quickgelu": lambda x, a: x * _sigmoid(a * x),
     "hardsigmoid": lambda x, e: np.clip(x + 3.0, 0.0, 6.0) / 6.0,
     "hardswish": lambda x, e: x * np.clip(x + 3.0, 0.0, 6.0) / 6.0,
     "layernorm": _layernorm,
@@ -138,11 +140,12 @@ assert set(_RUN) == REGION_OPS, "the matcher runs every op the language lets a r
 
 @dataclass(frozen=True)
 class Region:
-    """A region proved to compute a function of `source`: its nodes (data flow from the source), eps."""
+    """A region proved to compute a function of `source`: its nodes (data flow from the source), and the value of
+    the function's parameter (eps, alpha; 0 where it has none)."""
 
     source: str
     nodes: tuple[Node, ...]
-    eps: float
+    param: float
     reader: Node  # a node of the region that reads the source
 
 
@@ -226,6 +229,21 @@ class _Run:
                     v = self.leaves.get(i)
                     if v is not None and v.size == 1 and v.dtype.kind == "f" and float(v.reshape(-1)[0]) not in out:
                         out.append(float(v.reshape(-1)[0]))
+        return out
+
+    def factors(self) -> list[float]:
+        """One-element values the region multiplies by, or divides by (as their reciprocal), each with either sign
+        (a factor inside exp(-a x) is -a): QuickGelu's alpha candidates."""
+        out: list[float] = []
+        for n in self.nodes:
+            if n.op_type in ("Mul", "Div"):
+                for k, i in enumerate(n.inputs):
+                    v = self.leaves.get(i)
+                    if v is None or v.size != 1 or v.dtype.kind != "f" or n.op_type == "Div" and k == 0:
+                        continue
+                    a = float(v.reshape(-1)[0])
+                    a = 1.0 / a if n.op_type == "Div" and a != 0 else a
+                    out += [c for c in (a, -a) if c not in out]
         return out
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
@@ -317,10 +335,12 @@ def regions(graph: Graph, value: str, fn: Function, skip: set[int], fail: Fail, 
                 shape = (*[1] * (len(shape) - 1), shape[-1]) if len(shape) else shape
             if not shape or math.prod(shape) > MAX_TEST:
                 raise Unprovable(f"{src!r} is too large to test")
-            eps_options = run.adds() or [0.0] if fn.eps else [0.0]
+            params = (run.adds() or [0.0]) if fn.eps else run.factors() if fn.param == "alpha" else [0.0]
+            if not params:
+                raise Unprovable("it multiplies by no one-element factor (the alpha of x * sigmoid(alpha * x))")
             tol = _tolerance(graph, nodes, src)
             best = math.inf
-            for eps in eps_options:
+            for eps in params:
                 xs = _inputs(shape, fn, eps)
                 err = max(_error(run(x), REFERENCES[fn.name](x, eps)) for x in xs)
                 best = min(best, err)

@@ -1,5 +1,6 @@
 """The functions of the `computes(x, "gelu")` concept, as the pattern language knows them: each one's name, what
-it computes (its doc line), the ops one of which its region must have, whether it binds `eps=`, and its family;
+it computes (its doc line), the ops one of which its region must have, the parameter it binds (`eps=`, `alpha=`),
+and its family;
 and the ops a region may consist of. The matcher proves a region computes one (function_regions.py, which holds
 each function's float64 reference); this module is the language side, read by the parser, the rule loader and
 the docs."""
@@ -14,7 +15,7 @@ __all__ = ["FUNCTIONS", "Function", "REGION_OPS"]
 @dataclass(frozen=True)
 class Function:
     """A function `computes(x, NAME)` proves: the ops one of which its region must have (a cheap first test),
-    whether it binds eps=, its family (functions told apart by which one the region is nearer), and the nodes a
+    the parameter it binds (`param`: eps, a number the region adds; alpha, a factor it multiplies by), its family (functions told apart by which one the region is nearer), and the nodes a
     rule counts it as (for the order rules are tried in: about its usual spelling; silu and the hard activations
     as many as the spelling rules they replaced had, so that the order stays as it was)."""
 
@@ -22,8 +23,12 @@ class Function:
     doc: str
     needs: frozenset[str]
     size: int
-    eps: bool = False
+    param: str = ""  # "eps" | "alpha" | "" (none)
     family: str = ""
+
+    @property
+    def eps(self) -> bool:
+        return self.param == "eps"
 
 
 FUNCTIONS: dict[str, Function] = {f.name: f for f in (
@@ -31,12 +36,14 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     Function("gelu_tanh", "x * 0.5 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))", frozenset({"Tanh"}), 5,
              family="gelu"),
     Function("silu", "x * sigmoid(x)", frozenset({"Sigmoid", "Exp"}), 2),
+    Function("quickgelu", "x * sigmoid(alpha * x), alpha a factor the region multiplies by (or divides by its "
+             "reciprocal)", frozenset({"Sigmoid", "Exp"}), 3, param="alpha"),
     Function("hardsigmoid", "min(max(x + 3, 0), 6) / 6", frozenset({"Clip", "Relu", "Min", "Max"}), 3),
     Function("hardswish", "x * min(max(x + 3, 0), 6) / 6", frozenset({"Clip", "Relu", "Min", "Max"}), 4),
     Function("layernorm", "(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) over the last axis",
-             frozenset({"ReduceMean", "ReduceSum", "GlobalAveragePool"}), 5, eps=True),
+             frozenset({"ReduceMean", "ReduceSum", "GlobalAveragePool"}), 5, param="eps"),
     Function("rmsnorm", "x / sqrt(mean(x^2) + eps) over the last axis",
-             frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "GlobalAveragePool"}), 5, eps=True),
+             frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "GlobalAveragePool"}), 5, param="eps"),
 )}
 
 # The ops a region may consist of (elementwise, casts, axis insertion and removal, reductions): the matcher runs

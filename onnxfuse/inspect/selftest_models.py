@@ -109,6 +109,7 @@ SPELLINGS: dict[str, list[tuple[str, str, list, dict]]] = {
                   ("j", "Mul", ["i", 0.7978845608], {}), ("t", "Tanh", ["j"], {}), ("p", "Add", ["t", 1.0], {}),
                   ("h", "Mul", ["x", 0.5], {}), ("y", "Mul", ["h", "p"], {})],
     "silu": [("s", "Sigmoid", ["x"], {}), ("y", "Mul", ["x", "s"], {})],
+    "quickgelu": [("a", "Mul", ["x", 1.702], {}), ("s", "Sigmoid", ["a"], {}), ("y", "Mul", ["x", "s"], {})],
     "hardsigmoid": [("a", "Add", ["x", 3.0], {}), ("c", "Clip", ["a", 0.0, 6.0], {}), ("y", "Div", ["c", 6.0], {})],
     "hardswish": [("a", "Add", ["x", 3.0], {}), ("c", "Clip", ["a", 0.0, 6.0], {}), ("m", "Mul", ["x", "c"], {}),
                   ("y", "Div", ["m", 6.0], {})],

@@ -241,3 +241,25 @@ def test_hardswish_on_a_value_whose_type_writes_a_dim_as_minus_one():
     for vi in (m.graph.input[0], m.graph.output[0]):
         vi.type.tensor_type.shape.dim[0].dim_value = -1
     check_fires(m, "hardswish-decomposed", ["HardSigmoid", "Mul"], feeds=LINSPACE)
+
+
+@pytest.mark.parametrize(("ops", "consts"), [
+    # x / (1 + exp(-alpha x)): the factor inside exp is -alpha
+    ([("Mul", ["x", "na"]), ("Exp", ["t0"]), ("Add", ["t1", "one"]), ("Div", ["x", "t2"])],
+     {"na": -1.702, "one": 1.0}),
+    # the factor as a division by its reciprocal, and the gate on the left
+    ([("Div", ["x", "r"]), ("Sigmoid", ["t0"]), ("Mul", ["t1", "x"])], {"r": 1 / 1.702}),
+    # the factor first: sigmoid(alpha * x), gated by x on the left
+    ([("Mul", ["a", "x"]), ("Sigmoid", ["t0"]), ("Mul", ["x", "t1"])], {"a": 1.702}),
+])
+def test_quick_gelu_in_other_spellings_finds_alpha(ops, consts):
+    got = check_fires(_x_over(ops, consts), "quick-gelu", ["com.microsoft.QuickGelu"], feeds=LINSPACE)
+    assert abs(got.graph.node[0].attribute[0].f - 1.702) < 1e-5
+
+
+def test_quick_gelu_leaves_silu_to_its_rule_and_refuses_other_functions():
+    # no factor: x * sigmoid(x) is SiLU's rule (QuickGelu with alpha 1), not a quick-gelu with a guessed alpha
+    check_misses(_sigmoid_gate(), "quick-gelu", "it multiplies by no one-element factor")
+    # a shift inside the gate is not x * sigmoid(alpha x) for any alpha
+    check_misses(_x_over([("Mul", ["x", "a"]), ("Add", ["t0", "b"]), ("Sigmoid", ["t1"]), ("Mul", ["x", "t2"])],
+                         {"a": 1.702, "b": 0.25}), "quick-gelu", "compute something else")
