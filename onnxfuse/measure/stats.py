@@ -51,10 +51,6 @@ class Ratio:
         """The verdict on a kept selection: slower where `slower_beyond` says so, else `verdict_beyond`."""
         return "slower" if self.slower_beyond(floor) else self.verdict_beyond(floor)
 
-    @property
-    def width(self) -> float:
-        return self.high - self.low
-
     def __str__(self) -> str:
         return f"{self.median:.3f} [{self.low:.3f}, {self.high:.3f}]"
 

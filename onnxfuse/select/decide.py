@@ -61,13 +61,12 @@ class Evidence:
     @property
     def sign(self) -> int:
         """1 (faster) or -1 (slower) where the whole interval clears 1 by the margin, else 0."""
-        e, m = self.effect, self.margin
-        return 1 if e.high < 1 - m else -1 if e.low > 1 + m else 0
+        return self.effect.sign(self.margin)
 
     @property
     def far(self) -> bool:
-        e, m = self.effect, CLEAR * self.margin
-        return e.high < 1 - m or e.low > 1 + m
+        """The interval clears 1 by CLEAR margins."""
+        return self.effect.sign(CLEAR * self.margin) != 0
 
     @property
     def signed_share(self) -> float:
