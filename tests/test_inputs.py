@@ -588,3 +588,23 @@ def test_a_cache_a_fused_attention_appends_to_is_a_self_attention_cache(op, inde
                                 ("past_value", [1, 2, "past_sequence", 8])],
                        [("y", None), ("present_key", None), ("present_value", None)])
     assert memory_caches(model, model_inputs(model)) == frozenset()
+
+
+def test_position_ids_shared_by_the_batch_move_the_batch_to_one():
+    """RotaryEmbedding reading position ids [1, s] (a hand-written decoder's, shared by the batch): onnxruntime
+    says "Input 'position_ids' dimension 0 should be of size batch_size, got 1" at the default batch of 2. The size
+    it names is the batch, so the batch is tried at 1, and the why says so."""
+    rng = np.random.default_rng(0)
+    n, d = 4, 16
+    model = make_model([oh.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain="com.microsoft",
+                                     num_heads=n)],
+                       [("x", ["batch", "seq", n * d]), ("pos", [1, "seq"], TensorProto.INT64)], [("y", None)],
+                       {"cos": rng.standard_normal((128, d // 2)).astype(np.float32),
+                        "sin": rng.standard_normal((128, d // 2)).astype(np.float32)})
+    model.opset_import.append(oh.make_opsetid("com.microsoft", 1))
+    plan, ref = discover(model, _probe(model))
+    assert plan.shapes["x"][0] == 1 and plan.shapes["pos"] == [1, plan.shapes["x"][1]]
+    assert "position_ids' dimension 0 should be of size batch_size, got 1" in plan.tried[0]
+    batch = next(c for c in plan.dims if c.role == "batch")
+    assert batch.why == "batch, default 2; 1: RotaryEmbedding needs 1 where 2 was given (after 1 failed try)"
+    np.testing.assert_allclose(ref["y"], ort_run(model, plan.feeds)[0], rtol=1e-6)

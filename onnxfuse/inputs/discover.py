@@ -216,6 +216,8 @@ def _total_of(key: str, values: dict[str, int], dims: dict[str, DimState]) -> in
 
 def _why(d: DimState, value: int, decided: str, tried: list[str]) -> str:
     """What decided a dim's value: its default and bounds, and, after failed tries, what the failure said."""
+    if d.fixed is not None and value != d.fixed and decided:  # the default batch moved by a failed try
+        return f"{d.why}, default {d.fixed}; {value}: {decided} (after {count(len(tried), 'failed try', 'failed tries')})"
     if d.fixed is not None or not tried:
         return d.why
     if decided:

@@ -75,6 +75,12 @@ def _equalize(message: str, values: dict[str, int], dims: dict[str, DimState]) -
     node = re.findall(r"running (\w+) node\. Name:'([^']*)'", message)
     where = (f"{node[-1][0]} '{node[-1][1]}'" if node[-1][1] else node[-1][0]) if node else "a node"
     movable = [k for k, d in dims.items() if d.role not in ("past", "total") and (d.fixed is None or d.why == "batch")]
+    # a contrib op's check that an input's dim is one of the op's sizes: RotaryEmbedding's "Input 'position_ids'
+    # dimension 0 should be of size batch_size, got 1" (position ids [1, s] shared by the batch): that size is
+    # what the input holds, so each dim named like it (batch_size: the batch) is tried there
+    for size, got in re.findall(r"dimension \d+ should be of size (\w+), got (\d+)", message):
+        named = [k for k in movable if dims[k].role in size or k in size]
+        pairs += [(int(got), values[k]) for k in named or movable if values[k] != int(got)]
     out: list[tuple[dict, str]] = []
     for want, have in dict.fromkeys(pairs):
         for k in movable:
