@@ -1,6 +1,6 @@
 """Random graphs for property-based tests: motifs the built-in patterns target (and near misses of them),
 joined by glue ops, with random shapes, operand orders, perturbed constants, extra consumers and graph outputs.
-Used by tests/test_fuzz.py (bounded) and benchmarks/fuzz_long.py (longer)."""
+Imported by tests/test_fuzz.py (bounded) and benchmarks/fuzz_long.py (longer); not run by itself."""
 
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ operands that arrive at run time instead of constants and in-graph projections.
   whole: the fill is not -inf there), a causal buffer with a row masked whole, Softmax over another axis, and
   scores scaled by a run-time tensor that is not one number.
 
-The graphs are built by the concept corpus' runner: `python -m benchmarks.concept_corpus --only prov_`.
+Imported by corpora/concepts.py, which writes the graphs (`python -m corpora.concepts OUT --only prov_`);
+benchmarks/concept_corpus.py measures them (`python -m benchmarks.concept_corpus --only prov_`).
 """
 
 from __future__ import annotations
