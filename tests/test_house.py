@@ -51,3 +51,35 @@ def test_no_benchmark_times_runs_in_a_loop_of_its_own(path):
             clock = re.search(r"perf_counter|thread_time|time\.time\(\)|monotonic", body)
             runs = re.search(r"\.run\(\s*None|\.run\(\s*\[", body)
             assert not (clock and runs), f"{path.name}:{node.lineno}: a loop that times runs itself"
+
+
+OPTIONAL = ("torch", "tensorflow", "tf2onnx", "transformers", "optimum", "ray", "onnxslim", "paddle", "keras")
+# imports every module in one fresh process (what they import, torch among them, stays out of the suite's own);
+# prints one line per module: ok, skipped (an optional package missing), or the error
+IMPORT_ALL = f"""
+import importlib, sys
+OPTIONAL = {OPTIONAL!r}
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+        print(name, "ok")
+    except ImportError as e:
+        top = (e.name or "").split(".")[0]
+        print(name, "skipped" if top in OPTIONAL else f"error: {{e!r}}")
+    except Exception as e:
+        print(name, f"error: {{e!r}}")
+"""
+
+
+def test_each_module_imports():
+    """Importing runs nothing (the work is under `if __name__ == "__main__"`) and every name a module imports
+    from the house resolves; a module that needs an optional third-party package is skipped where it is not
+    installed."""
+    import subprocess
+    import sys
+
+    names = [f"{p.parent.name}.{p.stem}" for p in MODULES]
+    out = subprocess.run([sys.executable, "-c", IMPORT_ALL, *names], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300).stdout.splitlines()
+    assert len(out) == len(names), out
+    assert [line for line in out if " error: " in line] == []
