@@ -14,7 +14,7 @@ For each model, each in its own `onnxfuse optimize --no-cache --json` process (f
   3. with --unlimited S: the default against `--measure-budget S` (quiet);
   4. with --no-measure: every validated rewrite kept, then `onnxfuse bench input output` for its effect.
 Prints one markdown table, then each model's report lines that say what measuring did ("measure:" lines).
-A manifest (a JSON list of {"file", "shape_flags"}) adds its models.
+A manifest (a JSON list of {"file", "shape_flags"}: "DIM=V" each, or as CLI flags) adds its models.
 """
 
 from __future__ import annotations
@@ -133,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         path, _, dims = spec.partition(":")
         models.append((path, [d for d in dims.split(",") if d]))
     if a.manifest:
-        models += [(m["file"], m.get("shape_flags", [])) for m in json.load(open(a.manifest))]
+        # shape_flags: "DIM=V" each, or written as CLI flags ("--shape", "DIM=V", ...)
+        models += [(m["file"], [f for f in m.get("shape_flags", []) if f != "--shape"])
+                   for m in json.load(open(a.manifest))]
     rows, out_all = [], {}
     tmp = tempfile.mkdtemp(prefix="selstab-")
     for path, shapes in models:

@@ -340,20 +340,20 @@ def regions(graph: Graph, value: str, fn: Function, skip: set[int], fail: Fail, 
                 raise Unprovable("it multiplies by no one-element factor (the alpha of x * sigmoid(alpha * x))")
             tol = _tolerance(graph, nodes, src)
             best = math.inf
-            for eps in params:
-                xs = _inputs(shape, fn, eps)
-                err = max(_error(run(x), REFERENCES[fn.name](x, eps)) for x in xs)
+            for param in params:
+                xs = _inputs(shape, fn, param)
+                err = max(_error(run(x), REFERENCES[fn.name](x, param)) for x in xs)
                 best = min(best, err)
                 if err > tol:
                     continue
                 rivals = [f for f in FUNCTIONS.values() if fn.family and f.family == fn.family and f is not fn]
                 nearer = next((f.name for f in rivals
-                               if max(_error(run(x), REFERENCES[f.name](x, eps)) for x in xs) < err), None)
+                               if max(_error(run(x), REFERENCES[f.name](x, param)) for x in xs) < err), None)
                 if nearer is not None:
                     fail(nodes[-1].name, f"computes {fn.name!r}: the ops from {src!r} compute {nearer!r}", tuple(nodes))
                     break
                 reader = next(n for n in nodes if src in n.inputs)
-                yield Region(src, tuple(nodes), eps, reader)
+                yield Region(src, tuple(nodes), param, reader)
                 break
             else:
                 if not inner:

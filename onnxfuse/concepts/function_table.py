@@ -1,7 +1,6 @@
 """The functions of the `computes(x, "gelu")` concept, as the pattern language knows them: each one's name, what
 it computes (its doc line), the ops one of which its region must have, the parameter it binds (`eps=`, `alpha=`),
-and its family;
-and the ops a region may consist of. The matcher proves a region computes one (function_regions.py, which holds
+and its family; and the ops a region may consist of. The matcher proves a region computes one (function_regions.py, which holds
 each function's float64 reference); this module is the language side, read by the parser, the rule loader and
 the docs."""
 
@@ -15,8 +14,8 @@ __all__ = ["FUNCTIONS", "Function", "REGION_OPS"]
 @dataclass(frozen=True)
 class Function:
     """A function `computes(x, NAME)` proves: the ops one of which its region must have (a cheap first test),
-    the parameter it binds (`param`: eps, a number the region adds; alpha, a factor it multiplies by), its family (functions told apart by which one the region is nearer), and the nodes a
-    rule counts it as (for the order rules are tried in: about its usual spelling; silu and the hard activations
+    the parameter it binds (`param`: eps, a number the region adds; alpha, a factor it multiplies by), its family
+    (functions told apart by which one the region is nearer), and the nodes a rule counts it as (for the order rules are tried in: about its usual spelling; silu and the hard activations
     as many as the spelling rules they replaced had, so that the order stays as it was)."""
 
     name: str
