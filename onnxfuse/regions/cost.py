@@ -1,5 +1,5 @@
 """The op-cost prior: what a region's rewrite does to the work its nodes describe, counted before anything runs,
-for the classes measuring could not decide (region_run.follow_peers).
+for the units measuring could not decide (the last prior of select/decide.py).
 
 A rewrite removes work when its new nodes make fewer kernel calls than the nodes they replace, and move no more
 bytes and compute no more FLOPs (op_cost.py's model of one call, on the types shape inference gave the values),
