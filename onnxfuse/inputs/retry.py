@@ -79,7 +79,7 @@ def _equalize(message: str, values: dict[str, int], dims: dict[str, DimState]) -
     # dimension 0 should be of size batch_size, got 1" (position ids [1, s] shared by the batch): that size is
     # what the input holds, so each dim named like it (batch_size: the batch) is tried there
     for size, got in re.findall(r"dimension \d+ should be of size (\w+), got (\d+)", message):
-        named = [k for k in movable if dims[k].role in size or k in size]
+        named = [k for k in movable if dims[k].role in size]  # batch_size: the batch's role
         pairs += [(int(got), values[k]) for k in named or movable if values[k] != int(got)]
     out: list[tuple[dict, str]] = []
     for want, have in dict.fromkeys(pairs):

@@ -88,7 +88,6 @@ def const_text(a: np.ndarray) -> str:
     return text
 
 
-
 @dataclass
 class Region:
     """One cluster of rewrites, with everything needed to time it alone."""

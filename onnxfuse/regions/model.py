@@ -15,6 +15,7 @@ from .cut import Const, Region
 
 __all__ = ["region_model", "signature"]
 
+
 def _side_text(nodes: list[onnx.NodeProto], consts: dict[str, Const], region: Region) -> str:
     ids: dict[str, str] = {}
 

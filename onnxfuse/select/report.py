@@ -9,11 +9,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
 from ..measure.stats import Ratio
+from ..regions.cut import Key  # one applied rewrite: (rule id, root value)
 from ..validate.runtime import peak_rss_bytes
 
 __all__ = ["GroupEffect", "Key", "MeasureReport", "Phases"]
-
-Key = tuple[str, str]  # one applied rewrite: (rule id, root value)
 
 
 @dataclass

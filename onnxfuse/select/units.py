@@ -12,11 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from ..regions.cut import Untimeable
+from ..regions.cut import Key, Untimeable
 
 __all__ = ["Kind", "Unit", "Untimeable"]
-
-Key = tuple[str, str]  # one applied rewrite: (rule id, root value)
 
 
 class Kind(Enum):
